@@ -1,0 +1,23 @@
+"""mgx_graph: a MIGraphX-style ONNX executor with a ``graph_launch`` compiler pass.
+
+    import mgx_graph
+    prog = mgx_graph.compile("model.onnx", target="auto", hip_graph=True)
+    outputs = prog.run({"x": x})          # numpy in, numpy out
+    print(prog)                           # the compiled program, one instruction per line
+    print(prog.stats())                   # captures, replays, fallbacks, launches per run, ...
+"""
+from . import operators  # noqa: F401  (registers ops)
+from .errors import (CaptureError, CompileError, DeviceError, MgxError, ParameterError, ParseError,  # noqa: F401
+                     ShapeError, UnsupportedOpError)
+from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
+from .ir import Instruction, Module, Program  # noqa: F401
+from .onnx_frontend import parse_onnx  # noqa: F401
+from .program import compile, hip_graph_from_env  # noqa: F401
+from .runtime import gpu_available  # noqa: F401
+from .shape import Shape  # noqa: F401
+
+__version__ = "0.1.0"
+
+__all__ = ["compile", "parse_onnx", "Program", "Module", "Instruction", "Shape", "gpu_available",
+           "MgxError", "ParseError", "UnsupportedOpError", "ShapeError", "CompileError", "ParameterError",
+           "DeviceError", "CaptureError", "hip_graph_from_env", "__version__"]

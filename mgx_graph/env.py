@@ -1,0 +1,62 @@
+"""MIGraphX-style environment variables.
+
+As in MIGraphX (``MIGRAPHX_DECLARE_ENV_VAR`` / ``enabled()``), each variable is read once, on first
+use, and cached; changing it later in the same process has no effect.  ``enabled`` accepts
+``1|enable|enabled|yes|true`` (case-insensitive); anything else, or unset, is off.
+
+Variables used by mgx_graph:
+
+=============================  ==============================================================
+``MIGRAPHX_HIP_GRAPH``         turn the graph_launch pass on when ``compile(hip_graph=None)``
+``MIGRAPHX_HIP_GRAPH_DEBUG``   print one line per WARMUP / CAPTURE / REPLAY / FALLBACK to stderr
+``MIGRAPHX_TRACE_COMPILE``     print the program after each compiler pass
+``MIGRAPHX_TRACE_EVAL``        trace every instruction (forces eager: graphs are not used)
+=============================  ==============================================================
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+_TRUE = {"1", "enable", "enabled", "yes", "true"}
+_cache: dict[str, str | None] = {}
+_lock = threading.Lock()
+_read: set[str] = set()
+
+
+def string_value_of(name: str, default: str | None = None) -> str | None:
+    """Return the cached string value of environment variable ``name`` (read once)."""
+    with _lock:
+        if name not in _cache:
+            _cache[name] = os.environ.get(name)
+            _read.add(name)
+        v = _cache[name]
+    return default if v is None else v
+
+
+def enabled(name: str) -> bool:
+    """True when ``name`` is set to one of 1/enable/enabled/yes/true (read once, cached)."""
+    v = string_value_of(name)
+    return v is not None and v.strip().lower() in _TRUE
+
+
+def value_of(name: str, default: int = 0) -> int:
+    """Integer value of ``name`` (read once); ``default`` when unset or not an integer."""
+    v = string_value_of(name)
+    if v is None:
+        return default
+    try:
+        return int(v.strip())
+    except ValueError:
+        return 1 if v.strip().lower() in _TRUE else default
+
+
+def get_all_envs() -> list[str]:
+    """Names of every variable read so far (as MIGraphX's ``get_all_envs``)."""
+    return sorted(_read)
+
+
+def _reset_for_tests() -> None:
+    """Forget cached values (tests only: real MIGraphX never re-reads)."""
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,802 @@
+"""ONNX frontend: an ONNX model -> an mgx_graph :class:`~mgx_graph.ir.Program`.
+
+Built on the ``onnx`` package: ``onnx.load`` (with external data), ``onnx.checker``-level errors,
+``onnx.numpy_helper`` for tensors and ``onnx.shape_inference`` (with data propagation) as a cross
+check of every statically known output shape.  Input dims are fixed at parse time, as in MIGraphX's
+``parse_onnx(map_input_dims=..., default_dim_value=...)``.  Shape arithmetic (``Shape`` ->
+``Gather`` -> ``Concat`` -> ``Reshape`` ...) is folded into literals while parsing, so every
+instruction has a static shape.
+
+ONNX operator spec: https://onnx.ai/onnx/operators/
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import ParseError, ShapeError, UnsupportedOpError
+from .ir import Instruction, Module, Program
+from .operators import make_op
+from .shape import Shape, onnx_dtype
+
+MIN_OPSET, MAX_OPSET = 7, 23
+FOLD_LIMIT = 1 << 22  # largest literal (elements) that constant folding may create
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _decode(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def load_model(path_or_model, external_data_dir: str | None = None) -> onnx.ModelProto:
+    """Load an ONNX model from a path, bytes or ModelProto; errors raise :class:`ParseError`."""
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model
+    if isinstance(path_or_model, (bytes, bytearray)):
+        try:
+            m = onnx.load_from_string(bytes(path_or_model))
+        except Exception as e:  # protobuf DecodeError
+            raise ParseError(f"<bytes>: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
+        if external_data_dir:
+            _load_external(m, external_data_dir, "<bytes>")
+        return m
+    path = os.fspath(path_or_model)
+    if not os.path.exists(path):
+        raise ParseError(f"{path}: no such file")
+    try:
+        m = onnx.load(path, load_external_data=False)
+    except Exception as e:
+        raise ParseError(f"{path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
+    _load_external(m, external_data_dir or os.path.dirname(os.path.abspath(path)), path)
+    return m
+
+
+def _load_external(m: onnx.ModelProto, base: str, where: str) -> None:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    for t in _get_all_tensors(m):
+        if uses_external_data(t):
+            loc = {e.key: e.value for e in t.external_data}.get("location", "?")
+            f = os.path.join(base, loc)
+            if not os.path.exists(f):
+                raise ParseError(f"{where}: external data file '{loc}' of tensor '{t.name}' not found in {base}")
+    try:
+        onnx.load_external_data_for_model(m, base)
+    except Exception as e:
+        raise ParseError(f"{where}: cannot load external data ({type(e).__name__}: {e})") from None
+
+
+class _Parser:
+    def __init__(self, model: onnx.ModelProto, input_dims, default_dim_value, dim_params, check_shapes):
+        self.model = model
+        self.opsets = {o.domain or "": o.version for o in model.opset_import}
+        self.opset = self.opsets.get("", self.opsets.get("ai.onnx", 0))
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise ParseError(f"model opset {self.opset} is out of the supported range {MIN_OPSET}..{MAX_OPSET}")
+        self.input_dims = {k: [int(d) for d in v] for k, v in (input_dims or {}).items()}
+        self.default_dim_value = int(default_dim_value)
+        self.dim_params = dict(dim_params or {})
+        self.check_shapes = check_shapes
+        self.program = Program()
+        self.values: dict[str, Instruction] = {}
+        self.inferred: dict[str, tuple] = {}
+        self.node = None
+        self.node_name = ""
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def err(self, msg) -> ParseError:
+        return ParseError(f"node '{self.node_name}' ({self.node.op_type}): {msg}")
+
+    def add(self, m: Module, name, inputs, **attrs) -> Instruction:
+        try:
+            op = make_op(name, **attrs)
+            ins = m.add_instruction(op, inputs)
+        except ShapeError as e:
+            raise ShapeError(f"node '{self.node_name}' ({self.node.op_type}): {e}") from None
+        return fold_instruction(m, ins)
+
+    def lit(self, m: Module, value) -> Instruction:
+        return m.add_literal(np.asarray(value))
+
+    def const(self, ins: Instruction | None, what: str) -> np.ndarray:
+        if ins is None:
+            return None
+        if ins.op.name != "@literal":
+            raise self.err(f"input '{what}' must be a compile-time constant (it depends on runtime values); "
+                           f"dynamic shapes are not supported here")
+        return ins.op.value
+
+    def contiguous(self, m, x):
+        return x if x.shape.standard() else self.add(m, "contiguous", [x])
+
+    def reshape(self, m, x, lens):
+        from .operators.shape_ops import reshape_strides
+
+        lens = [int(d) for d in lens]
+        if list(x.shape.lens) == lens and x.shape.standard():
+            return x
+        if reshape_strides(x.shape, lens) is None:
+            x = self.add(m, "contiguous", [x])
+        return self.add(m, "reshape", [x], dims=lens)
+
+    # -- graph -----------------------------------------------------------------------------------
+    def parse(self, output_names=None) -> Program:
+        g = self.model.graph
+        m = self.program.get_main_module()
+        inits = {t.name for t in g.initializer}
+        declared = [i.name for i in g.input if i.name not in inits]
+        for name in self.input_dims:
+            if name not in declared:
+                raise ParseError(f"input_dims names '{name}', which is not an input of the model "
+                                 f"(inputs: {', '.join(declared) or 'none'})")
+        for t in g.initializer:
+            try:
+                self.values[t.name] = m.add_literal(numpy_helper.to_array(t))
+            except Exception as e:
+                raise ParseError(f"initializer '{t.name}': cannot read tensor ({e})") from None
+        for vi in g.input:
+            if vi.name in inits:
+                continue
+            self.values[vi.name] = m.add_parameter(vi.name, self._input_shape(vi))
+        self._run_shape_inference()
+        self.parse_nodes(m, g.node)
+        outs = output_names or [o.name for o in g.output]
+        rets = []
+        for o in outs:
+            if o not in self.values:
+                raise ParseError(f"graph output '{o}' is not produced by any node")
+            rets.append(self.values[o])
+        m.add_return(rets, outs)
+        return self.program
+
+    def _input_shape(self, vi) -> Shape:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise ParseError(f"input '{vi.name}': only tensor inputs are supported")
+        dtype = onnx_dtype(tt.elem_type, f"input '{vi.name}'")
+        if vi.name in self.input_dims:
+            lens = self.input_dims[vi.name]
+            if tt.HasField("shape") and len(tt.shape.dim) != len(lens):
+                raise ParseError(f"input_dims['{vi.name}'] has rank {len(lens)} but the model declares rank "
+                                 f"{len(tt.shape.dim)}")
+            for d, given in zip(tt.shape.dim if tt.HasField("shape") else [], lens):
+                if d.HasField("dim_value") and d.dim_value != given:
+                    raise ParseError(f"input_dims['{vi.name}'] = {lens} conflicts with the fixed dims of the model")
+            return Shape(dtype, lens)
+        lens = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                lens.append(d.dim_value)
+            elif d.dim_param in self.dim_params:
+                lens.append(int(self.dim_params[d.dim_param]))
+            else:
+                lens.append(self.default_dim_value)
+        return Shape(dtype, lens)
+
+    def _run_shape_inference(self) -> None:
+        if not self.check_shapes:
+            return
+        g = self.model.graph
+        stripped = _without_weights(self.model)
+        shapes = self.program.get_parameter_shapes()
+        for vi in stripped.graph.input:
+            if vi.name in shapes:
+                tt = vi.type.tensor_type
+                del tt.shape.dim[:]
+                for d in shapes[vi.name].lens:
+                    tt.shape.dim.add().dim_value = d
+        try:
+            inf = onnx.shape_inference.infer_shapes(stripped, data_prop=True)
+        except Exception as e:  # onnx's own inference can reject valid models; it is only a check
+            warnings.warn(f"onnx shape inference failed ({type(e).__name__}); shapes are not cross-checked")
+            return
+        for vi in list(inf.graph.value_info) + list(inf.graph.output):
+            tt = vi.type.tensor_type
+            if vi.type.HasField("tensor_type") and tt.HasField("shape") and \
+                    all(d.HasField("dim_value") for d in tt.shape.dim):
+                self.inferred[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+
+    def parse_nodes(self, m: Module, nodes) -> None:
+        for idx, node in enumerate(nodes):
+            self.node = node
+            self.node_name = node.name or f"{node.op_type}_{idx}"
+            domain = node.domain or ""
+            if domain not in ("", "ai.onnx"):
+                raise UnsupportedOpError(self.node_name, node.op_type, domain, self.opsets.get(domain, 0),
+                                         "only the default ONNX domain is supported")
+            fn = _PARSERS.get(node.op_type)
+            if fn is None:
+                raise UnsupportedOpError(self.node_name, node.op_type, domain, self.opset)
+            ins = []
+            for name in node.input:
+                if name == "":
+                    ins.append(None)
+                elif name not in self.values:
+                    raise self.err(f"input '{name}' is not defined before this node")
+                else:
+                    ins.append(self.values[name])
+            outs = fn(self, m, node, ins)
+            if not isinstance(outs, (list, tuple)):
+                outs = [outs]
+            for name, val in zip(node.output, outs):
+                if name == "" or val is None:
+                    continue
+                self._check(name, val)
+                self.values[name] = val
+
+    def _check(self, name, val: Instruction) -> None:
+        want = self.inferred.get(name)
+        if want is None or isinstance(val.shape, tuple):
+            return
+        if tuple(val.shape.lens) != want:
+            raise ShapeError(f"node '{self.node_name}' ({self.node.op_type}): output '{name}' has shape "
+                             f"{list(val.shape.lens)} but onnx shape inference gives {list(want)}")
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph without its large initializers (declared as inputs instead): enough for shape
+    inference and far cheaper to copy than a model with hundreds of MB of weights."""
+    m = onnx.ModelProto()
+    m.ir_version = model.ir_version
+    m.opset_import.extend(model.opset_import)
+    g, src = m.graph, model.graph
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    declared = {i.name for i in src.input}
+    for t in src.initializer:
+        if int(np.prod(t.dims)) <= 64:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
+
+
+def fold_instruction(m: Module, ins: Instruction) -> Instruction:
+    """Replace ``ins`` by a literal when all its inputs are literals (constant propagation)."""
+    op = ins.op
+    if not op.foldable or op.builtin or ins.module_inputs or not ins.inputs:
+        return ins
+    if any(i.op.name != "@literal" for i in ins.inputs):
+        return ins
+    if isinstance(ins.shape, tuple):
+        return ins
+    n_out = ins.shape.elements()
+    n_in = sum(i.shape.elements() for i in ins.inputs)
+    if n_out > FOLD_LIMIT or (op.name == "multibroadcast" and n_out > max(4 * n_in, 4096)):
+        return ins
+    vals = [i.op.value for i in ins.inputs]
+    try:
+        value = op.fold(vals, [i.shape for i in ins.inputs], ins.shape)
+    except Exception as e:
+        raise ShapeError(f"constant folding of {op} failed: {type(e).__name__}: {e}") from None
+    lit = m.insert_literal(ins, value)
+    m.replace_instruction(ins, lit)
+    m.remove_instruction(ins)
+    return lit
+
+
+# ---------------------------------------------------------------------------------------------------
+# node parsers
+# ---------------------------------------------------------------------------------------------------
+_PARSERS: dict[str, Callable] = {}
+
+
+def parser(*names):
+    def deco(fn):
+        for n in names:
+            _PARSERS[n] = fn
+        return fn
+
+    return deco
+
+
+_UNARY = {
+    "Neg": "neg", "Abs": "abs", "Sqrt": "sqrt", "Reciprocal": "recip", "Exp": "exp", "Log": "log",
+    "Sin": "sin", "Cos": "cos", "Tan": "tan", "Tanh": "tanh", "Asin": "asin", "Acos": "acos", "Atan": "atan",
+    "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
+    "Floor": "floor", "Ceil": "ceil", "Round": "nearbyint", "Sign": "sign", "Erf": "erf", "Sigmoid": "sigmoid",
+    "Relu": "relu", "IsNaN": "isnan", "Not": "not", "BitwiseNot": "bitwise_not", "HardSwish": "hard_swish",
+    "Softplus": "softplus", "Softsign": "softsign",
+}
+_BINARY = {
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal", "Less": "less",
+    "Greater": "greater", "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "logical_and",
+    "Or": "logical_or", "Xor": "logical_xor", "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+    "BitwiseXor": "bitwise_xor", "PRelu": "prelu",
+}
+
+
+@parser(*_UNARY)
+def _p_unary(p, m, node, ins):
+    return p.add(m, _UNARY[node.op_type], [ins[0]])
+
+
+@parser(*_BINARY)
+def _p_binary(p, m, node, ins):
+    a, b = ins
+    if node.op_type in ("Add", "Sub", "Mul", "Div") and p.opset < 7 and _attr(node, "broadcast"):
+        raise p.err("legacy broadcast attribute is not supported")
+    return p.add(m, _BINARY[node.op_type], [a, b])
+
+
+@parser("Mod")
+def _p_mod(p, m, node, ins):
+    return p.add(m, "mod", ins, fmod=_attr(node, "fmod", 0))
+
+
+@parser("BitShift")
+def _p_bitshift(p, m, node, ins):
+    return p.add(m, "bitshift", ins, direction=_decode(_attr(node, "direction")))
+
+
+@parser("Sum", "Max", "Min", "Mean")
+def _p_variadic(p, m, node, ins):
+    name = {"Sum": "add", "Max": "max", "Min": "min", "Mean": "add"}[node.op_type]
+    acc = ins[0]
+    for x in ins[1:]:
+        acc = p.add(m, name, [acc, x])
+    if node.op_type == "Mean" and len(ins) > 1:
+        acc = p.add(m, "div", [acc, p.lit(m, np.array(len(ins), dtype=acc.shape.dtype))])
+    if len(ins) == 1:
+        return acc
+    return acc
+
+
+@parser("LeakyRelu")
+def _p_leaky(p, m, node, ins):
+    return p.add(m, "leaky_relu", ins, alpha=_attr(node, "alpha", 0.01))
+
+
+@parser("Elu")
+def _p_elu(p, m, node, ins):
+    return p.add(m, "elu", ins, alpha=_attr(node, "alpha", 1.0))
+
+
+@parser("Celu")
+def _p_celu(p, m, node, ins):
+    return p.add(m, "celu", ins, alpha=_attr(node, "alpha", 1.0))
+
+
+@parser("Selu")
+def _p_selu(p, m, node, ins):
+    return p.add(m, "selu", ins, alpha=_attr(node, "alpha", 1.67326319217681884765625),
+                 gamma=_attr(node, "gamma", 1.05070102214813232421875))
+
+
+@parser("HardSigmoid")
+def _p_hsig(p, m, node, ins):
+    return p.add(m, "hard_sigmoid", ins, alpha=_attr(node, "alpha", 0.2), beta=_attr(node, "beta", 0.5))
+
+
+@parser("ThresholdedRelu")
+def _p_trelu(p, m, node, ins):
+    return p.add(m, "thresholded_relu", ins, alpha=_attr(node, "alpha", 1.0))
+
+
+@parser("Gelu")
+def _p_gelu(p, m, node, ins):
+    return p.add(m, "gelu", ins, approximate=_decode(_attr(node, "approximate", b"none")))
+
+
+@parser("Shrink")
+def _p_shrink(p, m, node, ins):
+    return p.add(m, "shrink", ins, bias=_attr(node, "bias", 0.0), lambd=_attr(node, "lambd", 0.5))
+
+
+@parser("IsInf")
+def _p_isinf(p, m, node, ins):
+    return p.add(m, "isinf", ins, detect_positive=_attr(node, "detect_positive", 1),
+                 detect_negative=_attr(node, "detect_negative", 1))
+
+
+@parser("Identity")
+def _p_identity(p, m, node, ins):
+    return ins[0]
+
+
+@parser("Dropout")
+def _p_dropout(p, m, node, ins):
+    if len(ins) > 2 and ins[2] is not None:
+        train = p.const(ins[2], "training_mode")
+        if bool(np.asarray(train)):
+            raise p.err("training_mode=True is not supported (inference only)")
+    outs = [ins[0]]
+    if len(node.output) > 1 and node.output[1]:
+        outs.append(p.lit(m, np.ones(ins[0].shape.lens, dtype=bool)))
+    return outs
+
+
+@parser("Cast")
+def _p_cast(p, m, node, ins):
+    to = onnx_dtype(_attr(node, "to"), f"node '{p.node_name}'")
+    if ins[0].shape.dtype == to:
+        return ins[0]
+    return p.add(m, "convert", ins, target_type=to)
+
+
+@parser("CastLike")
+def _p_castlike(p, m, node, ins):
+    to = ins[1].shape.dtype
+    if ins[0].shape.dtype == to:
+        return ins[0]
+    return p.add(m, "convert", [ins[0]], target_type=to)
+
+
+@parser("Where")
+def _p_where(p, m, node, ins):
+    return p.add(m, "where", ins)
+
+
+@parser("Clip")
+def _p_clip(p, m, node, ins):
+    x = ins[0]
+    if p.opset < 11:
+        lo, hi = _attr(node, "min"), _attr(node, "max")
+        lo = None if lo is None else p.lit(m, np.array(lo, dtype=x.shape.dtype))
+        hi = None if hi is None else p.lit(m, np.array(hi, dtype=x.shape.dtype))
+    else:
+        lo = ins[1] if len(ins) > 1 else None
+        hi = ins[2] if len(ins) > 2 else None
+    if lo is None and hi is None:
+        return x
+    if hi is None:
+        return p.add(m, "max", [x, lo])
+    if lo is None:
+        return p.add(m, "min", [x, hi])
+    return p.add(m, "min", [p.add(m, "max", [x, lo]), hi])
+
+
+@parser("Constant")
+def _p_constant(p, m, node, ins):
+    a = node.attribute[0]
+    if a.name == "value":
+        v = numpy_helper.to_array(a.t)
+    elif a.name == "value_float":
+        v = np.array(a.f, dtype=np.float32)
+    elif a.name == "value_floats":
+        v = np.array(list(a.floats), dtype=np.float32)
+    elif a.name == "value_int":
+        v = np.array(a.i, dtype=np.int64)
+    elif a.name == "value_ints":
+        v = np.array(list(a.ints), dtype=np.int64)
+    else:
+        raise p.err(f"Constant attribute '{a.name}' is not supported")
+    return p.lit(m, v)
+
+
+@parser("ConstantOfShape")
+def _p_cos(p, m, node, ins):
+    lens = [int(d) for d in p.const(ins[0], "input")]
+    t = _attr(node, "value")
+    v = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
+    return p.lit(m, np.full(lens, v.reshape(-1)[0], dtype=v.dtype))
+
+
+@parser("Shape")
+def _p_shape(p, m, node, ins):
+    lens = list(ins[0].shape.lens)
+    start, end = _attr(node, "start", 0), _attr(node, "end", None)
+    return p.lit(m, np.array(lens[slice(start, end)], dtype=np.int64))
+
+
+@parser("Size")
+def _p_size(p, m, node, ins):
+    return p.lit(m, np.array(ins[0].shape.elements(), dtype=np.int64))
+
+
+@parser("Range")
+def _p_range(p, m, node, ins):
+    s, l, d = (p.const(i, n) for i, n in zip(ins, ("start", "limit", "delta")))
+    return p.lit(m, np.arange(s, l, d, dtype=np.asarray(s).dtype))
+
+
+@parser("Reshape")
+def _p_reshape(p, m, node, ins):
+    x = ins[0]
+    if p.opset < 5:
+        shape = list(_attr(node, "shape"))
+    else:
+        shape = [int(d) for d in p.const(ins[1], "shape")]
+    allowzero = _attr(node, "allowzero", 0)
+    lens = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:
+            lens.append(x.shape.lens[i])
+        else:
+            lens.append(d)
+    if lens.count(-1) > 1:
+        raise p.err(f"shape {shape} has more than one -1")
+    if -1 in lens:
+        known = math.prod(d for d in lens if d != -1)
+        if known == 0 or x.shape.elements() % known:
+            raise p.err(f"cannot reshape {list(x.shape.lens)} to {shape}")
+        lens[lens.index(-1)] = x.shape.elements() // known
+    if math.prod(lens) != x.shape.elements():
+        raise p.err(f"cannot reshape {list(x.shape.lens)} ({x.shape.elements()} elements) to {shape}")
+    return p.reshape(m, x, lens)
+
+
+@parser("Flatten")
+def _p_flatten(p, m, node, ins):
+    x = ins[0]
+    axis = _attr(node, "axis", 1)
+    axis = axis + x.shape.ndim if axis < 0 else axis
+    lens = x.shape.lens
+    return p.reshape(m, x, [math.prod(lens[:axis]), math.prod(lens[axis:])])
+
+
+@parser("Transpose")
+def _p_transpose(p, m, node, ins):
+    x = ins[0]
+    perm = _attr(node, "perm", list(reversed(range(x.shape.ndim))))
+    if list(perm) == list(range(x.shape.ndim)):
+        return x
+    return p.add(m, "transpose", [x], permutation=list(perm))
+
+
+@parser("Squeeze")
+def _p_squeeze(p, m, node, ins):
+    if p.opset < 13:
+        axes = _attr(node, "axes", [])
+    else:
+        axes = [] if len(ins) < 2 or ins[1] is None else [int(a) for a in p.const(ins[1], "axes")]
+    return p.add(m, "squeeze", [ins[0]], axes=list(axes))
+
+
+@parser("Unsqueeze")
+def _p_unsqueeze(p, m, node, ins):
+    axes = _attr(node, "axes", []) if p.opset < 13 else [int(a) for a in p.const(ins[1], "axes")]
+    return p.add(m, "unsqueeze", [ins[0]], axes=list(axes))
+
+
+@parser("Slice")
+def _p_slice(p, m, node, ins):
+    x = ins[0]
+    if p.opset < 10:
+        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
+        axes = list(_attr(node, "axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts = [int(v) for v in p.const(ins[1], "starts")]
+        ends = [int(v) for v in p.const(ins[2], "ends")]
+        axes = [int(v) for v in p.const(ins[3], "axes")] if len(ins) > 3 and ins[3] is not None \
+            else list(range(len(starts)))
+        steps = [int(v) for v in p.const(ins[4], "steps")] if len(ins) > 4 and ins[4] is not None \
+            else [1] * len(starts)
+    if any(s == 0 for s in steps):
+        raise p.err("slice step 0")
+    big = 1 << 62
+    starts = [max(min(s, big), -big) for s in starts]
+    ends = [max(min(e, big), -big) for e in ends]
+    return p.add(m, "slice", [x], axes=axes, starts=starts, ends=ends, steps=steps)
+
+
+@parser("Concat")
+def _p_concat(p, m, node, ins):
+    ins = [i for i in ins if i is not None]
+    axis = _attr(node, "axis")
+    nonempty = [i for i in ins if i.shape.elements() > 0]
+    if len(nonempty) == 1 and len(ins) > 1:
+        return nonempty[0]
+    if len(ins) == 1:
+        return ins[0]
+    return p.add(m, "concat", ins, axis=axis)
+
+
+@parser("Split")
+def _p_split(p, m, node, ins):
+    x = ins[0]
+    axis = _attr(node, "axis", 0)
+    a = axis + x.shape.ndim if axis < 0 else axis
+    d = x.shape.lens[a]
+    n = len(node.output)
+    if p.opset < 13:
+        split = _attr(node, "split")
+    else:
+        split = [int(v) for v in p.const(ins[1], "split")] if len(ins) > 1 and ins[1] is not None else None
+    if split is None:
+        k = _attr(node, "num_outputs", n)
+        chunk = -(-d // k)
+        split = [min(chunk, d - i * chunk) for i in range(k)]
+    if sum(split) != d:
+        raise p.err(f"split sizes {list(split)} do not add up to dim {d}")
+    outs, pos = [], 0
+    for s in split:
+        outs.append(p.add(m, "slice", [x], axes=[a], starts=[pos], ends=[pos + s], steps=[1]))
+        pos += s
+    return outs
+
+
+@parser("Expand")
+def _p_expand(p, m, node, ins):
+    from .shape import broadcast_lens
+
+    x = ins[0]
+    shape = [int(d) for d in p.const(ins[1], "shape")]
+    lens = broadcast_lens(x.shape.lens, shape, where=p.node_name)
+    if tuple(lens) == tuple(x.shape.lens):
+        return x
+    return p.add(m, "multibroadcast", [x], out_lens=list(lens))
+
+
+@parser("Tile")
+def _p_tile(p, m, node, ins):
+    reps = [int(r) for r in p.const(ins[1], "repeats")]
+    return p.add(m, "tile", [ins[0]], repeats=reps)
+
+
+@parser("Pad")
+def _p_pad(p, m, node, ins):
+    x = ins[0]
+    mode = _decode(_attr(node, "mode", b"constant"))
+    if p.opset < 11:
+        pads, value = list(_attr(node, "pads")), _attr(node, "value", 0.0)
+    else:
+        pads = [int(v) for v in p.const(ins[1], "pads")]
+        value = 0.0
+        if len(ins) > 2 and ins[2] is not None:
+            cv = p.const(ins[2], "constant_value")
+            value = float(np.asarray(cv).reshape(-1)[0]) if np.asarray(cv).size else 0.0
+        if len(ins) > 3 and ins[3] is not None:
+            axes = [int(a) % x.shape.ndim for a in p.const(ins[3], "axes")]
+            full = [0] * (2 * x.shape.ndim)
+            for i, a in enumerate(axes):
+                full[a], full[a + x.shape.ndim] = pads[i], pads[i + len(axes)]
+            pads = full
+    return p.add(m, "pad", [x], pads=pads, mode=mode, value=value)
+
+
+@parser("Gather")
+def _p_gather(p, m, node, ins):
+    return p.add(m, "gather", ins, axis=_attr(node, "axis", 0))
+
+
+@parser("GatherElements")
+def _p_gather_el(p, m, node, ins):
+    return p.add(m, "gather_elements", ins, axis=_attr(node, "axis", 0))
+
+
+@parser("GatherND")
+def _p_gathernd(p, m, node, ins):
+    return p.add(m, "gathernd", ins, batch_dims=_attr(node, "batch_dims", 0))
+
+
+@parser("ScatterND")
+def _p_scatternd(p, m, node, ins):
+    return p.add(m, "scatternd", ins, reduction=_decode(_attr(node, "reduction", b"none")))
+
+
+@parser("ScatterElements", "Scatter")
+def _p_scatter_el(p, m, node, ins):
+    return p.add(m, "scatter_elements", ins, axis=_attr(node, "axis", 0),
+                 reduction=_decode(_attr(node, "reduction", b"none")))
+
+
+@parser("MatMul")
+def _p_matmul(p, m, node, ins):
+    a, b = ins
+    a1, b1 = a.shape.ndim == 1, b.shape.ndim == 1
+    if a1:
+        a = p.add(m, "unsqueeze", [a], axes=[0])
+    if b1:
+        b = p.add(m, "unsqueeze", [b], axes=[1])
+    # broadcast batch dims explicitly when the ranks differ (dot wants equal batch ranks or none)
+    r = p.add(m, "dot", [a, b])
+    if a1:
+        r = p.add(m, "squeeze", [r], axes=[-2])
+    if b1:
+        r = p.add(m, "squeeze", [r], axes=[-1])
+    return r
+
+
+@parser("Gemm")
+def _p_gemm(p, m, node, ins):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    if _attr(node, "transA", 0):
+        a = p.add(m, "transpose", [a], permutation=[1, 0])
+    if _attr(node, "transB", 0):
+        b = p.add(m, "transpose", [b], permutation=[1, 0])
+    y = p.add(m, "dot", [a, b])
+    dt = y.shape.dtype
+    if alpha != 1.0:
+        y = p.add(m, "mul", [y, p.lit(m, np.array(alpha, dtype=dt))])
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = p.add(m, "mul", [c, p.lit(m, np.array(beta, dtype=c.shape.dtype))])
+        y = p.add(m, "add", [y, c])
+    return y
+
+
+def _axes_of(p, node, ins, attr_opset):
+    if p.opset < attr_opset:
+        return list(_attr(node, "axes", []) or [])
+    if len(ins) > 1 and ins[1] is not None:
+        return [int(a) for a in p.const(ins[1], "axes")]
+    return []
+
+
+_REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "ReduceMax": ("reduce_max", 18),
+           "ReduceMin": ("reduce_min", 18), "ReduceProd": ("reduce_prod", 18), "ReduceL1": ("reduce_l1", 18),
+           "ReduceL2": ("reduce_l2", 18), "ReduceSumSquare": ("reduce_sum_square", 18),
+           "ReduceLogSum": ("reduce_log_sum", 18), "ReduceLogSumExp": ("reduce_log_sum_exp", 18)}
+
+
+@parser(*_REDUCE)
+def _p_reduce(p, m, node, ins):
+    name, attr_opset = _REDUCE[node.op_type]
+    axes = _axes_of(p, node, ins, attr_opset)
+    if not axes and _attr(node, "noop_with_empty_axes", 0):
+        return ins[0]
+    return p.add(m, name, [ins[0]], axes=axes, keepdims=_attr(node, "keepdims", 1))
+
+
+@parser("Softmax", "LogSoftmax")
+def _p_softmax(p, m, node, ins):
+    x = ins[0]
+    name = "softmax" if node.op_type == "Softmax" else "logsoftmax"
+    if p.opset >= 13:
+        return p.add(m, name, [x], axis=_attr(node, "axis", -1))
+    axis = _attr(node, "axis", 1)
+    axis = axis + x.shape.ndim if axis < 0 else axis
+    lens = list(x.shape.lens)
+    flat = p.reshape(m, x, [math.prod(lens[:axis]), math.prod(lens[axis:])])
+    y = p.add(m, name, [flat], axis=1)
+    return p.reshape(m, y, lens)
+
+
+@parser("ArgMax", "ArgMin")
+def _p_argmax(p, m, node, ins):
+    return p.add(m, node.op_type.lower(), ins, axis=_attr(node, "axis", 0), keepdims=_attr(node, "keepdims", 1),
+                 select_last_index=_attr(node, "select_last_index", 0))
+
+
+@parser("LayerNormalization")
+def _p_layernorm(p, m, node, ins):
+    if any(o for o in node.output[1:]):
+        raise UnsupportedOpError(p.node_name, node.op_type, "", p.opset,
+                                 "the Mean and InvStdDev outputs are not supported")
+    if _attr(node, "stash_type", 1) != 1:
+        raise UnsupportedOpError(p.node_name, node.op_type, "", p.opset, "stash_type other than float")
+    args = [i for i in ins if i is not None]
+    return p.add(m, "layernorm", args, axis=_attr(node, "axis", -1), epsilon=_attr(node, "epsilon", 1e-5))
+
+
+def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int = 1,
+               dim_params: dict | None = None, external_data_dir: str | None = None,
+               check_shapes: bool = True) -> Program:
+    """Parse an ONNX model into a :class:`~mgx_graph.ir.Program`.
+
+    Parameters
+    ----------
+    model: path (str / PathLike), serialized bytes, or ``onnx.ModelProto``.
+    input_dims: ``{input name: [d0, d1, ...]}`` fixes the dims of those inputs.
+    default_dim_value: value for any other symbolic dim (``dim_param``), default 1.
+    dim_params: ``{symbol: value}`` fixes a named symbolic dim everywhere it appears.
+    external_data_dir: folder holding external tensor data (default: the model's folder).
+    check_shapes: cross-check every statically known output shape with onnx shape inference.
+
+    Raises
+    ------
+    ParseError: unreadable / malformed file, missing external data, bad ``input_dims``.
+    UnsupportedOpError: an op, domain or opset this frontend does not implement (names the node).
+    ShapeError: inconsistent shapes (names the node).
+    """
+    m = load_model(model, external_data_dir)
+    prog = _Parser(m, input_dims, default_dim_value, dim_params, check_shapes).parse()
+    prog.metadata = {p.key: p.value for p in m.metadata_props}
+    return prog

@@ -1,0 +1,180 @@
+"""bind_outputs: write selected program outputs into the buffer of an input parameter (in place).
+
+A fixed-shape decode step exports the KV cache as ``past_*`` inputs and ``present_*`` outputs of
+identical shape; ONNX has no in-place semantics, so the update is a ``ScatterND`` producing a new
+tensor.  Binding ``present -> past`` makes that ScatterND write into the caller's cache buffer: the
+cache never moves, no copy is made, and one captured graph serves every token.
+
+The binding is legal only when nothing reads the parameter after the instruction that writes it;
+otherwise :class:`CompileError` names the reader.  ``alias`` maps output names to parameter names.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ..errors import CompileError
+
+_PATTERNS = [
+    (re.compile(r"^present\.(.+)$"), r"past_key_values.\1"),
+    (re.compile(r"^present_key_values\.(.+)$"), r"past_key_values.\1"),
+    (re.compile(r"^present_(.+)$"), r"past_\1"),
+    (re.compile(r"^(.*)cache_out(.*)$"), r"\1cache_in\2"),
+    (re.compile(r"^(.*)_out$"), r"\1_in"),
+]
+
+
+def detect_alias(program, model_metadata: dict | None = None) -> dict[str, str]:
+    """Output -> parameter pairs to bind in place, from the model's ``mgx_graph.alias`` metadata or,
+    failing that, from the usual KV-cache names (``present.N.key`` -> ``past_key_values.N.key``,
+    ``present_*`` -> ``past_*``, ``*cache_out*`` -> ``*cache_in*``), keeping only pairs whose shapes and
+    types are identical."""
+    m = program.get_main_module()
+    shapes = m.get_parameter_shapes()
+    outs = dict(zip(m.output_names, m.get_output_shapes()))
+    if model_metadata and "mgx_graph.alias" in model_metadata:
+        raw = json.loads(model_metadata["mgx_graph.alias"])
+        return {o: p for o, p in raw.items() if o in outs and p in shapes}
+    found = {}
+    for o, s in outs.items():
+        for pat, rep in _PATTERNS:
+            if pat.match(o):
+                p = pat.sub(rep, o)
+                if p in shapes and shapes[p].lens == s.lens and shapes[p].dtype == s.dtype:
+                    found[o] = p
+                    break
+    return found
+
+
+def _readers(param):
+    """Instructions that read ``param`` directly or through views."""
+    out, stack, seen = [], [param], set()
+    while stack:
+        v = stack.pop()
+        for c in v.outputs:
+            if id(c) in seen or c.op.name == "@return":
+                continue
+            seen.add(id(c))
+            if c.op.is_view:
+                stack.append(c)
+            else:
+                out.append((c, v))
+    return out
+
+
+class BindOutputs:
+    name = "bind_outputs"
+
+    def __init__(self, alias: dict[str, str], strict: bool = True):
+        self.alias = dict(alias or {})
+        self.strict = strict
+        self.bound: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}
+
+    def __call__(self, program) -> None:
+        m = program.get_main_module()
+        ret = m.get_return()
+        names = m.output_names
+        order = {id(i): n for n, i in enumerate(m.instructions)}
+        taken = set()
+        for out_name, pname in self.alias.items():
+            try:
+                self._bind(m, ret, names, order, out_name, pname, taken)
+                self.bound[out_name] = pname
+            except CompileError as e:
+                if self.strict:
+                    raise
+                self.skipped[out_name] = str(e)
+        program.alias = dict(self.bound)
+
+    def _bind(self, m, ret, names, order, out_name, pname, taken):
+        if out_name not in names:
+            raise CompileError(f"alias: '{out_name}' is not an output of the program (outputs: {', '.join(names)})")
+        p = m.get_parameter(pname)
+        if p is None:
+            raise CompileError(f"alias: '{pname}' is not a parameter of the program")
+        o = ret.inputs[names.index(out_name)]
+        if tuple(o.shape.lens) != tuple(p.shape.lens) or o.shape.dtype != p.shape.dtype:
+            raise CompileError(f"alias: output '{out_name}' ({o.shape.brief()}) and parameter '{pname}' "
+                               f"({p.shape.brief()}) differ in shape or type")
+        # the writer: strip layout-only views (transpose / reshape / squeeze / unsqueeze) off the output
+        w = o
+        while w.op.name in _LAYOUT_VIEWS:
+            w = w.inputs[0]
+        if w.op.builtin or w.op.is_view:
+            raise CompileError(f"alias: output '{out_name}' is produced by {w.op.name}, which cannot write in place")
+        if sum(1 for i in ret.inputs if i is o) > 1 or id(w) in taken or "bind_param" in w.meta:
+            raise CompileError(f"alias: output '{out_name}' is returned twice or already bound")
+        if pname in program_bound(m):
+            raise CompileError(f"alias: parameter '{pname}' is already bound to another output")
+        # the layout the writer gets inside the parameter's buffer
+        layout = p.shape
+        src = w.inputs[0] if w.inputs else None
+        chain_ok = src is not None and w.op.inplace_ok and _layout_chain_to(src, p)
+        if chain_ok:
+            layout = src.shape
+        elif w is not o:
+            raise CompileError(f"alias: output '{out_name}' is a view of {w.op.name}, whose input is not a "
+                               f"layout view of '{pname}'")
+        pos = order[id(w)]
+        for reader, via in _readers(p):
+            if reader is w:
+                if not (chain_ok and w.inputs[0] is via and sum(1 for i in w.inputs if i is via) == 1):
+                    raise CompileError(f"alias: {w.op.name} producing '{out_name}' reads '{pname}' in a way that "
+                                       f"cannot run in place")
+                continue
+            if order.get(id(reader), -1) > pos:
+                raise CompileError(f"alias: parameter '{pname}' is read by {reader.op.name} after {w.op.name} "
+                                   f"writes '{out_name}' into it")
+        old = {}
+        try:
+            old = _relayout(m, w, layout)
+            if tuple(o.shape.lens) != tuple(p.shape.lens) or not _same_layout(o.shape, p.shape):
+                raise CompileError(f"alias: output '{out_name}' would not land in '{pname}' with the same layout")
+        except Exception as e:
+            for ins, shp in old.items():
+                ins.shape = shp
+            w.meta.pop("bind_layout", None)
+            if isinstance(e, CompileError):
+                raise
+            raise CompileError(f"alias: binding '{out_name}' onto '{pname}' breaks a later view: {e}") from None
+        w.meta["bind_param"] = pname
+        taken.add(id(w))
+
+
+_LAYOUT_VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze")
+
+
+def _layout_chain_to(x, p) -> bool:
+    while x is not p:
+        if x.op.name not in _LAYOUT_VIEWS:
+            return False
+        x = x.inputs[0]
+    return True
+
+
+def _same_layout(a, b) -> bool:
+    return all(d == 1 or sa == sb for d, sa, sb in zip(a.lens, a.strides, b.strides))
+
+
+def _relayout(m, w, layout):
+    """Give ``w`` the strided ``layout`` and recompute the shapes downstream; returns the old shapes."""
+    old = {w: w.shape}
+    w.meta["bind_layout"] = layout
+    w.shape = layout
+    affected, stack = set(), [w]
+    while stack:
+        v = stack.pop()
+        for c in v.outputs:
+            if id(c) not in affected and c.op.name != "@return":
+                affected.add(id(c))
+                stack.append(c)
+    for ins in m.instructions:
+        if id(ins) in affected:
+            old[ins] = ins.shape
+            ins.shape = ins.op.compute_shape([i.shape for i in ins.inputs], ins.module_inputs)
+    return old
+
+
+def program_bound(m):
+    return [i.meta["bind_param"] for i in m.instructions if "bind_param" in i.meta]

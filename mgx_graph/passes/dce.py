@@ -1,0 +1,23 @@
+"""eliminate_dead_code: remove instructions whose value nobody uses (parameters stay: they are the
+program's interface)."""
+from __future__ import annotations
+
+
+class EliminateDeadCode:
+    name = "eliminate_dead_code"
+
+    def __call__(self, program) -> None:
+        for m in program.module_order():
+            changed = True
+            while changed:
+                changed = False
+                for ins in reversed(list(m.instructions)):
+                    if ins.op.name in ("@return", "@param") or ins.outputs:
+                        continue
+                    m.remove_instruction(ins)
+                    changed = True
+        # drop modules no longer referenced
+        live = {m.name for m in program.module_order()}
+        for name in list(program.modules):
+            if name not in live:
+                program.remove_module(name)

@@ -1,0 +1,154 @@
+"""Compilation and execution API attached to :class:`mgx_graph.ir.Program`.
+
+``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
+
+    eliminate_dead_code, propagate_constant, [quantize_fp16, propagate_constant],
+    bind_outputs, lowering, [hip_graph], memory_coloring
+
+``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
+no ``graph_launch`` exists anywhere and execution is the plain eager path.
+"""
+from __future__ import annotations
+
+import os
+
+from . import env
+from .errors import CompileError, MgxError
+from .executor import Executor
+from .ir import Program
+from .passes import (BindOutputs, EliminateDeadCode, HipGraph, Lowering, MemoryColoring, PropagateConstant,
+                     QuantizeFp16, run_passes)
+from .passes.alias import detect_alias
+from .targets import make_context, resolve_target
+
+
+def hip_graph_from_env() -> bool:
+    """``MIGRAPHX_HIP_GRAPH`` as read once by MIGraphX-style env handling."""
+    return env.enabled("MIGRAPHX_HIP_GRAPH")
+
+
+def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
+             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
+             debug: bool | None = None) -> Program:
+    """Run the pass pipeline and lower the program to ``target`` (``ref``, ``gpu`` or ``auto``).
+
+    Parameters
+    ----------
+    hip_graph: wrap capturable runs in ``graph_launch`` (None: read ``MIGRAPHX_HIP_GRAPH``).
+    fp16: run in half precision (float32 literals, parameters and outputs become float16).
+    alias: ``{output name: parameter name}`` to write outputs in place into parameters (KV cache);
+        ``"auto"`` detects the pairs of a fixed-shape decode export; None or {} binds nothing.
+    warmup: eager runs per graph key before capture (default 2).
+    min_partition_size: fewest kernel launches a run needs to become a graph_launch region.
+    debug: print the WARMUP/CAPTURE/REPLAY/FALLBACK trace (None: ``MIGRAPHX_HIP_GRAPH_DEBUG``).
+
+    Raises CompileError (unknown/unusable target, impossible alias) or ShapeError.
+    """
+    if self._compiled is not None:
+        raise CompileError("program is already compiled")
+    tname = resolve_target(target)
+    hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
+    if alias == "auto":
+        alias_map, strict = detect_alias(self, getattr(self, "metadata", None)), False
+    else:
+        alias_map, strict = dict(alias or {}), True
+    passes = [EliminateDeadCode(), PropagateConstant()]
+    if fp16:
+        passes += [QuantizeFp16(), PropagateConstant()]
+    binder = BindOutputs(alias_map, strict=strict)
+    passes += [binder, Lowering(tname)]
+    if hip_graph:
+        passes.append(HipGraph(min_partition_size))
+    passes.append(MemoryColoring())
+    self.alias = {}
+    run_passes(self, passes)
+    self.alias_skipped = binder.skipped
+    ctx = make_context(tname)
+    self._compiled = Executor(self, ctx, warmup=warmup, debug=bool(debug) if debug is not None else False)
+    self.target = tname
+    self.hip_graph = hip_graph
+    self.fp16 = fp16
+    return self
+
+
+def _executor(self: Program) -> Executor:
+    if self._compiled is None:
+        raise MgxError("program is not compiled: call compile() first")
+    return self._compiled
+
+
+def _run(self: Program, params: dict) -> list:
+    """Run with host (numpy) inputs; returns host copies of the outputs (blocks until done).
+
+    ``params`` maps every parameter name to a numpy array of exactly the parameter's shape and dtype.
+    Raises ParameterError naming the parameter and the expected vs given shape/dtype.
+    """
+    return _executor(self).run(params)
+
+
+def _run_async(self: Program, params: dict, queue=None) -> list:
+    """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
+    default: the context's queue) without synchronizing.  Returns device arrays that alias the
+    program's output buffers: they are valid until the next run (copy them to keep them)."""
+    return _executor(self).run_async(params, queue)
+
+
+def _stats(self: Program) -> dict:
+    """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
+    eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes."""
+    return _executor(self).stats()
+
+
+def _release(self: Program) -> None:
+    """Synchronize, destroy graphs, free device memory.  Safe to call more than once."""
+    if self._compiled is not None:
+        self._compiled.close()
+
+
+def _queue(self: Program) -> int:
+    return _executor(self).ctx.queue
+
+
+def _context(self: Program):
+    return _executor(self).ctx
+
+
+def _is_compiled(self: Program) -> bool:
+    return self._compiled is not None
+
+
+def _param_buffer(self: Program, name: str):
+    return _executor(self).param_buffers[name]
+
+
+def _del(self):
+    try:
+        _release(self)
+    except Exception:
+        pass
+
+
+Program.compile = _compile
+Program.run = _run
+Program.run_async = _run_async
+Program.stats = _stats
+Program.release = _release
+Program.queue = property(_queue)
+Program.context = property(_context)
+Program.is_compiled = _is_compiled
+Program.param_buffer = _param_buffer
+Program.__del__ = _del
+
+
+def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input_dims: dict | None = None,
+            default_dim_value: int = 1, dim_params: dict | None = None, fp16: bool = False,
+            alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
+            debug: bool | None = None, external_data_dir: str | None = None) -> Program:
+    """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
+    :meth:`Program.compile` for the parameters and the errors raised."""
+    from .onnx_frontend import parse_onnx
+
+    prog = parse_onnx(model, input_dims=input_dims, default_dim_value=default_dim_value, dim_params=dim_params,
+                      external_data_dir=external_data_dir)
+    return prog.compile(target, hip_graph=hip_graph, fp16=fp16, alias=alias, warmup=warmup,
+                        min_partition_size=min_partition_size, debug=debug)

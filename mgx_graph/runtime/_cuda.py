@@ -1,0 +1,153 @@
+"""CUDA backend of the runtime layer, on ``cuda.bindings.runtime`` (cuda-bindings >= 12.9).
+
+Every cuda-bindings call returns ``(err, *values)``; :func:`check` turns a non-zero ``err`` into a
+DeviceError carrying the HIP name of the error (``cudaErrorX`` -> ``hipErrorX``).
+API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/runtime.html
+"""
+from __future__ import annotations
+
+from . import Runtime, check
+
+try:  # cuda-bindings >= 12.6 layout
+    from cuda.bindings import runtime as _rt
+except ImportError:  # pragma: no cover - older cuda-python
+    from cuda import cudart as _rt  # type: ignore
+
+
+def _stream(s):
+    return _rt.cudaStream_t(int(s)) if isinstance(s, int) else s
+
+
+class CudaRuntime(Runtime):
+    platform = "cuda"
+
+    def __init__(self):
+        self.rt = _rt
+
+    # device
+    def hipGetDeviceCount(self) -> int:
+        err, n = _rt.cudaGetDeviceCount()
+        return int(n) if int(err) == 0 else 0
+
+    def hipSetDevice(self, dev: int) -> None:
+        check("hipSetDevice", _rt.cudaSetDevice(dev)[0])
+
+    def hipGetDevice(self) -> int:
+        err, dev = _rt.cudaGetDevice()
+        check("hipGetDevice", err)
+        return int(dev)
+
+    def hipDeviceSynchronize(self) -> None:
+        check("hipDeviceSynchronize", _rt.cudaDeviceSynchronize()[0])
+
+    def hipMemGetInfo(self) -> tuple[int, int]:
+        err, free, total = _rt.cudaMemGetInfo()
+        check("hipMemGetInfo", err)
+        return int(free), int(total)
+
+    def device_name(self) -> str:
+        err, prop = _rt.cudaGetDeviceProperties(self.hipGetDevice())
+        check("hipGetDeviceProperties", err)
+        name = prop.name
+        return (name.decode() if isinstance(name, bytes) else str(name)).rstrip("\x00")
+
+    def runtime_version(self) -> str:
+        err, v = _rt.cudaRuntimeGetVersion()
+        err2, d = _rt.cudaDriverGetVersion()
+        return f"cuda runtime {int(v)}, driver {int(d)}"
+
+    # memory
+    def hipMalloc(self, nbytes: int) -> int:
+        err, ptr = _rt.cudaMalloc(max(int(nbytes), 1))
+        check("hipMalloc", err)
+        return int(ptr)
+
+    def hipFree(self, ptr: int) -> None:
+        check("hipFree", _rt.cudaFree(int(ptr))[0])
+
+    def hipMemsetAsync(self, ptr: int, value: int, nbytes: int, s) -> None:
+        check("hipMemsetAsync", _rt.cudaMemsetAsync(int(ptr), int(value), int(nbytes), _stream(s))[0])
+
+    # streams
+    def hipStreamCreate(self) -> int:
+        err, s = _rt.cudaStreamCreateWithFlags(_rt.cudaStreamNonBlocking)
+        check("hipStreamCreate", err)
+        return int(s)
+
+    def hipStreamDestroy(self, s) -> None:
+        check("hipStreamDestroy", _rt.cudaStreamDestroy(_stream(s))[0])
+
+    def hipStreamSynchronize(self, s) -> None:
+        check("hipStreamSynchronize", _rt.cudaStreamSynchronize(_stream(s))[0])
+
+    def hipStreamBeginCapture(self, s, mode: int) -> None:
+        check("hipStreamBeginCapture", _rt.cudaStreamBeginCapture(_stream(s), _rt.cudaStreamCaptureMode(int(mode)))[0])
+
+    def hipStreamEndCapture(self, s):
+        err, graph = _rt.cudaStreamEndCapture(_stream(s))
+        if int(err) != 0 and graph is not None and int(graph) != 0:
+            _rt.cudaGraphDestroy(graph)
+        check("hipStreamEndCapture", err)
+        return graph
+
+    def hipStreamIsCapturing(self, s) -> int:
+        err, status = _rt.cudaStreamIsCapturing(_stream(s))
+        check("hipStreamIsCapturing", err)
+        return int(status)
+
+    def hipStreamGetCaptureInfo(self, s) -> tuple[int, int]:
+        r = _rt.cudaStreamGetCaptureInfo(_stream(s))  # 7 values on 13.x, 6 on 12.x: use [1], [2]
+        check("hipStreamGetCaptureInfo", r[0])
+        return int(r[1]), int(r[2])
+
+    def hipThreadExchangeStreamCaptureMode(self, mode: int) -> int:
+        err, old = _rt.cudaThreadExchangeStreamCaptureMode(_rt.cudaStreamCaptureMode(int(mode)))
+        check("hipThreadExchangeStreamCaptureMode", err)
+        return int(old)
+
+    # graphs
+    def hipGraphInstantiate(self, graph):
+        err, exe = _rt.cudaGraphInstantiate(graph, 0)
+        check("hipGraphInstantiate", err)
+        return exe
+
+    def hipGraphGetNodeCount(self, graph) -> int:
+        err, _, n = _rt.cudaGraphGetNodes(graph, 0)
+        check("hipGraphGetNodes", err)
+        return int(n)
+
+    def hipGraphLaunch(self, exe, s) -> None:
+        check("hipGraphLaunch", _rt.cudaGraphLaunch(exe, _stream(s))[0])
+
+    def hipGraphUpload(self, exe, s) -> None:
+        check("hipGraphUpload", _rt.cudaGraphUpload(exe, _stream(s))[0])
+
+    def hipGraphExecUpdate(self, exe, graph) -> bool:
+        err, info = _rt.cudaGraphExecUpdate(exe, graph)
+        return int(err) == 0 and int(info.result) == 0
+
+    def hipGraphExecDestroy(self, exe) -> None:
+        check("hipGraphExecDestroy", _rt.cudaGraphExecDestroy(exe)[0])
+
+    def hipGraphDestroy(self, graph) -> None:
+        check("hipGraphDestroy", _rt.cudaGraphDestroy(graph)[0])
+
+    # events
+    def hipEventCreate(self):
+        err, ev = _rt.cudaEventCreate()
+        check("hipEventCreate", err)
+        return ev
+
+    def hipEventRecord(self, ev, s) -> None:
+        check("hipEventRecord", _rt.cudaEventRecord(ev, _stream(s))[0])
+
+    def hipEventSynchronize(self, ev) -> None:
+        check("hipEventSynchronize", _rt.cudaEventSynchronize(ev)[0])
+
+    def hipEventElapsedTime(self, a, b) -> float:
+        err, ms = _rt.cudaEventElapsedTime(a, b)
+        check("hipEventElapsedTime", err)
+        return float(ms)
+
+    def hipEventDestroy(self, ev) -> None:
+        _rt.cudaEventDestroy(ev)

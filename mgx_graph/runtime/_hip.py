@@ -1,0 +1,157 @@
+"""HIP backend of the runtime layer, on hip-python (AMD ROCm).
+
+hip-python returns ``(err, *values)`` like cuda-bindings.  Differences handled here:
+``hipGraphInstantiate`` has the 3-argument form and returns ``(err, exec, errorNode)``;
+``hipGraphExecUpdate`` returns ``(err, errorNode, result)``; ``hipGraphGetNodes`` is not used (its
+generated wrapper passes an uninitialised count), so node counts are unavailable.
+API reference: https://rocm.docs.amd.com/projects/hip-python/en/latest/
+"""
+from __future__ import annotations
+
+from . import Runtime, check
+
+
+def _import_hip():
+    try:  # hip-python >= 10: rocm-bindings
+        from rocm.bindings import hip  # type: ignore
+
+        return hip
+    except ImportError:
+        from hip import hip  # type: ignore
+
+        return hip
+
+
+class HipRuntime(Runtime):
+    platform = "hip"
+    has_graph_node_count = False
+
+    def __init__(self, module=None):
+        self.hip = module if module is not None else _import_hip()
+
+    def _s(self, s):
+        return self.hip.hipStream_t(int(s)) if isinstance(s, int) and hasattr(self.hip, "hipStream_t") else s
+
+    # device
+    def hipGetDeviceCount(self) -> int:
+        err, n = self.hip.hipGetDeviceCount()
+        return int(n) if int(err) == 0 else 0
+
+    def hipSetDevice(self, dev: int) -> None:
+        check("hipSetDevice", self.hip.hipSetDevice(dev)[0])
+
+    def hipGetDevice(self) -> int:
+        err, dev = self.hip.hipGetDevice()
+        check("hipGetDevice", err)
+        return int(dev)
+
+    def hipDeviceSynchronize(self) -> None:
+        check("hipDeviceSynchronize", self.hip.hipDeviceSynchronize()[0])
+
+    def hipMemGetInfo(self) -> tuple[int, int]:
+        err, free, total = self.hip.hipMemGetInfo()
+        check("hipMemGetInfo", err)
+        return int(free), int(total)
+
+    def device_name(self) -> str:
+        err, prop = self.hip.hipGetDeviceProperties(self.hipGetDevice())
+        check("hipGetDeviceProperties", err)
+        name = prop.name
+        return (name.decode() if isinstance(name, bytes) else str(name)).rstrip("\x00")
+
+    def runtime_version(self) -> str:
+        err, v = self.hip.hipRuntimeGetVersion()
+        return f"hip runtime {int(v)}"
+
+    # memory
+    def hipMalloc(self, nbytes: int) -> int:
+        err, ptr = self.hip.hipMalloc(max(int(nbytes), 1))
+        check("hipMalloc", err)
+        return int(ptr)
+
+    def hipFree(self, ptr: int) -> None:
+        check("hipFree", self.hip.hipFree(int(ptr))[0])
+
+    def hipMemsetAsync(self, ptr: int, value: int, nbytes: int, s) -> None:
+        check("hipMemsetAsync", self.hip.hipMemsetAsync(int(ptr), int(value), int(nbytes), self._s(s))[0])
+
+    # streams
+    def hipStreamCreate(self) -> int:
+        err, s = self.hip.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking)
+        check("hipStreamCreate", err)
+        return int(s)
+
+    def hipStreamDestroy(self, s) -> None:
+        check("hipStreamDestroy", self.hip.hipStreamDestroy(self._s(s))[0])
+
+    def hipStreamSynchronize(self, s) -> None:
+        check("hipStreamSynchronize", self.hip.hipStreamSynchronize(self._s(s))[0])
+
+    def hipStreamBeginCapture(self, s, mode: int) -> None:
+        m = self.hip.hipStreamCaptureMode(int(mode))
+        check("hipStreamBeginCapture", self.hip.hipStreamBeginCapture(self._s(s), m)[0])
+
+    def hipStreamEndCapture(self, s):
+        err, graph = self.hip.hipStreamEndCapture(self._s(s))
+        check("hipStreamEndCapture", err)
+        return graph
+
+    def hipStreamIsCapturing(self, s) -> int:
+        err, status = self.hip.hipStreamIsCapturing(self._s(s))
+        check("hipStreamIsCapturing", err)
+        return int(status)
+
+    def hipStreamGetCaptureInfo(self, s) -> tuple[int, int]:
+        r = self.hip.hipStreamGetCaptureInfo(self._s(s))
+        check("hipStreamGetCaptureInfo", r[0])
+        return int(r[1]), int(r[2])
+
+    def hipThreadExchangeStreamCaptureMode(self, mode: int) -> int:
+        r = self.hip.hipThreadExchangeStreamCaptureMode(self.hip.hipStreamCaptureMode(int(mode)))
+        check("hipThreadExchangeStreamCaptureMode", r[0])
+        return int(r[1])
+
+    # graphs
+    def hipGraphInstantiate(self, graph):
+        err, exe, _node = self.hip.hipGraphInstantiate(graph, None, 0)
+        check("hipGraphInstantiate", err)
+        return exe
+
+    def hipGraphGetNodeCount(self, graph) -> int:
+        return -1  # see module docstring
+
+    def hipGraphLaunch(self, exe, s) -> None:
+        check("hipGraphLaunch", self.hip.hipGraphLaunch(exe, self._s(s))[0])
+
+    def hipGraphUpload(self, exe, s) -> None:
+        check("hipGraphUpload", self.hip.hipGraphUpload(exe, self._s(s))[0])
+
+    def hipGraphExecUpdate(self, exe, graph) -> bool:
+        err, _node, result = self.hip.hipGraphExecUpdate(exe, graph)
+        return int(err) == 0 and int(result) == 0
+
+    def hipGraphExecDestroy(self, exe) -> None:
+        check("hipGraphExecDestroy", self.hip.hipGraphExecDestroy(exe)[0])
+
+    def hipGraphDestroy(self, graph) -> None:
+        check("hipGraphDestroy", self.hip.hipGraphDestroy(graph)[0])
+
+    # events
+    def hipEventCreate(self):
+        err, ev = self.hip.hipEventCreate()
+        check("hipEventCreate", err)
+        return ev
+
+    def hipEventRecord(self, ev, s) -> None:
+        check("hipEventRecord", self.hip.hipEventRecord(ev, self._s(s))[0])
+
+    def hipEventSynchronize(self, ev) -> None:
+        check("hipEventSynchronize", self.hip.hipEventSynchronize(ev)[0])
+
+    def hipEventElapsedTime(self, a, b) -> float:
+        err, ms = self.hip.hipEventElapsedTime(a, b)
+        check("hipEventElapsedTime", err)
+        return float(ms)
+
+    def hipEventDestroy(self, ev) -> None:
+        self.hip.hipEventDestroy(ev)

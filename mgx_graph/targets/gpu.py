@@ -1,0 +1,145 @@
+"""The ``gpu`` target: CuPy kernels and vendor BLAS on a GPU stream (CUDA or HIP).
+
+Every device buffer of a compiled program comes from ``hipMalloc`` through the runtime layer before
+the first run and is wrapped as a CuPy array; kernels run on the context's queue (a CuPy
+``ExternalStream`` over the runtime's stream).  During a capture a guard allocator is installed for
+CuPy: any allocation attempt raises, which ends the capture cleanly and makes the region fall back to
+eager (and names the instruction at fault).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from ..errors import CaptureError
+from ..runtime import device_runtime
+from ..runtime.blas import Blas
+from ..shape import Shape
+
+
+class _Guard(threading.local):
+    where = ""
+
+
+_guard = _Guard()
+
+
+def _refuse_alloc(nbytes):
+    raise CaptureError("device allocation", "hipErrorStreamCaptureUnsupported",
+                       f"{nbytes} bytes requested during capture by {_guard.where or 'an instruction'}")
+
+
+class GpuContext:
+    name = "gpu"
+
+    def __init__(self, **options):
+        import cupy
+
+        self.cupy = cupy
+        self.xp = cupy
+        self.runtime = device_runtime()
+        self.queue = self.runtime.hipStreamCreate()
+        self._buffers: list[int] = []
+        self._streams: dict[int, object] = {}
+        self._blas: dict[int, Blas] = {}
+
+    # -- memory ----------------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> int:
+        ptr = self.runtime.hipMalloc(nbytes)
+        self._buffers.append(ptr)
+        return ptr
+
+    def array(self, ptr: int, offset: int, shape: Shape):
+        cp = self.cupy
+        nbytes = max(shape.bytes(), 1)
+        mem = cp.cuda.UnownedMemory(ptr + offset, nbytes, self)
+        return cp.ndarray(shape.lens, dtype=shape.np_dtype, memptr=cp.cuda.MemoryPointer(mem, 0),
+                          strides=shape.byte_strides())
+
+    def upload(self, value: np.ndarray, ptr: int, offset: int):
+        arr = self.array(ptr, offset, Shape(value.dtype.name, value.shape))
+        with self.on_queue(self.queue):
+            arr.set(np.ascontiguousarray(value))
+        return arr
+
+    @staticmethod
+    def data_ptr(arr) -> int:
+        return arr.data.ptr
+
+    def is_device_array(self, arr) -> bool:
+        return isinstance(arr, self.cupy.ndarray)
+
+    def to_host(self, arr, queue) -> np.ndarray:
+        with self.on_queue(queue):
+            return arr.get()
+
+    def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
+        with self.on_queue(queue):
+            dst.set(np.ascontiguousarray(src))
+
+    # -- execution -------------------------------------------------------------------------------
+    def launch(self, queue, fn, out, args, ws) -> None:
+        fn(self, out, args, ws)
+
+    def _stream(self, queue):
+        s = self._streams.get(queue)
+        if s is None:
+            s = self._streams[queue] = self.cupy.cuda.ExternalStream(int(queue))
+        return s
+
+    @contextlib.contextmanager
+    def on_queue(self, queue):
+        with self._stream(queue):
+            yield
+
+    @contextlib.contextmanager
+    def capture_guard(self, where: str):
+        _guard.where = where
+        with self.cupy.cuda.using_allocator(_refuse_alloc):
+            yield
+        _guard.where = ""
+
+    def set_guard_where(self, where: str) -> None:
+        _guard.where = where
+
+    def synchronize(self, queue) -> None:
+        self.runtime.hipStreamSynchronize(queue)
+
+    def blas(self, queue):
+        b = self._blas.get(queue)
+        if b is None:
+            b = self._blas[queue] = Blas(self.runtime, queue)
+        return b
+
+    def describe(self) -> dict:
+        d = {"target": "gpu", "platform": self.runtime.platform}
+        try:
+            d["device"] = self.runtime.device_name()
+            d["runtime"] = self.runtime.runtime_version()
+            d["memory_total_bytes"] = self.runtime.hipMemGetInfo()[1]
+        except Exception:
+            pass
+        d["cupy"] = self.cupy.__version__
+        return d
+
+    def close(self) -> None:
+        rt = self.runtime
+        try:
+            rt.hipStreamSynchronize(self.queue)
+        except Exception:
+            pass
+        for b in self._blas.values():
+            b.close()
+        self._blas = {}
+        for p in self._buffers:
+            try:
+                rt.hipFree(p)
+            except Exception:
+                pass
+        self._buffers = []
+        try:
+            rt.hipStreamDestroy(self.queue)
+        except Exception:
+            pass

@@ -1,0 +1,87 @@
+"""The ``ref`` target: numpy kernels launched as host functions on a host queue.
+
+Instruction kernels are enqueued with ``hipLaunchHostFunc`` on the context's queue, so graph capture
+records them and a graph launch replays them: the same ``graph_launch`` state machine as on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..runtime import host_runtime
+from ..shape import Shape
+
+
+class RefContext:
+    name = "ref"
+    xp = np
+
+    def __init__(self, **options):
+        self.runtime = host_runtime()
+        self.queue = self.runtime.hipStreamCreate()
+        self._buffers: list[int] = []
+
+    # -- memory ----------------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> int:
+        ptr = self.runtime.hipMalloc(nbytes)
+        self._buffers.append(ptr)
+        return ptr
+
+    def array(self, ptr: int, offset: int, shape: Shape):
+        buf = self.runtime.host_buffer(ptr)
+        return np.ndarray(shape.lens, dtype=shape.np_dtype, buffer=buf, offset=offset, strides=shape.byte_strides())
+
+    def upload(self, value: np.ndarray, ptr: int, offset: int):
+        arr = self.array(ptr, offset, Shape(value.dtype.name, value.shape))
+        arr[...] = value
+        return arr
+
+    @staticmethod
+    def data_ptr(arr) -> int:
+        return arr.__array_interface__["data"][0]
+
+    def is_device_array(self, arr) -> bool:
+        return isinstance(arr, np.ndarray)
+
+    def to_host(self, arr, queue) -> np.ndarray:
+        return np.array(arr, copy=True)
+
+    def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
+        self.runtime.hipMemcpyAsync(dst, src, queue)
+
+    # -- execution -------------------------------------------------------------------------------
+    def launch(self, queue, fn, out, args, ws) -> None:
+        self.runtime.hipLaunchHostFunc(queue, fn, (self, out, args, ws))
+
+    @contextlib.contextmanager
+    def on_queue(self, queue):
+        yield
+
+    @contextlib.contextmanager
+    def capture_guard(self, where: str):
+        yield
+
+    def synchronize(self, queue) -> None:
+        self.runtime.hipStreamSynchronize(queue)
+
+    def blas(self, queue):
+        return None
+
+    def describe(self) -> dict:
+        import platform
+
+        return {"target": "ref", "platform": "host", "cpu": platform.processor() or platform.machine()}
+
+    def close(self) -> None:
+        rt = self.runtime
+        for p in self._buffers:
+            try:
+                rt.hipFree(p)
+            except Exception:
+                pass
+        self._buffers = []
+        try:
+            rt.hipStreamDestroy(self.queue)
+        except Exception:
+            pass

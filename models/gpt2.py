@@ -1,0 +1,367 @@
+"""GPT-2 architecture with seeded random weights, exported as a decode step.
+
+Two export kinds:
+
+``kind="static"`` (default) -- a fixed-shape decode step, same interface as SmolLM2:
+
+    inputs   input_ids                     int64   [1, 1]
+             cache_position                int64   [1]
+             past_key_values.{i}.key       float32 [1, n_head, max_cache_len, head_dim]
+             past_key_values.{i}.value     float32 [1, n_head, max_cache_len, head_dim]
+    outputs  logits                        float32 [1, 1, vocab_size]
+             present.{i}.key / .value      float32 [1, n_head, max_cache_len, head_dim]
+
+  ``present.{i}.*`` aliases ``past_key_values.{i}.*`` (identical shapes).
+
+``kind="dynamic"`` -- a growing KV cache with symbolic dimensions:
+
+    inputs   input_ids                     int64   [batch, seq]
+             attention_mask                int64   [batch, past + seq]
+             past_key_values.{i}.key/value float32 [batch, n_head, past, head_dim]
+    outputs  logits                        float32 [batch, seq, vocab_size]
+             present.{i}.key/value         float32 [batch, n_head, past + seq, head_dim]
+
+  No alias (the shapes differ). ``past`` may be 0 for the first (prefill) call.
+
+The weights are drawn from torch's RNG after ``torch.manual_seed(seed)`` (inside
+``torch.random.fork_rng`` so the caller's RNG state is untouched). The construction
+arguments, the seed and a SHA-256 of the weights are written to ``model.json`` so an
+oracle can rebuild the same module (:func:`rebuild_from_info`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    BuildError,
+    VerificationError,
+    VERIFY_ATOL,
+    export_onnx,
+    graph_io,
+    make_static_step_module,
+    ort_session,
+    rename_dim_params,
+    static_step_names,
+    verify_static_step,
+)
+
+NAME = "gpt2"
+
+DEFAULTS: dict[str, Any] = {
+    "kind": "static",
+    "seed": 0,
+    "n_layer": 2,
+    "n_embd": 128,
+    "n_head": 4,
+    "vocab_size": 50257,
+    "max_cache_len": 64,
+    "verify": True,
+}
+
+#: Options that do not change the built files (left out of the cache hash).
+NOT_HASHED = frozenset({"verify"})
+
+
+def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and validate. Raises ``ValueError`` on unknown or bad options."""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"gpt2: unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    opts = {**DEFAULTS, **options}
+    if opts["kind"] not in ("static", "dynamic"):
+        raise ValueError(f"gpt2: kind must be 'static' or 'dynamic', got {opts['kind']!r}")
+    for key in ("seed", "n_layer", "n_embd", "n_head", "vocab_size", "max_cache_len"):
+        value = opts[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"gpt2: {key} must be an int, got {value!r}")
+        opts[key] = int(value)
+    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "max_cache_len"):
+        if opts[key] < 1:
+            raise ValueError(f"gpt2: {key} must be >= 1, got {opts[key]}")
+    if opts["n_embd"] % opts["n_head"]:
+        raise ValueError(f"gpt2: n_embd ({opts['n_embd']}) must be divisible by n_head ({opts['n_head']})")
+    if opts["vocab_size"] < 2:
+        raise ValueError("gpt2: vocab_size must be >= 2")
+    opts["verify"] = bool(opts["verify"])
+    return opts
+
+
+def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Nothing outside the options identifies a random-weight GPT-2."""
+    return {}
+
+
+def architecture(opts: dict[str, Any]) -> dict[str, Any]:
+    """The GPT2Config keyword arguments for normalized options (eos = bos = vocab_size - 1)."""
+    special = opts["vocab_size"] - 1
+    return {
+        "n_layer": opts["n_layer"],
+        "n_embd": opts["n_embd"],
+        "n_head": opts["n_head"],
+        "vocab_size": opts["vocab_size"],
+        "n_positions": opts["max_cache_len"],
+        "bos_token_id": special,
+        "eos_token_id": special,
+        "pad_token_id": special,
+    }
+
+
+def make_model(arch: dict[str, Any], seed: int):
+    """Build ``GPT2LMHeadModel(GPT2Config(**arch))`` with weights drawn after ``manual_seed(seed)``.
+
+    Returns the module in eval mode, float32, on CPU. The global RNG state is restored.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(**arch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
+    return model.to(torch.float32).eval()
+
+
+def weights_sha256(model) -> str:
+    """SHA-256 over the names, shapes, dtypes and bytes of every parameter and buffer."""
+    import torch
+
+    h = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def rebuild_from_info(config: dict[str, Any]):
+    """Rebuild the torch model described by ``ModelInfo.config`` and check its weights hash.
+
+    Raises :class:`BuildError` if the rebuilt weights differ from the ones that were
+    exported (for example under another torch/transformers version).
+    """
+    g = config["gpt2"]
+    model = make_model(g["arch"], g["seed"])
+    digest = weights_sha256(model)
+    if digest != g["weights_sha256"]:
+        raise BuildError(
+            "rebuilt GPT-2 weights differ from the exported ones "
+            f"(sha256 {digest[:12]} != {g['weights_sha256'][:12]}); "
+            f"built with torch {g.get('torch')} / transformers {g.get('transformers')}"
+        )
+    return model
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _make_dynamic_module(model, num_layers: int):
+    import torch
+    from transformers import DynamicCache
+
+    class DynamicDecodeStep(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = model
+
+        def forward(self, input_ids, attention_mask, *kv):
+            cache = DynamicCache(ddp_cache_data=[(kv[2 * i], kv[2 * i + 1]) for i in range(num_layers)])
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True)
+            flat = []
+            for layer in out.cache.layers:
+                flat.append(layer.keys)
+                flat.append(layer.values)
+            return (out.logits, *flat)
+
+    return DynamicDecodeStep().eval()
+
+
+def _name_dynamic_dims(onnx_path: Path) -> None:
+    """Give the exporter's symbols (s0, s1, ...) readable names: batch, seq, past."""
+    inputs, _ = graph_io(onnx_path)
+    batch, seq = inputs["input_ids"][0]
+    past = inputs["past_key_values.0.key"][0][2]
+    total = inputs["attention_mask"][0][1]
+    mapping = {}
+    for sym, name in ((batch, "batch"), (seq, "seq"), (past, "past")):
+        if not isinstance(sym, str):
+            raise BuildError(f"gpt2 dynamic: expected a symbolic {name} dimension, got {sym!r}")
+        mapping[sym] = name
+    if isinstance(total, str) and total not in mapping:
+        mapping[total] = "past + seq"
+    rename_dim_params(onnx_path, mapping)
+
+
+def _reference_logits(model):
+    import torch
+
+    def run(token_ids):
+        with torch.no_grad():
+            ids = torch.tensor([list(token_ids)], dtype=torch.long)
+            return model(input_ids=ids, use_cache=False).logits[0].numpy()
+
+    return run
+
+
+def _verify_dynamic(onnx_path: Path, model, opts, note) -> float:
+    """Prefill (past = 0, batch 2), then 3 single-token steps feeding present back as past."""
+    import numpy as np
+    import torch
+
+    L, H = opts["n_layer"], opts["n_head"]
+    D = opts["n_embd"] // H
+    total = min(7, opts["max_cache_len"])
+    prefill = max(1, total - 3)
+    rng = np.random.default_rng(1234)
+    ids = rng.integers(0, opts["vocab_size"], size=(2, total), dtype=np.int64)
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+
+    sess = ort_session(onnx_path)
+    out_names = [o.name for o in sess.get_outputs()]
+    past = {f"past_key_values.{i}.{kv}": np.zeros((2, H, 0, D), np.float32) for i in range(L) for kv in ("key", "value")}
+    worst, per_step = 0.0, []
+    chunks = [(0, prefill)] + [(p, p + 1) for p in range(prefill, total)]
+    for start, end in chunks:
+        feeds = {
+            "input_ids": ids[:, start:end],
+            "attention_mask": np.ones((2, end), np.int64),
+            **past,
+        }
+        outs = dict(zip(out_names, sess.run(out_names, feeds)))
+        err = float(np.max(np.abs(outs["logits"] - ref[:, start:end])))
+        per_step.append(err)
+        worst = max(worst, err)
+        for i in range(L):
+            for kv in ("key", "value"):
+                present = outs[f"present.{i}.{kv}"]
+                if present.shape != (2, H, end, D):
+                    raise VerificationError(f"present.{i}.{kv} has shape {present.shape}, expected {(2, H, end, D)}")
+                past[f"past_key_values.{i}.{kv}"] = present
+    note(f"verify: prefill {prefill} tokens (past=0, batch 2) + {total - prefill} decode steps, "
+         f"max abs logits error ORT vs torch = {worst:.3e} (per call: {', '.join(f'{e:.1e}' for e in per_step)})")
+    if not np.isfinite(worst) or worst >= VERIFY_ATOL:
+        raise VerificationError(f"{onnx_path.name}: ORT logits differ from torch by {worst:.3e} (tolerance {VERIFY_ATOL:.0e})")
+    return worst
+
+
+def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
+    """Build the model into ``out_dir`` (``model.onnx`` + ``model.onnx.data``).
+
+    Returns the ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
+    Raises :class:`BuildError` / :class:`VerificationError`.
+    """
+    import numpy as np
+    import torch
+    import transformers
+
+    L, H, E = opts["n_layer"], opts["n_head"], opts["n_embd"]
+    D = E // H
+    max_len = opts["max_cache_len"]
+    arch = architecture(opts)
+
+    steps.skip("fetch weights", "random weights, nothing to fetch")
+
+    with steps.step("load"):
+        model = make_model(arch, opts["seed"])
+        digest = weights_sha256(model)
+        n_params = sum(p.numel() for p in model.parameters())
+        steps.note(f"GPT-2 n_layer={L} n_embd={E} n_head={H} vocab={opts['vocab_size']} "
+                   f"n_positions={max_len} seed={opts['seed']}: {n_params / 1e6:.2f} M params")
+
+    onnx_path = out_dir / "model.onnx"
+    with steps.step("export"):
+        if opts["kind"] == "static":
+            in_names, out_names, alias = static_step_names(L)
+            module = make_static_step_module(model, L, H, D, max_len)
+            args = (
+                torch.zeros((1, 1), dtype=torch.long),
+                torch.zeros((1,), dtype=torch.long),
+                *[torch.zeros((1, H, max_len, D)) for _ in range(2 * L)],
+            )
+            export_onnx(module, args, onnx_path, in_names, out_names)
+        else:
+            from torch.export import Dim
+
+            past_names = [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+            in_names = ["input_ids", "attention_mask", *past_names]
+            out_names = ["logits", *[f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]]
+            alias = {}
+            module = _make_dynamic_module(model, L)
+            B, S, P = 2, 3, 5
+            if S + P > max_len:
+                S, P = 2, max(2, max_len - 2)
+            if S + P > max_len:
+                raise BuildError(f"gpt2 dynamic: max_cache_len={max_len} is too small to export (needs >= 4)")
+            args = (
+                torch.zeros((B, S), dtype=torch.long),
+                torch.ones((B, P + S), dtype=torch.long),
+                *[torch.zeros((B, H, P, D)) for _ in range(2 * L)],
+            )
+            batch, seq, past = Dim("batch", max=1024), Dim("seq", max=max_len), Dim("past", max=max_len)
+            dyn = (
+                {0: batch, 1: seq},
+                {0: batch, 1: Dim.AUTO},
+                tuple({0: batch, 2: past} for _ in range(2 * L)),
+            )
+            export_onnx(module, args, onnx_path, in_names, out_names, dynamic_shapes=dyn)
+            _name_dynamic_dims(onnx_path)
+
+    if opts["verify"]:
+        with steps.step("verify"):
+            twin = make_model(arch, opts["seed"])
+            if weights_sha256(twin) != digest:
+                raise VerificationError("rebuilding GPT-2 with the same seed gave different weights")
+            steps.note(f"verify: rebuilt with seed {opts['seed']}: identical weights (sha256 {digest[:16]})")
+            if opts["kind"] == "static":
+                rng = np.random.default_rng(1234)
+                toks = rng.integers(0, opts["vocab_size"], size=min(8, max_len)).tolist()
+                verify_static_step(onnx_path, _reference_logits(model), toks, L, H, D, max_len, note=steps.note)
+            else:
+                _verify_dynamic(onnx_path, model, opts, steps.note)
+    else:
+        steps.skip("verify", "verify=False")
+
+    inputs, outputs = graph_io(onnx_path)
+    special = arch["eos_token_id"]
+    return {
+        "onnx_path": "model.onnx",
+        "tokenizer_dir": None,
+        "alias": alias,
+        "inputs": inputs,
+        "outputs": outputs,
+        "hf_dir_or_gguf": None,
+        "config": {
+            "architecture": "gpt2",
+            "kind": opts["kind"],
+            "num_layers": L,
+            "num_kv_heads": H,
+            "num_heads": H,
+            "head_dim": D,
+            "hidden_size": E,
+            "max_cache_len": max_len,
+            "vocab_size": opts["vocab_size"],
+            "eos_token_ids": [special],
+            "bos": special,
+            "pad": special,
+            "gpt2": {
+                "arch": arch,
+                "seed": opts["seed"],
+                "weights_sha256": digest,
+                "num_params": n_params,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "hf_config": model.config.to_dict(),
+            },
+        },
+    }
+
+
+def load_torch_model(info) -> Any:
+    """The torch ``GPT2LMHeadModel`` the ONNX graph of ``info`` was exported from."""
+    return rebuild_from_info(info.config)

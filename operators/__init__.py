@@ -1,0 +1,8 @@
+"""Operator definitions (``mgx_graph.operators``) and GPU kernel sources (``*.cu``).
+
+Importing this package registers every op; :func:`make_op` builds one by its MIGraphX-style name.
+"""
+from .base import Operation, make_op, register_op, registered_ops  # noqa: F401
+from . import pointwise, shape_ops, reduce, nn  # noqa: F401  (registration)
+
+__all__ = ["Operation", "make_op", "register_op", "registered_ops"]

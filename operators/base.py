@@ -1,0 +1,165 @@
+"""Operation definitions: the op interface shared by the IR, the passes and the targets.
+
+An :class:`Operation` is what an instruction does.  Like a MIGraphX ``operation`` it has a
+``name``, reflected attributes, ``compute_shape`` and (for views) ``output_alias``.  Kernels are
+written once against an array namespace ``xp`` (numpy on the ``ref`` target, CuPy on ``gpu``) and
+always write into a preallocated ``out`` array, so no buffer is allocated while a graph is captured.
+A target may override an op's kernel (``gpu_kernel``) with a fused or library-backed one.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..shape import Shape
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_op(cls):
+    """Class decorator: make ``cls`` constructible by name through :func:`make_op`."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def make_op(name: str, **attrs) -> "Operation":
+    """Construct the operation registered under ``name`` with attributes ``attrs``.
+
+    Raises KeyError naming the op when nothing is registered under ``name``.
+    """
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no operation named '{name}' is registered") from None
+    return cls(**attrs)
+
+
+def registered_ops() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "{" + ", ".join(_fmt(x) for x in v) + "}"
+    if isinstance(v, np.ndarray):
+        return _fmt(v.tolist())
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+class Operation:
+    """Base class of every op.
+
+    Subclasses set ``name`` and implement ``compute_shape``.  Compute ops implement
+    ``compute(ctx, out, args, ws)``; view ops set ``is_view = True`` and implement ``view(xp, x, shape)``.
+
+    Class flags
+    -----------
+    is_view:      output aliases input 0 (no kernel, no buffer).
+    host_only:    must run on the host with the data read back (a graph boundary).
+    capturable:   may be recorded into a graph (default True for device kernels).
+    foldable:     may be evaluated at compile time when all inputs are literals.
+    inplace_ok:   ``out`` may be the same buffer as input 0 (used to bind a KV-cache output onto
+                  its input parameter).
+    """
+
+    name = "?"
+    is_view = False
+    host_only = False
+    capturable = True
+    foldable = True
+    inplace_ok = False
+    builtin = False
+
+    def __init__(self, **attrs):
+        self.attrs = attrs
+
+    def __getattr__(self, key):
+        attrs = self.__dict__.get("attrs")
+        if attrs is not None and key in attrs:
+            return attrs[key]
+        raise AttributeError(key)
+
+    # -- shape -------------------------------------------------------------------------------------
+    def compute_shape(self, inputs: list[Shape], mods=()) -> Shape:
+        raise NotImplementedError(self.name)
+
+    def output_alias(self, inputs: list[Shape]) -> int | None:
+        return 0 if self.is_view else None
+
+    # -- execution ---------------------------------------------------------------------------------
+    def compute(self, ctx, out, args, ws) -> None:
+        """Write the result into ``out`` (an ``xp`` array of the output shape)."""
+        raise NotImplementedError(f"{self.name}: no kernel")
+
+    def view(self, xp, x, shape: Shape):
+        raise NotImplementedError(self.name)
+
+    def workspace(self, inputs: list[Shape], output: Shape) -> list[Shape]:
+        """Scratch buffers the generic kernel needs (planned by memory planning)."""
+        return []
+
+    def gpu_kernel(self, inputs: list[Shape], output: Shape):
+        """Optional GPU override: ``(fn(ctx, out, args, ws), launches, workspace_shapes)`` or None."""
+        return None
+
+    alloc_free = False
+
+    def is_alloc_free(self, inputs: list[Shape]) -> bool:
+        """True when :meth:`compute` allocates no temporaries (it can be captured on a GPU as is)."""
+        return self.is_view or self.alloc_free
+
+    def launches(self, inputs: list[Shape], output: Shape) -> int:
+        """Device kernels the generic kernel issues per run."""
+        return 0 if self.is_view else 1
+
+    # -- constant folding --------------------------------------------------------------------------
+    def fold(self, values: list[np.ndarray], in_shapes: list[Shape], out_shape: Shape) -> np.ndarray:
+        """Evaluate on the host with numpy (used by constant propagation)."""
+        if self.is_view:
+            return np.array(self.view(np, values[0], out_shape), order="C")
+        from types import SimpleNamespace
+
+        out = np.empty(out_shape.lens, dtype=out_shape.np_dtype)
+        ws = [np.empty(s.lens, s.np_dtype) for s in self.workspace(in_shapes, out_shape)]
+        self.compute(SimpleNamespace(xp=np, target="ref"), out, values, ws)
+        return out
+
+    # -- printing / equality -----------------------------------------------------------------------
+    def attr_string(self) -> str:
+        items = [(k, v) for k, v in self.attrs.items() if v is not None and not k.startswith("_")]
+        if not items:
+            return ""
+        return "[" + ",".join(f"{k}={_fmt(v)}" for k, v in items) + "]"
+
+    def __str__(self) -> str:
+        return self.name + self.attr_string()
+
+    def __repr__(self) -> str:
+        return f"<op {self}>"
+
+    def __eq__(self, other):
+        return type(self) is type(other) and str(self) == str(other)
+
+    def __hash__(self):
+        return hash(str(self))
+
+
+def check_inputs(op: Operation, inputs: list[Shape], n: int | tuple[int, int]) -> None:
+    lo, hi = (n, n) if isinstance(n, int) else n
+    if not lo <= len(inputs) <= hi:
+        want = str(lo) if lo == hi else f"{lo}..{hi}"
+        raise ShapeError(f"{op.name}: expects {want} inputs, got {len(inputs)}")
+
+
+def normalize_axis(axis: int, rank: int, op: str) -> int:
+    a = axis + rank if axis < 0 else axis
+    if not 0 <= a < max(rank, 1):
+        raise ShapeError(f"{op}: axis {axis} out of range for rank {rank}")
+    return a
+
+
+KernelFn = Callable[..., None]

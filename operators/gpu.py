@@ -1,0 +1,220 @@
+"""GPU kernels for the ``gpu`` target (CuPy, vendor BLAS, and the ``*.cu`` sources beside this file).
+
+:func:`select_gpu_kernel` picks, for one instruction, a kernel that writes into its preplanned output
+without allocating (so it can be captured):
+
+1. an op-specific kernel (``dot`` -> one strided-batched GEMM; ``scatternd`` -> ``scatternd.cu``);
+2. a single elementwise kernel compiled from the op's ``gpu_body`` expression;
+3. the op's generic ``xp`` kernel when it allocates no temporaries;
+4. otherwise the generic kernel, marked *not capturable* (the graph pass makes it a boundary).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..shape import Shape, standard_strides
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class GpuKernel:
+    fn: Callable
+    launches: int
+    workspace: list = field(default_factory=list)
+    capturable: bool = True
+    label: str = ""
+
+
+def select_gpu_kernel(op, in_shapes: list[Shape], out_shape: Shape) -> GpuKernel:
+    special = _SPECIAL.get(op.name)
+    if special is not None:
+        k = special(op, in_shapes, out_shape)
+        if k is not None:
+            return k
+    body = getattr(op, "gpu_body", None)
+    if body:
+        return _elementwise_kernel(op, in_shapes, out_shape)
+    ws = op.workspace(in_shapes, out_shape)
+    launches = op.launches(in_shapes, out_shape)
+    if op.is_alloc_free(in_shapes):
+        return GpuKernel(op.compute, launches, ws, True, "generic")
+    return GpuKernel(op.compute, launches, ws, False, "generic (allocates: not capturable)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# elementwise kernels from gpu_body
+# ---------------------------------------------------------------------------------------------------
+_PARAMS = {
+    1: ("T x", "T y"),
+    2: ("T a, T b", "T y"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_elementwise(name: str, in_params: str, out_params: str, body: str, compute: str):
+    import cupy
+
+    return cupy.ElementwiseKernel(in_params, out_params, body, f"mgx_{name}", preamble=f"typedef {compute} C;")
+
+
+def _elementwise_kernel(op, in_shapes, out_shape) -> GpuKernel:
+    body = op.gpu_body
+    for k, v in op.attrs.items():
+        if isinstance(v, float):
+            body = body.replace(k.upper(), repr(float(v)))
+    if op.name == "where":
+        in_params, out_params = "bool c, T a, T b", "T y"
+    else:
+        in_params, out_params = _PARAMS[len(in_shapes)]
+    compute = "double" if out_shape.dtype == "float64" else "float"
+    label = f"elementwise {op.name}"
+
+    def run(ctx, out, args, ws):
+        kern = _compile_elementwise(op.name + "_" + compute, in_params, out_params, body, compute)
+        kern(*args, out)
+
+    return GpuKernel(run, 1, [], True, label)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dot: strided-batched GEMM through the vendor BLAS
+# ---------------------------------------------------------------------------------------------------
+def _matrix_layout(lens, strides):
+    """(transposed, ld) of the last two dims as a BLAS operand, or None if not representable."""
+    R, C = lens[-2], lens[-1]
+    sr, sc = strides[-2], strides[-1]
+    if (sc == 1 or C == 1) and (R == 1 or sr >= max(C, 1)):
+        return False, (max(C, 1) if R == 1 else sr)
+    if (sr == 1 or R == 1) and (C == 1 or sc >= max(R, 1)):
+        return True, (max(R, 1) if C == 1 else sc)
+    return None
+
+
+def _batch_stride(lens, strides, batch_lens):
+    """One stride s with offset(b) = flat(b) * s over the broadcast batch dims, or None."""
+    nb = len(batch_lens)
+    off = nb - (len(lens) - 2)
+    bstr = []
+    for i, d in enumerate(batch_lens):
+        j = i - off
+        if j < 0 or lens[j] == 1:
+            bstr.append(0)
+        else:
+            bstr.append(strides[j])
+    dims = [(d, s) for d, s in zip(batch_lens, bstr) if d != 1]
+    if not dims:
+        return 0
+    if all(s == 0 for _, s in dims):
+        return 0
+    s = dims[-1][1]
+    acc = s
+    for d, st in reversed(dims):
+        if st != acc:
+            return None
+        acc *= d
+    return s
+
+
+def _dot_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
+    a, b = in_shapes
+    if a.dtype not in ("float16", "float32", "float64"):
+        return None
+    M, K, N = a.lens[-2], a.lens[-1], b.lens[-1]
+    batch_lens = tuple(out_shape.lens[:-2])
+    batch = int(np.prod(batch_lens)) if batch_lens else 1
+    ws: list[Shape] = []
+    plans = []
+    for idx, s in enumerate((a, b)):
+        lay = _matrix_layout(s.lens, s.strides)
+        bs = _batch_stride(s.lens, s.strides, batch_lens) if lay else None
+        if lay is None or bs is None:
+            # materialize: contiguous, broadcast to the full batch
+            full = Shape(s.dtype, batch_lens + tuple(s.lens[-2:]))
+            ws.append(full)
+            lay = (False, max(full.lens[-1], 1))
+            bs = full.lens[-2] * full.lens[-1] if batch > 1 else 0
+            plans.append((lay, bs, len(ws) - 1))
+        else:
+            plans.append((lay, bs, None))
+    (ta, lda), sa, wa = plans[0]
+    (tb, ldb), sb, wb = plans[1]
+    # fold the batch into M when B is shared and A's rows are uniformly strided across the batch
+    m_eff, batch_eff, sa_eff = M, batch, sa
+    if batch > 1 and sb == 0 and not ta and sa == M * lda:
+        m_eff, batch_eff, sa_eff = M * batch, 1, 0
+    ldc, sc = max(N, 1), M * N
+    dtype = np.dtype(a.dtype)
+    launches = 1 + (wa is not None) + (wb is not None)
+
+    def run(ctx, out, args, ws_arrays):
+        xa, xb = args
+        if wa is not None:
+            ctx.xp.copyto(ws_arrays[wa], ctx.xp.broadcast_to(xa, ws_arrays[wa].shape))
+            xa = ws_arrays[wa]
+        if wb is not None:
+            ctx.xp.copyto(ws_arrays[wb], ctx.xp.broadcast_to(xb, ws_arrays[wb].shape))
+            xb = ws_arrays[wb]
+        if M == 0 or N == 0:
+            return
+        if K == 0:
+            out.fill(0)
+            return
+        ctx.blas(ctx.current_queue).gemm(xa.data.ptr, ta, lda, sa_eff, xb.data.ptr, tb, ldb, sb, out.data.ptr, ldc,
+                                         sc, m_eff, N, K, batch_eff, dtype)
+
+    return GpuKernel(run, launches, ws, True, f"gemm{'_batched' if batch_eff > 1 else ''}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# scatternd
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _scatternd_module():
+    import cupy
+
+    with open(os.path.join(_HERE, "scatternd.cu")) as f:
+        return cupy.RawModule(code=f.read())
+
+
+def _scatternd_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
+    data, idx, upd = in_shapes
+    q = idx.lens[-1]
+    trailing = len(data.lens) - q
+    if op.reduction != "none" or q > 4 or trailing > 5 or not upd.standard() or not idx.standard():
+        return None
+    width = np.dtype(data.dtype).itemsize
+    if width not in (1, 2, 4, 8) or idx.dtype not in ("int32", "int64"):
+        return None
+    name = f"scatternd_w{width}_i{idx.dtype[3:]}"
+    dims = list(data.lens[:q]) + [1] * (4 - q)
+    strides = list(out_shape.strides[:q]) + [0] * (4 - q)
+    tdims = [1] * (5 - trailing) + list(data.lens[q:])
+    tstrides = [0] * (5 - trailing) + list(out_shape.strides[q:])
+    n = upd.elements()
+    slice_ = int(np.prod(data.lens[q:])) if trailing else 1
+    block = 256
+    grid = max(1, min((n + block - 1) // block, 65535))
+    scal = [np.int64(n), np.int64(slice_), np.int32(q)] + [np.int64(v) for v in dims + strides + tdims + tstrides]
+
+    def run(ctx, out, args, ws):
+        d, i, u = args
+        if out.data.ptr != d.data.ptr or out.strides != d.strides:
+            ctx.xp.copyto(out, d)
+        if n:
+            k = _scatternd_module().get_function(name)
+            k((grid,), (block,), (out, i, u, *scal))
+
+    return GpuKernel(run, 2, [], True, "scatternd.cu")
+
+
+def _scatternd_launches(op, in_shapes, out_shape):
+    return 2
+
+
+_SPECIAL = {"dot": _dot_kernel, "scatternd": _scatternd_kernel}
