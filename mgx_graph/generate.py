@@ -87,6 +87,7 @@ class Decoder:
             p["input_ids"].fill(int(token))
             p["cache_position"].fill(self.position)
             outs = self.program.run_async(p, self.queue)
+            self.last_logits = outs[self.logits_index]
             self.position += 1
             if not want_next:
                 return None

@@ -6,6 +6,7 @@ Public API::
 
     info = build("smollm2")                       # real SmolLM2-135M-Instruct decode step
     info = build("gpt2", kind="dynamic", n_layer=2)  # random-weight GPT-2, growing KV cache
+    info = build("llama", n_layer=2)               # random-weight small LLaMA, same graph as smollm2
     info.onnx_path, info.alias, info.inputs, info.config
 
 Models:
@@ -19,6 +20,14 @@ Models:
     GPT-2 architecture with seeded random weights (see :mod:`.gpt2`). Options: ``kind``
     ("static" | "dynamic"), ``seed`` (0), ``n_layer`` (2), ``n_embd`` (128), ``n_head`` (4),
     ``vocab_size`` (50257), ``max_cache_len`` (64), ``verify`` (True).
+``"llama"``
+    LLaMA architecture (``LlamaForCausalLM``) with seeded random weights and a small size:
+    the op pattern of SmolLM2 (GQA, RoPE, RMSNorm, SiLU MLP, tied embeddings) as the same
+    fixed-shape decode step, built in seconds (see :mod:`.llama`). Options: ``seed`` (0),
+    ``n_layer`` (2), ``hidden_size`` (64), ``n_head`` (4), ``n_kv_head`` (2),
+    ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32),
+    ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``verify`` (True).
+    No tokenizer; eos = ``vocab_size - 1``.
 
 Each build lands in ``<cache>/models/<name>-<hash>/`` with ``model.onnx``,
 ``model.onnx.data`` (external weights), ``model.json`` and, when the model has one,
@@ -66,6 +75,7 @@ BUILDER_VERSION = "1"
 _BUILDERS = {
     "smollm2": ".smollm2",
     "gpt2": ".gpt2",
+    "llama": ".llama",
 }
 
 _INFO_FILE = "model.json"
@@ -76,7 +86,7 @@ class ModelInfo:
     """Everything a runtime or an oracle needs to know about one built model.
 
     Attributes:
-        name: registry name ("smollm2", "gpt2").
+        name: registry name ("smollm2", "gpt2", "llama").
         onnx_path: absolute path of ``model.onnx`` (its weights are in ``model.onnx.data``
             next to it).
         tokenizer_dir: folder loadable with ``transformers.AutoTokenizer.from_pretrained``
@@ -89,9 +99,10 @@ class ModelInfo:
             entry is an int, or a string for a symbolic dimension.
         config: num_layers, num_kv_heads, head_dim, max_cache_len, vocab_size,
             eos_token_ids (list), bos, kind ("static" | "dynamic") and builder-specific
-            extras (for gpt2 the seed and construction arguments under ``"gpt2"``).
+            extras (for the random-weight models the seed, construction arguments and
+            weights hash under ``"gpt2"`` / ``"llama"``).
         hf_dir_or_gguf: the file the oracle loads the torch model from (the GGUF for
-            smollm2), or None when the weights are rebuilt from ``config`` (gpt2).
+            smollm2), or None when the weights are rebuilt from ``config`` (gpt2, llama).
         options: the normalized build options.
         directory: the model's cache folder.
         build_seconds: seconds spent in each build step (empty for a reused cache entry

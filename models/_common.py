@@ -51,6 +51,30 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 # --------------------------------------------------------------------------------------
+# options
+
+
+def fill_options(model: str, options: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``{**defaults, **options}``; raises ``ValueError`` naming any option not in ``defaults``."""
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise ValueError(f"{model}: unknown option(s) {sorted(unknown)}; known: {sorted(defaults)}")
+    return {**defaults, **options}
+
+
+def require_ints(model: str, opts: dict[str, Any], keys: Sequence[str], minimum: int | None = None) -> None:
+    """Check that ``opts[k]`` is an int (bools refused) for each of ``keys``, and ``>= minimum``
+    when given; raises ``ValueError``. Normalizes the values to plain ``int`` in place."""
+    for key in keys:
+        value = opts[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{model}: {key} must be an int, got {value!r}")
+        opts[key] = int(value)
+        if minimum is not None and opts[key] < minimum:
+            raise ValueError(f"{model}: {key} must be >= {minimum}, got {opts[key]}")
+
+
+# --------------------------------------------------------------------------------------
 # progress
 
 
@@ -198,6 +222,29 @@ def make_static_step_module(model: Any, num_layers: int, num_kv_heads: int, head
             return (out.logits, *flat)
 
     return StaticDecodeStep().eval()
+
+
+def static_step_example_args(num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int) -> tuple:
+    """Example inputs (zeros) for :func:`make_static_step_module`: ids [1,1], position [1], caches."""
+    import torch
+
+    return (
+        torch.zeros((1, 1), dtype=torch.long),
+        torch.zeros((1,), dtype=torch.long),
+        *[torch.zeros((1, num_kv_heads, max_cache_len, head_dim)) for _ in range(2 * num_layers)],
+    )
+
+
+def export_static_step(
+    model: Any, onnx_path: Path, num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int
+) -> dict[str, str]:
+    """Export ``model`` as a fixed-shape decode step (see :func:`make_static_step_module`)
+    to ``onnx_path`` with the names of :func:`static_step_names`; returns the alias map."""
+    in_names, out_names, alias = static_step_names(num_layers)
+    module = make_static_step_module(model, num_layers, num_kv_heads, head_dim, max_cache_len)
+    args = static_step_example_args(num_layers, num_kv_heads, head_dim, max_cache_len)
+    export_onnx(module, args, onnx_path, in_names, out_names)
+    return alias
 
 
 def export_onnx(
@@ -414,6 +461,103 @@ def verify_static_step(
             f"{onnx_path.name}: ORT logits differ from torch by {worst:.3e} (tolerance {atol:.0e}); per step {per_step}"
         )
     return worst
+
+
+def reference_logits(model: Any) -> Callable[[list[int]], Any]:
+    """``token_ids -> logits [T, vocab]`` (numpy float32) from one full-sequence torch forward
+    without a cache; the reference that :func:`verify_static_step` compares against."""
+    import torch
+
+    def run(token_ids):
+        with torch.no_grad():
+            ids = torch.tensor([list(token_ids)], dtype=torch.long)
+            return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
+
+    return run
+
+
+def random_verify_tokens(vocab_size: int, max_cache_len: int, count: int = 8, seed: int = 1234) -> list[int]:
+    """``min(count, max_cache_len)`` token ids drawn uniformly from ``[0, vocab_size)`` (numpy, fixed seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab_size, size=min(count, max_cache_len)).tolist()
+
+
+# --------------------------------------------------------------------------------------
+# random-weight models (gpt2, llama)
+
+
+def seeded_model(factory: Callable[[], Any], seed: int) -> Any:
+    """Call ``factory()`` (which constructs a torch module) right after ``torch.manual_seed(seed)``.
+
+    The construction happens inside ``torch.random.fork_rng`` so the caller's RNG state
+    is untouched. Returns the module in eval mode, float32, on CPU.
+    """
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = factory()
+    return model.to(torch.float32).eval()
+
+
+def weights_sha256(model: Any) -> str:
+    """SHA-256 over the names, shapes, dtypes and bytes of every parameter and buffer."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def random_weights_record(model: Any, arch: dict[str, Any], seed: int, digest: str | None = None) -> dict[str, Any]:
+    """What ``model.json`` keeps so that :func:`rebuild_random_model` can rebuild ``model``:
+    the config arguments ``arch``, the ``seed``, the weights' SHA-256, the parameter count,
+    the torch / transformers versions and the full transformers config."""
+    import torch
+    import transformers
+
+    return {
+        "arch": dict(arch),
+        "seed": int(seed),
+        "weights_sha256": digest if digest is not None else weights_sha256(model),
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_config": model.config.to_dict(),
+    }
+
+
+def rebuild_random_model(
+    record: dict[str, Any],
+    make_model: Callable[[dict[str, Any], int], Any],
+    label: str,
+    error: type[BuildError] = BuildError,
+) -> Any:
+    """``make_model(record["arch"], record["seed"])``, checked against ``record["weights_sha256"]``.
+
+    ``record`` is a :func:`random_weights_record`. Raises ``error`` (default
+    :class:`BuildError`) if the rebuilt weights differ from the recorded ones (for
+    example under another torch/transformers version).
+    """
+    model = make_model(record["arch"], record["seed"])
+    digest = weights_sha256(model)
+    if digest != record["weights_sha256"]:
+        raise error(
+            f"rebuilt {label} weights differ from the exported ones "
+            f"(sha256 {digest[:12]} != {record['weights_sha256'][:12]}); "
+            f"built with torch {record.get('torch')} / transformers {record.get('transformers')}"
+        )
+    return model
 
 
 def dump_json(path: Path, obj: Any) -> None:

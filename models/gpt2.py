@@ -26,12 +26,12 @@ Two export kinds:
 The weights are drawn from torch's RNG after ``torch.manual_seed(seed)`` (inside
 ``torch.random.fork_rng`` so the caller's RNG state is untouched). The construction
 arguments, the seed and a SHA-256 of the weights are written to ``model.json`` so an
-oracle can rebuild the same module (:func:`rebuild_from_info`).
+oracle can rebuild the same module (:func:`rebuild_from_info`). Those helpers are shared
+with :mod:`.llama` and live in :mod:`._common`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,19 @@ from ._common import (
     VerificationError,
     VERIFY_ATOL,
     export_onnx,
+    export_static_step,
+    fill_options,
     graph_io,
-    make_static_step_module,
     ort_session,
+    random_verify_tokens,
+    random_weights_record,
+    rebuild_random_model,
+    reference_logits,
     rename_dim_params,
-    static_step_names,
+    require_ints,
+    seeded_model,
     verify_static_step,
+    weights_sha256,  # noqa: F401  (kept as gpt2.weights_sha256)
 )
 
 NAME = "gpt2"
@@ -67,20 +74,11 @@ NOT_HASHED = frozenset({"verify"})
 
 def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults and validate. Raises ``ValueError`` on unknown or bad options."""
-    unknown = set(options) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"gpt2: unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    opts = {**DEFAULTS, **options}
+    opts = fill_options(NAME, options, DEFAULTS)
     if opts["kind"] not in ("static", "dynamic"):
         raise ValueError(f"gpt2: kind must be 'static' or 'dynamic', got {opts['kind']!r}")
-    for key in ("seed", "n_layer", "n_embd", "n_head", "vocab_size", "max_cache_len"):
-        value = opts[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"gpt2: {key} must be an int, got {value!r}")
-        opts[key] = int(value)
-    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "max_cache_len"):
-        if opts[key] < 1:
-            raise ValueError(f"gpt2: {key} must be >= 1, got {opts[key]}")
+    require_ints(NAME, opts, ("seed",))
+    require_ints(NAME, opts, ("n_layer", "n_embd", "n_head", "vocab_size", "max_cache_len"), minimum=1)
     if opts["n_embd"] % opts["n_head"]:
         raise ValueError(f"gpt2: n_embd ({opts['n_embd']}) must be divisible by n_head ({opts['n_head']})")
     if opts["vocab_size"] < 2:
@@ -114,29 +112,10 @@ def make_model(arch: dict[str, Any], seed: int):
 
     Returns the module in eval mode, float32, on CPU. The global RNG state is restored.
     """
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(**arch)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = GPT2LMHeadModel(config)
-    return model.to(torch.float32).eval()
-
-
-def weights_sha256(model) -> str:
-    """SHA-256 over the names, shapes, dtypes and bytes of every parameter and buffer."""
-    import torch
-
-    h = hashlib.sha256()
-    state = model.state_dict()
-    for name in sorted(state):
-        t = state[name].detach().contiguous().cpu()
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    return seeded_model(lambda: GPT2LMHeadModel(config), seed)
 
 
 def rebuild_from_info(config: dict[str, Any]):
@@ -145,16 +124,7 @@ def rebuild_from_info(config: dict[str, Any]):
     Raises :class:`BuildError` if the rebuilt weights differ from the ones that were
     exported (for example under another torch/transformers version).
     """
-    g = config["gpt2"]
-    model = make_model(g["arch"], g["seed"])
-    digest = weights_sha256(model)
-    if digest != g["weights_sha256"]:
-        raise BuildError(
-            "rebuilt GPT-2 weights differ from the exported ones "
-            f"(sha256 {digest[:12]} != {g['weights_sha256'][:12]}); "
-            f"built with torch {g.get('torch')} / transformers {g.get('transformers')}"
-        )
-    return model
+    return rebuild_random_model(config[NAME], make_model, "GPT-2")
 
 
 # --------------------------------------------------------------------------------------
@@ -195,17 +165,6 @@ def _name_dynamic_dims(onnx_path: Path) -> None:
     if isinstance(total, str) and total not in mapping:
         mapping[total] = "past + seq"
     rename_dim_params(onnx_path, mapping)
-
-
-def _reference_logits(model):
-    import torch
-
-    def run(token_ids):
-        with torch.no_grad():
-            ids = torch.tensor([list(token_ids)], dtype=torch.long)
-            return model(input_ids=ids, use_cache=False).logits[0].numpy()
-
-    return run
 
 
 def _verify_dynamic(onnx_path: Path, model, opts, note) -> float:
@@ -256,9 +215,7 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
     Returns the ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
     Raises :class:`BuildError` / :class:`VerificationError`.
     """
-    import numpy as np
     import torch
-    import transformers
 
     L, H, E = opts["n_layer"], opts["n_head"], opts["n_embd"]
     D = E // H
@@ -269,22 +226,15 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
 
     with steps.step("load"):
         model = make_model(arch, opts["seed"])
-        digest = weights_sha256(model)
-        n_params = sum(p.numel() for p in model.parameters())
+        record = random_weights_record(model, arch, opts["seed"])
+        digest, n_params = record["weights_sha256"], record["num_params"]
         steps.note(f"GPT-2 n_layer={L} n_embd={E} n_head={H} vocab={opts['vocab_size']} "
                    f"n_positions={max_len} seed={opts['seed']}: {n_params / 1e6:.2f} M params")
 
     onnx_path = out_dir / "model.onnx"
     with steps.step("export"):
         if opts["kind"] == "static":
-            in_names, out_names, alias = static_step_names(L)
-            module = make_static_step_module(model, L, H, D, max_len)
-            args = (
-                torch.zeros((1, 1), dtype=torch.long),
-                torch.zeros((1,), dtype=torch.long),
-                *[torch.zeros((1, H, max_len, D)) for _ in range(2 * L)],
-            )
-            export_onnx(module, args, onnx_path, in_names, out_names)
+            alias = export_static_step(model, onnx_path, L, H, D, max_len)
         else:
             from torch.export import Dim
 
@@ -314,14 +264,11 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
 
     if opts["verify"]:
         with steps.step("verify"):
-            twin = make_model(arch, opts["seed"])
-            if weights_sha256(twin) != digest:
-                raise VerificationError("rebuilding GPT-2 with the same seed gave different weights")
+            rebuild_random_model(record, make_model, "GPT-2", error=VerificationError)
             steps.note(f"verify: rebuilt with seed {opts['seed']}: identical weights (sha256 {digest[:16]})")
             if opts["kind"] == "static":
-                rng = np.random.default_rng(1234)
-                toks = rng.integers(0, opts["vocab_size"], size=min(8, max_len)).tolist()
-                verify_static_step(onnx_path, _reference_logits(model), toks, L, H, D, max_len, note=steps.note)
+                toks = random_verify_tokens(opts["vocab_size"], max_len)
+                verify_static_step(onnx_path, reference_logits(model), toks, L, H, D, max_len, note=steps.note)
             else:
                 _verify_dynamic(onnx_path, model, opts, steps.note)
     else:
@@ -349,15 +296,7 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
             "eos_token_ids": [special],
             "bos": special,
             "pad": special,
-            "gpt2": {
-                "arch": arch,
-                "seed": opts["seed"],
-                "weights_sha256": digest,
-                "num_params": n_params,
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "hf_config": model.config.to_dict(),
-            },
+            NAME: record,
         },
     }
 

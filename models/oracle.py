@@ -1,8 +1,8 @@
 """Reference (oracle) helpers: the torch/transformers answer for a built model.
 
 * :func:`hf_greedy_tokens` -- greedy ``model.generate`` with the very torch model the
-  ONNX graph was exported from (the GGUF for smollm2, the seeded random GPT-2 rebuilt
-  from ``model.json`` for gpt2).
+  ONNX graph was exported from (the GGUF for smollm2, the seeded random GPT-2 / LLaMA
+  rebuilt from ``model.json`` for gpt2 / llama, checked against the recorded weights hash).
 * :func:`chat_prompt_ids` -- token ids of a one-turn chat prompt (with the generation
   prompt appended), from the tokenizer saved next to the model.
 * :func:`ort_greedy_tokens` -- the same greedy decode run through onnxruntime with the
@@ -28,8 +28,11 @@ _MAX_CACHED_MODELS = 2
 def _key(info: ModelInfo) -> tuple:
     import json
 
+    # Random-weight builders keep their rebuild record (with the weights hash) under their own name.
+    record = info.config.get(info.name)
+    digest = record.get("weights_sha256") if isinstance(record, dict) else None
     return (info.name, str(info.hf_dir_or_gguf), json.dumps(info.options, sort_keys=True, default=str),
-            json.dumps(info.config.get("gpt2", {}).get("weights_sha256")))
+            json.dumps(digest))
 
 
 def load_torch_model(info: ModelInfo):
@@ -125,7 +128,7 @@ def chat_prompt_ids(info: ModelInfo, prompt_text: str) -> list[int]:
     template, with ``add_generation_prompt=True``.
 
     Needs only ``transformers``/``tokenizers`` (no torch). Raises ``ValueError`` for a
-    model without a tokenizer (gpt2).
+    model without a tokenizer (gpt2, llama).
     """
     tok = _tokenizer(info)
     out = tok.apply_chat_template(

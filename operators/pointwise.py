@@ -23,6 +23,7 @@ class Pointwise(Operation):
     out_dtype: str | None = None  # None: same as input 0
     gpu_body: str | None = None
     alloc_free = False  # the xp kernel allocates no temporaries (safe to capture as is)
+    inplace_ok = True  # out may be input 0's buffer (same shape and layout): elementwise
 
     def compute_shape(self, inputs, mods=()):
         check_inputs(self, inputs, self.nargs)

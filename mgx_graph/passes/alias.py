@@ -110,7 +110,8 @@ class BindOutputs:
         # the layout the writer gets inside the parameter's buffer
         layout = p.shape
         src = w.inputs[0] if w.inputs else None
-        chain_ok = src is not None and w.op.inplace_ok and _layout_chain_to(src, p)
+        chain_ok = (src is not None and w.op.inplace_ok and _layout_chain_to(src, p)
+                    and tuple(src.shape.lens) == tuple(w.shape.lens) and not src.shape.broadcasted())
         if chain_ok:
             layout = src.shape
         elif w is not o:

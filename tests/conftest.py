@@ -1,0 +1,52 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from mgx_graph.runtime import gpu_available  # noqa: E402
+
+HAVE_GPU = gpu_available()
+TARGETS = ["ref"] + (["gpu"] if HAVE_GPU else [])
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a usable GPU (CUDA or HIP) with CuPy")
+    for item in items:
+        if "gpu" in item.keywords and not HAVE_GPU:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=TARGETS)
+def target(request):
+    return request.param
+
+
+@pytest.fixture
+def gpu_target():
+    if not HAVE_GPU:
+        pytest.skip("needs a usable GPU")
+    return "gpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_env(monkeypatch):
+    """MIGRAPHX_* variables are read once per process; tests get a fresh read."""
+    from mgx_graph import env
+
+    env._reset_for_tests()
+    yield
+    env._reset_for_tests()
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    """Cache folder for built models: $MGX_GRAPH_CACHE when set (reused across runs), else a temp dir."""
+    return os.environ.get("MGX_GRAPH_CACHE") or str(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

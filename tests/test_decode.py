@@ -1,0 +1,76 @@
+"""Fixed-shape decode steps with the KV cache bound in place, against onnxruntime running the same
+ONNX graph with the caches fed back (and, for tokens, transformers' generate)."""
+import numpy as np
+import pytest
+
+import mgx_graph
+from mgx_graph.generate import Decoder, generate
+
+
+def _ort_session(info):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(info.onnx_path), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def tiny(request, model_cache):
+    from mgx_graph.models import build
+
+    opts = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, max_cache_len=16),
+            "llama": dict(max_cache_len=16)}[request.param]
+    try:
+        return build(request.param, cache_dir=model_cache, progress=False, **opts)
+    except ImportError as e:  # torch / transformers missing
+        pytest.skip(f"model export needs the [export] extra: {e}")
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+def test_logits_and_cache_match_onnxruntime(tiny, target, hip_graph):
+    prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=hip_graph)
+    assert set(prog.alias) == set(tiny.alias)
+    dec = Decoder(prog)
+    sess = _ort_session(tiny)
+    shapes = {i.name: i.shape for i in sess.get_inputs()}
+    feeds = {n: np.zeros(s, np.float32) for n, s in shapes.items() if n.startswith("past")}
+    tokens = [3, 17, 42, 5, 99, 8, 1, 250, 7, 7]
+    for pos, t in enumerate(tokens):
+        dec.step(t)
+        feeds.update(input_ids=np.array([[t]], np.int64), cache_position=np.array([pos], np.int64))
+        outs = sess.run(None, feeds)
+        names = [o.name for o in sess.get_outputs()]
+        got = prog.context.to_host(dec.last_logits, prog.queue)
+        np.testing.assert_allclose(got, outs[0], rtol=1e-4, atol=1e-4, err_msg=f"step {pos}")
+        for n, v in zip(names[1:], outs[1:]):
+            feeds[tiny.alias[n]] = v
+    cache = dec.cache()
+    for n, v in cache.items():
+        np.testing.assert_allclose(v, feeds[n], rtol=1e-4, atol=1e-5, err_msg=n)
+        # positions never written stay zero: warmup and capture wrote nothing extra
+        assert not np.any(v[:, :, len(tokens):, :])
+    st = prog.stats()
+    if hip_graph:
+        assert (st["warmups"], st["captures"], st["fallbacks"]) == (2, 1, 0)
+        assert st["replays"] == len(tokens) - 3
+        assert len(st["regions"]) == 1 and st["launches_per_run"] == 1
+    else:
+        assert st["regions"] == [] and st["launches_per_run"] == st["launches_per_run_eager"]
+
+
+def test_greedy_tokens_match_transformers(tiny, target):
+    from mgx_graph.models.oracle import hf_greedy_tokens
+
+    prompt = [5, 9, 2, 77]
+    n_new = 8
+    want = hf_greedy_tokens(tiny, prompt, n_new)
+    for hip_graph in (False, True):
+        prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=hip_graph)
+        res = generate(Decoder(prog), prompt, n_new, tiny.config["eos_token_ids"])
+        assert res.tokens == want, (hip_graph, res.tokens, want)
+        prog.release()
+
+
+def test_decoder_rejects_unbound_state(tiny):
+    prog = mgx_graph.compile(str(tiny.onnx_path), target="ref", alias=None)
+    with pytest.raises(mgx_graph.MgxError, match="not bound in place"):
+        Decoder(prog)

@@ -1,0 +1,49 @@
+"""Helpers for tests: build small ONNX models and run the onnxruntime oracle."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import mgx_graph
+
+NP2ONNX = {np.dtype(k): v for k, v in {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+                                        "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64,
+                                        "int32": TensorProto.INT32, "bool": TensorProto.BOOL,
+                                        "uint8": TensorProto.UINT8, "int8": TensorProto.INT8}.items()}
+
+
+def make_model(nodes, inputs: dict, outputs: list, initializers: dict | None = None, opset: int = 18,
+               output_types: dict | None = None) -> onnx.ModelProto:
+    """``inputs``: name -> numpy array (shape/dtype used); ``initializers``: name -> array."""
+    ins = [helper.make_tensor_value_info(n, NP2ONNX[np.asarray(a).dtype], list(np.asarray(a).shape))
+           for n, a in inputs.items()]
+    outs = [helper.make_tensor_value_info(n, (output_types or {}).get(n, 0), None) for n in outputs]
+    inits = [numpy_helper.from_array(np.asarray(a), n) for n, a in (initializers or {}).items()]
+    g = helper.make_graph(nodes, "test", ins, outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {v.name: v.type for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for o in m.graph.output:
+        if o.type.tensor_type.elem_type == 0 and o.name in types:
+            o.type.CopyFrom(types[o.name])
+            o.type.tensor_type.ClearField("shape")
+    return m
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict) -> list:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def compile_run(model, feeds, target="ref", hip_graph=False, runs=1, **kw):
+    prog = mgx_graph.compile(model, target=target, hip_graph=hip_graph, **kw)
+    outs = None
+    for _ in range(runs):
+        outs = prog.run(feeds)
+    return prog, outs
