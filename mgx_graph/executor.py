@@ -261,7 +261,7 @@ class Executor:
             dev = {}
             for name, s, shape in self.param_specs:
                 buf = self.param_buffers[name]
-                ctx.copy_from_host(buf, np.ascontiguousarray(params[name]), q)
+                ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
                 dev[name] = buf
             self.bind(dev, device=True)
             outs = self._run(q)

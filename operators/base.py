@@ -121,11 +121,9 @@ class Operation:
         """Evaluate on the host with numpy (used by constant propagation)."""
         if self.is_view:
             return np.array(self.view(np, values[0], out_shape), order="C")
-        from types import SimpleNamespace
-
         out = np.empty(out_shape.lens, dtype=out_shape.np_dtype)
         ws = [np.empty(s.lens, s.np_dtype) for s in self.workspace(in_shapes, out_shape)]
-        self.compute(SimpleNamespace(xp=np, target="ref"), out, values, ws)
+        self.compute(HOST, out, values, ws)
         return out
 
     # -- printing / equality -----------------------------------------------------------------------
@@ -146,6 +144,23 @@ class Operation:
 
     def __hash__(self):
         return hash(str(self))
+
+
+def numpy_reduce(kind: str, x, axes, out) -> None:
+    """Reduce ``x`` over ``axes`` into ``out`` (keepdims shape) with numpy: sum, mean, max, min, prod."""
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin, "prod": np.prod}[kind]
+    fn(x, axis=tuple(axes), keepdims=True, out=out)
+
+
+class HostKernelContext:
+    """What a kernel sees when it runs on the host (the ref target, constant folding)."""
+
+    name = "ref"
+    xp = np
+    reduce = staticmethod(numpy_reduce)
+
+
+HOST = HostKernelContext()
 
 
 def check_inputs(op: Operation, inputs: list[Shape], n: int | tuple[int, int]) -> None:

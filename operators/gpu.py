@@ -83,6 +83,37 @@ def _elementwise_kernel(op, in_shapes, out_shape) -> GpuKernel:
 
 
 # ---------------------------------------------------------------------------------------------------
+# reductions (one kernel each, accumulating in float / double / the integer type)
+# ---------------------------------------------------------------------------------------------------
+_CTYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
+           "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long"}
+
+
+@functools.lru_cache(maxsize=None)
+def reduction_kernel(kind: str, dtype: str):
+    import cupy
+
+    if dtype in ("float16", "float32"):
+        acc, lo, hi = "float", "__int_as_float(0xff800000)", "__int_as_float(0x7f800000)"
+    elif dtype == "float64":
+        acc, lo, hi = "double", "__longlong_as_double(0xfff0000000000000ULL)", "__longlong_as_double(0x7ff0000000000000ULL)"
+    elif dtype in _CTYPES:
+        acc = _CTYPES[dtype]
+        info = np.iinfo(dtype)
+        lo, hi = f"(({acc})({int(info.min) + 1}) - 1)" if info.min < 0 else "0", f"(({acc}){int(info.max)}U)" \
+            if info.min >= 0 else f"(({acc}){int(info.max)})"
+    else:
+        raise TypeError(f"no GPU reduction for {dtype}")
+    reduce_expr = {"sum": "a + b", "mean": "a + b", "prod": "a * b", "max": "(a > b ? a : b)",
+                   "min": "(a < b ? a : b)"}[kind]
+    identity = {"sum": "0", "mean": "0", "prod": "1", "max": lo, "min": hi}[kind]
+    post = "y = (T)(a / (_type_reduce)((double)_in_ind.size() / (double)_out_ind.size()))" if kind == "mean" \
+        else "y = (T)a"
+    return cupy.ReductionKernel("T x", "T y", "(_type_reduce)x", reduce_expr, post, identity,
+                                name=f"mgx_reduce_{kind}", reduce_type=acc)
+
+
+# ---------------------------------------------------------------------------------------------------
 # dot: strided-batched GEMM through the vendor BLAS
 # ---------------------------------------------------------------------------------------------------
 def _matrix_layout(lens, strides):

@@ -66,10 +66,10 @@ class LayerNorm(Operation):
         xp, x = ctx.xp, args[0]
         m, sq = ws
         axes = self._axes(x.ndim)
-        xp.mean(x, axis=axes, keepdims=True, out=m)
+        ctx.reduce("mean", x, axes, m)
         xp.subtract(x, m, out=out)
         xp.multiply(out, out, out=sq)
-        xp.mean(sq, axis=axes, keepdims=True, out=m)
+        ctx.reduce("mean", sq, axes, m)
         xp.add(m, m.dtype.type(self.epsilon), out=m)
         xp.sqrt(m, out=m)
         xp.true_divide(out, m, out=out)
@@ -114,7 +114,7 @@ class RMSNorm(Operation):
         m, sq = ws
         axes = tuple(range(self.axis % x.ndim, x.ndim))
         xp.multiply(x, x, out=sq, dtype=sq.dtype)
-        xp.mean(sq, axis=axes, keepdims=True, out=m)
+        ctx.reduce("mean", sq, axes, m)
         xp.add(m, m.dtype.type(self.epsilon), out=m)
         xp.sqrt(m, out=m)
         xp.true_divide(x, m, out=sq, dtype=sq.dtype)

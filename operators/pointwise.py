@@ -106,6 +106,7 @@ BitNot = _unary("bitwise_not", lambda xp, x, o: xp.invert(x, out=o))
 class IsInf(Pointwise):
     name = "isinf"
     out_dtype = "bool"
+    alloc_free = True
 
     def __init__(self, detect_positive=1, detect_negative=1):
         super().__init__(detect_positive=int(detect_positive), detect_negative=int(detect_negative))
@@ -148,6 +149,7 @@ class LeakyRelu(_Param1):
 @register_op
 class Elu(_Param1):
     name = "elu"
+    gpu_body = "y = x > T(0) ? x : (T)(C(ALPHA) * (exp((C)x) - C(1)))"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -160,6 +162,7 @@ class Elu(_Param1):
 @register_op
 class Selu(_Param1):
     name = "selu"
+    gpu_body = "y = (T)(C(GAMMA) * ((C)x > C(0) ? (C)x : C(ALPHA) * (exp((C)x) - C(1))))"
 
     def __init__(self, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
         super().__init__(alpha=float(alpha), gamma=float(gamma))
@@ -173,6 +176,7 @@ class Selu(_Param1):
 @register_op
 class Celu(_Param1):
     name = "celu"
+    gpu_body = "y = (T)(max(C(0), (C)x) + min(C(0), C(ALPHA) * (exp((C)x / C(ALPHA)) - C(1))))"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -213,6 +217,7 @@ class HardSwish(_Param1):
 @register_op
 class Softplus(_Param1):
     name = "softplus"
+    gpu_body = "y = (T)((C)x > C(20) ? (C)x : log1p(exp((C)x)))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -222,6 +227,7 @@ class Softplus(_Param1):
 @register_op
 class Softsign(_Param1):
     name = "softsign"
+    gpu_body = "y = (T)((C)x / (C(1) + fabs((C)x)))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -231,6 +237,7 @@ class Softsign(_Param1):
 @register_op
 class ThresholdedRelu(_Param1):
     name = "thresholded_relu"
+    gpu_body = "y = (C)x > C(ALPHA) ? x : T(0)"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -243,7 +250,13 @@ class ThresholdedRelu(_Param1):
 @register_op
 class Gelu(_Param1):
     name = "gelu"
-    gpu_body = None
+
+    @property
+    def gpu_body(self):
+        if self.approximate == "tanh":
+            return ("y = (T)(C(0.5) * (C)x * (C(1) + tanh(C(0.7978845608028654) * ((C)x + C(0.044715) * (C)x * (C)x "
+                    "* (C)x))))")
+        return "y = (T)(C(0.5) * (C)x * (C(1) + erf((C)x * C(0.7071067811865476))))"
 
     def __init__(self, approximate="none"):
         super().__init__(approximate=str(approximate))

@@ -40,16 +40,8 @@ class Reduce(Operation):
         axes = self._axes(x.ndim)
         o = out.reshape([1 if i in axes else d for i, d in enumerate(x.shape)]) if not self.keepdims else out
         k = self.kind
-        if k == "sum":
-            xp.sum(x, axis=axes, keepdims=True, out=o)
-        elif k == "mean":
-            xp.mean(x, axis=axes, keepdims=True, out=o)
-        elif k == "max":
-            xp.amax(x, axis=axes, keepdims=True, out=o)
-        elif k == "min":
-            xp.amin(x, axis=axes, keepdims=True, out=o)
-        elif k == "prod":
-            xp.prod(x, axis=axes, keepdims=True, out=o)
+        if k in ("sum", "mean", "max", "min", "prod"):
+            ctx.reduce(k, x, axes, o)
         elif k == "l1":
             o[...] = xp.sum(xp.abs(x), axis=axes, keepdims=True)
         elif k == "l2":
@@ -114,17 +106,17 @@ class Softmax(Operation):
 
     def compute(self, ctx, out, args, ws):
         xp, x, m = ctx.xp, args[0], ws[0]
-        a = self.axis % x.ndim
-        xp.amax(x, axis=a, keepdims=True, out=m)
+        a = (self.axis % x.ndim,)
+        ctx.reduce("max", x, a, m)
         xp.subtract(x, m, out=out)
         if self.log:  # x - max - log(sum(exp(x - max)))
             xp.exp(out, out=ws[1])
-            xp.sum(ws[1], axis=a, keepdims=True, out=m)
+            ctx.reduce("sum", ws[1], a, m)
             xp.log(m, out=m)
             xp.subtract(out, m, out=out)
         else:
             xp.exp(out, out=out)
-            xp.sum(out, axis=a, keepdims=True, out=m)
+            ctx.reduce("sum", out, a, m)
             xp.true_divide(out, m, out=out)
 
     def launches(self, inputs, output):

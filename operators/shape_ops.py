@@ -447,14 +447,20 @@ class ScatterElements(Operation):
         xp.copyto(out, data)
         a = self.axis % data.ndim
         idx = xp.where(idx < 0, idx + data.shape[a], idx)
-        grid = list(xp.indices(idx.shape, sparse=True))
-        grid = [g for g in grid]
+        grid = [xp.arange(n).reshape([n if j == i else 1 for j in range(idx.ndim)]) for i, n in enumerate(idx.shape)]
         key = tuple(idx if i == a else xp.broadcast_to(grid[i], idx.shape) for i in range(data.ndim))
         if self.reduction == "none":
             out[key] = upd
         else:
-            ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[self.reduction]
-            ufunc.at(out, tuple(np.asarray(k) for k in key), upd)
+            ufunc = {"add": xp.add, "mul": xp.multiply, "max": xp.maximum, "min": xp.minimum}[self.reduction]
+            if xp is np:
+                ufunc.at(out, key, upd)
+            else:
+                flat = np.ravel_multi_index(tuple(np.asarray(k.get()).ravel() for k in key), data.shape)
+                vals = upd.reshape(-1)
+                o = out.reshape(-1) if out.flags.c_contiguous else None
+                for j, f in enumerate(flat.tolist()):
+                    o[f] = ufunc(o[f], vals[j])
 
 
 @register_op

@@ -31,6 +31,26 @@ def _refuse_alloc(nbytes):
                        f"{nbytes} bytes requested during capture by {_guard.where or 'an instruction'}")
 
 
+class _StreamRef:
+    """A stream handle exposing the CUDA stream protocol (``__cuda_stream__``)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _external_stream(cupy, ptr: int):
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(_StreamRef(ptr))
+        except Exception:
+            pass
+    return cupy.cuda.ExternalStream(ptr)
+
+
 class GpuContext:
     name = "gpu"
 
@@ -61,7 +81,7 @@ class GpuContext:
     def upload(self, value: np.ndarray, ptr: int, offset: int):
         arr = self.array(ptr, offset, Shape(value.dtype.name, value.shape))
         with self.on_queue(self.queue):
-            arr.set(np.ascontiguousarray(value))
+            arr.set(np.asarray(value, order="C"))
         return arr
 
     @staticmethod
@@ -77,16 +97,23 @@ class GpuContext:
 
     def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
         with self.on_queue(queue):
-            dst.set(np.ascontiguousarray(src))
+            dst.set(np.asarray(src, order="C"))
 
     # -- execution -------------------------------------------------------------------------------
     def launch(self, queue, fn, out, args, ws) -> None:
         fn(self, out, args, ws)
 
+    @staticmethod
+    def reduce(kind: str, x, axes, out) -> None:
+        """One reduction kernel into ``out`` (keepdims shape); never allocates (no CUB temporaries)."""
+        from ..operators.gpu import reduction_kernel
+
+        reduction_kernel(kind, x.dtype.name)(x, out=out, axis=tuple(axes), keepdims=True)
+
     def _stream(self, queue):
         s = self._streams.get(queue)
         if s is None:
-            s = self._streams[queue] = self.cupy.cuda.ExternalStream(int(queue))
+            s = self._streams[queue] = _external_stream(self.cupy, int(queue))
         return s
 
     @contextlib.contextmanager

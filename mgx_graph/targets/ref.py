@@ -9,6 +9,7 @@ import contextlib
 
 import numpy as np
 
+from ..operators.base import numpy_reduce
 from ..runtime import host_runtime
 from ..shape import Shape
 
@@ -16,6 +17,7 @@ from ..shape import Shape
 class RefContext:
     name = "ref"
     xp = np
+    reduce = staticmethod(numpy_reduce)
 
     def __init__(self, **options):
         self.runtime = host_runtime()
