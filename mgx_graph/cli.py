@@ -64,7 +64,7 @@ def cmd_generate(args) -> int:
     print(f"prompt tokens: {res.prompt_tokens}, generated: {len(res.tokens)}, prefill {res.prefill_s * 1e3:.1f} ms")
     print(f"ms/token: {res.ms_per_token:.3f}  tokens/s: {res.tokens_per_s:.1f}  "
           f"launches/token: {launches} (+3 outside the program: 2 fills, 1 argmax)  "
-          f"host us/step: {res.host_us_per_step:.1f}")
+          f"host us/run: {res.host_us_per_step:.1f}")
     print("graph stats: " + json.dumps({k: st[k] for k in ("captures", "replays", "fallbacks", "warmups",
                                                               "eager_runs", "launches_per_run_eager")}))
     for r in st["regions"]:

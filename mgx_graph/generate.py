@@ -86,7 +86,9 @@ class Decoder:
         with self.ctx.on_queue(self.queue):
             p["input_ids"].fill(int(token))
             p["cache_position"].fill(self.position)
+            h0 = time.perf_counter()
             outs = self.program.run_async(p, self.queue)
+            self.last_host_s = time.perf_counter() - h0
             self.last_logits = outs[self.logits_index]
             self.position += 1
             if not want_next:
@@ -115,13 +117,12 @@ def generate(decoder: Decoder, prompt_ids: list[int], max_new_tokens: int, eos_i
     res.prefill_s = time.perf_counter() - t0
     tok = prompt_ids[-1]
     t1 = None
-    host = 0.0
+    host = []
     for i in range(max_new_tokens):
         if decoder.position >= decoder.max_len:
             break
-        h0 = time.perf_counter()
         nxt = decoder.step(tok)
-        host += time.perf_counter() - h0
+        host.append(decoder.last_host_s)
         if i == 0:
             t1 = time.perf_counter()  # decode timing starts after the first generated token
         res.tokens.append(nxt)
@@ -131,5 +132,6 @@ def generate(decoder: Decoder, prompt_ids: list[int], max_new_tokens: int, eos_i
             break
         tok = nxt
     res.decode_s = time.perf_counter() - t1 if t1 else 0.0
+    res.host_us_per_step = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0
     res.stats = decoder.program.stats()
     return res

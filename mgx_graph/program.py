@@ -2,8 +2,8 @@
 
 ``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
 
-    eliminate_dead_code, propagate_constant, [quantize_fp16, propagate_constant],
-    bind_outputs, lowering, [hip_graph], memory_coloring
+    eliminate_dead_code, propagate_constant, fuse_norms, eliminate_dead_code,
+    [quantize_fp16, propagate_constant], bind_outputs, lowering, [hip_graph], memory_coloring
 
 ``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
 no ``graph_launch`` exists anywhere and execution is the plain eager path.
@@ -16,8 +16,8 @@ from . import env
 from .errors import CompileError, MgxError
 from .executor import Executor
 from .ir import Program
-from .passes import (BindOutputs, EliminateDeadCode, HipGraph, Lowering, MemoryColoring, PropagateConstant,
-                     QuantizeFp16, run_passes)
+from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
+                     PropagateConstant, QuantizeFp16, run_passes)
 from .passes.alias import detect_alias
 from .targets import make_context, resolve_target
 
@@ -52,7 +52,7 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         alias_map, strict = detect_alias(self, getattr(self, "metadata", None)), False
     else:
         alias_map, strict = dict(alias or {}), True
-    passes = [EliminateDeadCode(), PropagateConstant()]
+    passes = [EliminateDeadCode(), PropagateConstant(), FuseNorms(), EliminateDeadCode()]
     if fp16:
         passes += [QuantizeFp16(), PropagateConstant()]
     binder = BindOutputs(alias_map, strict=strict)

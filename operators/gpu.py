@@ -248,4 +248,44 @@ def _scatternd_launches(op, in_shapes, out_shape):
     return 2
 
 
-_SPECIAL = {"dot": _dot_kernel, "scatternd": _scatternd_kernel}
+# ---------------------------------------------------------------------------------------------------
+# rms_norm: a sum-of-squares reduction (float accumulation) and one elementwise kernel
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _sumsq_kernel(acc: str):
+    import cupy
+
+    return cupy.ReductionKernel("T x", "S y", "(S)x * (S)x", "a + b", "y = a", "0", name="mgx_sumsq",
+                                reduce_type=acc)
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_scale_kernel(acc: str, weighted: bool, inv_n: float, eps: float):
+    import cupy
+
+    w_in, w_mul = (", W w", " * (C)w") if weighted else ("", "")
+    body = f"y = (T)((C)x * (C(1) / sqrt(s * C({inv_n!r}) + C({eps!r}))){w_mul})"
+    return cupy.ElementwiseKernel(f"T x, S s{w_in}", "T y", body, "mgx_rms_scale",
+                                  preamble=f"typedef {acc} C;")
+
+
+def _rms_norm_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
+    x = in_shapes[0]
+    nd = x.ndim
+    if op.axis % nd != nd - 1:
+        return None
+    acc = "double" if x.dtype == "float64" else "float"
+    sdt = "float64" if x.dtype == "float64" else "float32"
+    ws = [Shape(sdt, list(x.lens[:-1]) + [1])]
+    inv_n, eps = 1.0 / max(x.lens[-1], 1), float(op.epsilon)
+    weighted = len(in_shapes) > 1
+
+    def run(ctx, out, args, ws_arrays):
+        s = ws_arrays[0]
+        _sumsq_kernel(acc)(args[0], s, axis=(nd - 1,), keepdims=True)
+        _rms_scale_kernel(acc, weighted, inv_n, eps)(*args[:1], s, *args[1:], out)
+
+    return GpuKernel(run, 2, ws, True, "rms_norm (2 kernels)")
+
+
+_SPECIAL = {"dot": _dot_kernel, "scatternd": _scatternd_kernel, "rms_norm": _rms_norm_kernel}

@@ -25,10 +25,11 @@ def run_passes(program, passes, trace: bool | None = None) -> None:
 from .dce import EliminateDeadCode  # noqa: E402
 from .constant import PropagateConstant  # noqa: E402
 from .quantize import QuantizeFp16  # noqa: E402
+from .fuse import FuseNorms  # noqa: E402
 from .alias import BindOutputs  # noqa: E402
 from .lowering import Lowering  # noqa: E402
 from .hip_graph import HipGraph  # noqa: E402
 from .memory import MemoryColoring  # noqa: E402
 
-__all__ = ["run_passes", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16", "BindOutputs", "Lowering",
+__all__ = ["run_passes", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16", "FuseNorms", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]
