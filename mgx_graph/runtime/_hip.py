@@ -1,9 +1,14 @@
 """HIP backend of the runtime layer, on hip-python (AMD ROCm).
 
 hip-python returns ``(err, *values)`` like cuda-bindings.  Differences handled here:
-``hipGraphInstantiate`` has the 3-argument form and returns ``(err, exec, errorNode)``;
-``hipGraphExecUpdate`` returns ``(err, errorNode, result)``; ``hipGraphGetNodes`` is not used (its
-generated wrapper passes an uninitialised count), so node counts are unavailable.
+
+* ``hipGraphInstantiate`` is ``(graph, pLogBuffer, bufferSize)`` in hip-python 7.x and
+  ``(graph, bufferSize)`` in rocm-bindings 10.x, so ``hipGraphInstantiateWithFlags(graph, 0)`` ->
+  ``(err, exec)`` is used (the same in both);
+* ``hipGraphExecUpdate`` is ``(exec, graph) -> (err, errorNode, result)`` in 7.x and
+  ``(exec, graph, errorNode_out) -> (err, result)`` in 10.x: the result is the last element;
+* ``hipGraphGetNodes`` is not used (its generated wrapper passes an uninitialised count), so node
+  counts are unavailable (reported as -1).
 API reference: https://rocm.docs.amd.com/projects/hip-python/en/latest/
 """
 from __future__ import annotations
@@ -107,13 +112,17 @@ class HipRuntime(Runtime):
         return int(r[1]), int(r[2])
 
     def hipThreadExchangeStreamCaptureMode(self, mode: int) -> int:
-        r = self.hip.hipThreadExchangeStreamCaptureMode(self.hip.hipStreamCaptureMode(int(mode)))
+        fn = self.hip.hipThreadExchangeStreamCaptureMode
+        try:
+            r = fn(self.hip.hipStreamCaptureMode(int(mode)))
+        except TypeError:  # hip-python exposes no way to pass the in/out mode: report the current one
+            r = fn()
         check("hipThreadExchangeStreamCaptureMode", r[0])
         return int(r[1])
 
     # graphs
     def hipGraphInstantiate(self, graph):
-        err, exe, _node = self.hip.hipGraphInstantiate(graph, None, 0)
+        err, exe = self.hip.hipGraphInstantiateWithFlags(graph, 0)
         check("hipGraphInstantiate", err)
         return exe
 
@@ -127,8 +136,11 @@ class HipRuntime(Runtime):
         check("hipGraphUpload", self.hip.hipGraphUpload(exe, self._s(s))[0])
 
     def hipGraphExecUpdate(self, exe, graph) -> bool:
-        err, _node, result = self.hip.hipGraphExecUpdate(exe, graph)
-        return int(err) == 0 and int(result) == 0
+        try:
+            r = self.hip.hipGraphExecUpdate(exe, graph)
+        except TypeError:  # rocm-bindings 10.x: the error-node out-parameter is explicit
+            r = self.hip.hipGraphExecUpdate(exe, graph, None)
+        return int(r[0]) == 0 and int(r[-1]) == 0
 
     def hipGraphExecDestroy(self, exe) -> None:
         check("hipGraphExecDestroy", self.hip.hipGraphExecDestroy(exe)[0])
