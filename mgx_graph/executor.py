@@ -5,6 +5,8 @@ before the first run, so every intermediate has a fixed address), uploads litera
 arrays of every statically placed value, and turns each module into a list of steps.  A run binds the
 parameters, then issues every step on the queue in order with no host synchronization between
 instructions; a ``graph_launch`` step hands its body to :class:`~mgx_graph.graph_launch.GraphLaunchState`.
+Only the instructions that need the host synchronize: ``if`` and ``loop`` (condition, trip count),
+``copy_from_gpu`` before a host-fallback op, and ``guard``.
 """
 from __future__ import annotations
 
@@ -12,17 +14,22 @@ import threading
 
 import numpy as np
 
-from .errors import ParameterError
+from .errors import MgxError, ParameterError
 from .graph_launch import GraphLaunchState
+from .operators.base import HOST
+from .operators.dynamic import SpecializationMiss
 from .passes.hip_graph import launch_count
+from .passes.memory import linear_order, on_host, param_bindings
 
 
 class Executor:
-    def __init__(self, program, ctx, *, warmup: int = 2, debug: bool = False):
+    def __init__(self, program, ctx, *, warmup: int = 2, debug: bool = False, budget=None, label: str = ""):
         self.program = program
         self.ctx = ctx
         self.lock = threading.RLock()
         self.warmup, self.debug = warmup, debug
+        self.budget = budget
+        self.label = label
         self.regions: list[GraphLaunchState] = []
         self.runs = 0
         self.last_launches = 0
@@ -35,8 +42,10 @@ class Executor:
         plan = prog.memory_plan
         modules = prog.module_order()
         self.slot = {}
+        self._slot_ins = {}
         for m in modules:
             for ins in m.instructions:
+                self._slot_ins[len(self.slot)] = ins
                 self.slot[id(ins)] = len(self.slot)
         env = [None] * len(self.slot)
         self.arena = ctx.allocate(plan.arena_bytes) if plan.arena_bytes else None
@@ -50,41 +59,66 @@ class Executor:
         for p in params:
             self.param_buffers[p.op.parameter] = ctx.array(self.param_area, off, p.shape.as_standard())
             off += (p.shape.bytes() + 255) // 256 * 256
+        self.binds = param_bindings(prog)
         dynamic = set()
+        self.loop_vars = {}
         for m in modules:
             for ins in m.instructions:
                 op = ins.op
                 s = self.slot[id(ins)]
                 if op.name == "@literal":
                     env[s] = ctx.upload(op.value, self.literals, plan.literal_offsets[id(ins)])
-                elif op.name in ("@param", "graph_launch", "@return") or "bind_param" in ins.meta:
+                elif op.name == "@param":
+                    b = self.binds.get(id(ins))
+                    if b is not None and b[0] in ("loop", "loopvar"):
+                        continue  # bound to loop-owned buffers below
+                    dynamic.add(id(ins))
+                elif op.name in ("graph_launch", "@return") or "bind_param" in ins.meta:
                     dynamic.add(id(ins))
                 elif op.is_view:
-                    if id(ins.inputs[0]) in dynamic:
+                    if id(ins.inputs[0]) in dynamic or op.name == "guard":
                         dynamic.add(id(ins))
+                elif on_host(ins):
+                    env[s] = _host_value(ins.shape)
                 else:
-                    env[s] = ctx.array(self.arena, plan.offsets[id(ins)], ins.shape)
-        # static views, in execution order
-        from .passes.memory import linear_order
-
+                    env[s] = self._owned(ins, plan)
+        # loop bodies read their carried values / counters from loop-owned buffers
+        for m in modules:
+            for ins in m.instructions:
+                if ins.op.name == "loop":
+                    body = ins.module_inputs[0]
+                    own = env[self.slot[id(ins)]]
+                    own = own if isinstance(own, tuple) else (own,)
+                    vars_ = [ctx.array(self.arena, plan.offsets[(id(ins), ("var", k))], body.get_parameter(n).shape)
+                             if body.get_parameter(n) is not None else None
+                             for k, n in enumerate(ins.op.param_names[:2])]
+                    self.loop_vars[id(ins)] = vars_
+                    for k, n in enumerate(ins.op.param_names):
+                        p = body.get_parameter(n)
+                        if p is not None:
+                            env[self.slot[id(p)]] = vars_[k] if k < 2 else own[k - 2]
         for ins in linear_order(main):
-            if ins.op.is_view and id(ins) not in dynamic:
-                env[self.slot[id(ins)]] = ins.op.view(ctx.xp, env[self.slot[id(ins.inputs[0])]], ins.shape)
+            op = ins.op
+            if op.is_view and id(ins) not in dynamic:
+                env[self.slot[id(ins)]] = op.view(ctx.xp, env[self.slot[id(ins.inputs[0])]], ins.shape)
         self.env = env
         self.dynamic = dynamic
-        self.steps = {}
-        self.labels = {}
-        self.launch_totals = {}
+        self.steps, self.labels, self.launch_totals = {}, {}, {}
         for m in modules:
             self._build_steps(m)
         self.param_specs = [(p.op.parameter, self.slot[id(p)], p.shape) for p in params]
         self.param_names = {p.op.parameter for p in params}
+        self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape) for name, s, shape in self.param_specs]
         self.bound = [(self.slot[id(i)], self.slot[id(main.get_parameter(i.meta["bind_param"]))], i.shape)
                       for m in modules for i in m.instructions if "bind_param" in i.meta]
         self._bound_views = {}
-        self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape) for name, s, shape in self.param_specs]
         ret = main.get_return()
         self.out_slots = [self.slot[id(i)] for i in ret.inputs]
+
+    def _owned(self, ins, plan):
+        if isinstance(ins.shape, tuple):
+            return tuple(self.ctx.array(self.arena, plan.offsets[(id(ins), k)], s) for k, s in enumerate(ins.shape))
+        return self.ctx.array(self.arena, plan.offsets[(id(ins), None)], ins.shape)
 
     def _build_steps(self, m) -> None:
         ctx, env, slot, dynamic = self.ctx, self.env, self.slot, self.dynamic
@@ -99,28 +133,104 @@ class Executor:
             ins_slots = [slot[id(i)] for i in ins.inputs]
             label = f"{m.name}:@{n} {op}"
             if op.name == "graph_launch":
-                steps.append(self._graph_launch_step(ins, out, ins_slots))
-                labels.append(label)
-                continue
-            if op.is_view:
-                if id(ins) in dynamic:
-                    steps.append(_view_step(op, ctx.xp, ins.shape, out, ins_slots[0]))
-                    labels.append(label)
-                continue
-            k = ins.meta["kernel"]
-            ws = [ctx.array(self.arena, o, s) for o, s in zip(self.program.memory_plan.workspace.get(id(ins), []),
-                                                             k.workspace)]
-            total += k.launches
-            hook = getattr(op, "on_launch", None)
-            static_ok = id(ins) not in dynamic and not any(id(i) in dynamic for i in ins.inputs)
-            if static_ok and hook is None:
-                steps.append(_static_kernel_step(launch, k.fn, env[out], [env[s] for s in ins_slots], ws))
+                step = self._graph_launch_step(ins, out, ins_slots)
+            elif op.name == "if":
+                step = self._if_step(ins, out, ins_slots)
+            elif op.name == "loop":
+                step = self._loop_step(ins, out, ins_slots)
+            elif op.name == "guard":
+                step = _guard_step(ctx, op, out, ins_slots[0])
+            elif op.name == "copy_from_gpu":
+                step = _copy_from_gpu_step(ctx, out, ins_slots[0])
+            elif op.name == "copy_to_gpu":
+                step = _copy_to_gpu_step(ctx, out, ins_slots[0])
+                total += 1
+            elif op.is_view:
+                if id(ins) not in dynamic:
+                    continue
+                step = _view_step(op, ctx.xp, ins.shape, out, ins_slots[0])
+            elif on_host(ins):
+                k = ins.meta["kernel"]
+                ws = [_host_value(s) for s in k.workspace]
+                step = _host_step(k.fn, out, ins_slots, ws)
             else:
-                steps.append(_kernel_step(launch, k.fn, out, ins_slots, ws, hook, ctx))
+                k = ins.meta["kernel"]
+                ws = [ctx.array(self.arena, o, s) for o, s in zip(self.program.memory_plan.workspace.get(id(ins), []),
+                                                                 k.workspace)]
+                total += k.launches
+                hook = getattr(op, "on_launch", None)
+                static_ok = id(ins) not in dynamic and not any(id(i) in dynamic for i in ins.inputs)
+                if static_ok and hook is None:
+                    step = _static_kernel_step(launch, k.fn, env[out], [env[s] for s in ins_slots], ws)
+                else:
+                    step = _kernel_step(launch, k.fn, out, ins_slots, ws, hook, ctx)
+            steps.append(step)
             labels.append(label)
         self.steps[m.name] = steps
         self.labels[m.name] = labels
         self.launch_totals[m.name] = total
+
+    # -- control flow ----------------------------------------------------------------------------
+    def _if_step(self, ins, out_slot, in_slots):
+        ctx, env = self.ctx, self.env
+        then_m, else_m = ins.module_inputs
+        rets = [[self.slot[id(i)] for i in m.get_return().inputs] for m in (then_m, else_m)]
+        own = env[out_slot]
+        own_t = own if isinstance(own, tuple) else (own,)
+        cond_slot = in_slots[0]
+
+        def step(env_, queue):
+            cond = bool(np.asarray(ctx.to_host(env[cond_slot], queue)).reshape(-1)[0])
+            b = 0 if cond else 1
+            name = (then_m, else_m)[b].name
+            self.run_module(name, queue)
+            for dst, s in zip(own_t, rets[b]):
+                ctx.copy(queue, dst, env[s])
+            self.last_launches += self.launch_totals[name] + len(own_t)
+
+        return step
+
+    def _loop_step(self, ins, out_slot, in_slots):
+        ctx, env, xp = self.ctx, self.env, self.ctx.xp
+        op = ins.op
+        body = ins.module_inputs[0]
+        n = op.n_carried
+        ret_slots = [self.slot[id(i)] for i in body.get_return().inputs]
+        own = env[out_slot]
+        own_t = own if isinstance(own, tuple) else (own,)
+        carried, scans = own_t[:n], own_t[n:]
+        it_buf, cond_buf = self.loop_vars[id(ins)]
+        m_slot, c_slot = in_slots[0], in_slots[1]
+        init_slots = in_slots[2:2 + n]
+        trip = op.trip_count
+        key = ins.meta.get("trip_key", "")
+
+        def step(env_, queue):
+            limit = int(np.asarray(ctx.to_host(env[m_slot], queue)).reshape(-1)[0])
+            cond = bool(np.asarray(ctx.to_host(env[c_slot], queue)).reshape(-1)[0])
+            for dst, s in zip(carried, init_slots):
+                ctx.copy(queue, dst, env[s])
+            i = 0
+            while cond and i < limit:
+                if it_buf is not None:
+                    ctx.fill(queue, it_buf, i)
+                if cond_buf is not None:
+                    ctx.fill(queue, cond_buf, cond)
+                self.run_module(body.name, queue)
+                cond = bool(np.asarray(ctx.to_host(env[ret_slots[0]], queue)).reshape(-1)[0])
+                for dst, s in zip(carried, ret_slots[1:1 + n]):
+                    src = env[s]
+                    if ctx.data_ptr(src) != ctx.data_ptr(dst):
+                        ctx.copy(queue, dst, src)
+                if i < trip:
+                    for dst, s in zip(scans, ret_slots[1 + n:]):
+                        ctx.copy(queue, dst[i], env[s])
+                self.last_launches += self.launch_totals[body.name] + n + len(scans)
+                i += 1
+            if scans and i != trip:  # scan outputs were specialized for another trip count
+                raise SpecializationMiss(key, np.asarray(i, np.int64), np.asarray(trip, np.int64))
+
+        return step
 
     def _graph_launch_step(self, ins, out_slot, in_slots):
         sub = ins.module_inputs[0]
@@ -129,26 +239,24 @@ class Executor:
         ret_slots = [self.slot[id(i)] for i in sub.get_return().inputs]
         body_launches = self._body_launches(sub)
         n_ins = sum(1 for i in sub.instructions if not i.op.builtin)
-        state = GraphLaunchState(sub.name, self.ctx, body_launches, n_ins, self.warmup, self.debug)
+        region = f"{self.label}{sub.name}" if self.label else sub.name
+        state = GraphLaunchState(region, self.ctx, body_launches, n_ins, self.warmup, self.debug, budget=self.budget)
         self.regions.append(state)
         env = self.env
-        dyn = [(nm, s) for nm, s, src in zip(names, sub_slots, in_slots) if id(self._ins_of(src)) in self.dynamic]
-        dyn_src = [src for src, (nm, _s) in zip(in_slots, zip(names, sub_slots))
-                   if id(self._ins_of(src)) in self.dynamic]
-        dyn_names = [nm for nm, _ in dyn]
+        dyn_pairs, dyn_names, dyn_src = [], [], []
+        for nm, ps, s in zip(names, sub_slots, in_slots):
+            if id(self._slot_ins[s]) in self.dynamic:
+                dyn_pairs.append((ps, s))
+                dyn_names.append(nm)
+                dyn_src.append(s)
+            else:
+                env[ps] = env[s]
         single = len(ret_slots) == 1
         data_ptr = self.ctx.data_ptr
         sub_name = sub.name
 
         def read_outputs():
             return [env[s] for s in ret_slots]
-
-        dyn_pairs = []
-        for ps, s in zip(sub_slots, in_slots):
-            if id(self._ins_of(s)) in self.dynamic:
-                dyn_pairs.append((ps, s))
-            else:
-                env[ps] = env[s]
 
         def step(env_, queue):
             for ps, s in dyn_pairs:
@@ -161,14 +269,6 @@ class Executor:
             env[out_slot] = outs[0] if single else tuple(outs)
 
         return step
-
-    def _ins_of(self, slot_index):
-        if not hasattr(self, "_slot_ins"):
-            self._slot_ins = {}
-            for m in self.program.module_order():
-                for ins in m.instructions:
-                    self._slot_ins[self.slot[id(ins)]] = ins
-        return self._slot_ins[slot_index]
 
     def _body_launches(self, sub) -> int:
         return sum(launch_count(i) for i in sub.instructions)
@@ -270,13 +370,12 @@ class Executor:
 
     def _check_open(self):
         if self._closed:
-            from .errors import MgxError
-
             raise MgxError("the program was released")
 
     def stats(self) -> dict:
         regions = [r.stats() for r in self.regions]
-        tot = {k: sum(r[k] for r in regions) for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs")}
+        tot = {k: sum(r[k] for r in regions) for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs",
+                                                          "updates")}
         eager_launches = self.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
         return {"target": self.ctx.name, "runs": self.runs, "regions": regions, **tot,
                 "launches_per_run": self.last_launches, "launches_per_run_eager": eager_launches,
@@ -298,11 +397,52 @@ class Executor:
             self.ctx.close()
 
 
+def _host_value(shape):
+    if isinstance(shape, tuple):
+        return tuple(np.empty(s.lens, s.np_dtype) for s in shape)
+    return np.empty(shape.lens, shape.np_dtype)
+
+
 def _view_step(op, xp, shape, out, src):
     view = op.view
 
     def step(env, queue):
         env[out] = view(xp, env[src], shape)
+
+    return step
+
+
+def _guard_step(ctx, op, out, src):
+    expected = op.expected
+
+    def step(env, queue):
+        x = env[src]
+        observed = op.observe(ctx.to_host(x, queue))
+        if observed.shape != expected.shape or not np.array_equal(observed, expected):
+            raise SpecializationMiss(op.key, observed, expected)
+        env[out] = x
+
+    return step
+
+
+def _copy_from_gpu_step(ctx, out, src):
+    def step(env, queue):
+        dst = env[out]
+        dst[...] = ctx.to_host(env[src], queue)
+
+    return step
+
+
+def _copy_to_gpu_step(ctx, out, src):
+    def step(env, queue):
+        ctx.copy_from_host(env[out], env[src], queue)
+
+    return step
+
+
+def _host_step(fn, out, in_slots, ws):
+    def step(env, queue):
+        fn(HOST, env[out], [env[s] for s in in_slots], ws)
 
     return step
 

@@ -59,7 +59,7 @@ class GraphLaunchState:
     """Runtime state of one graph_launch instruction (shared by copies of a compiled program)."""
 
     def __init__(self, region: str, ctx, body_launches: int, n_instructions: int, warmup: int = 2,
-                 debug: bool = False):
+                 debug: bool = False, budget=None):
         self.region = region
         self.ctx = ctx
         self.rt = ctx.runtime
@@ -71,7 +71,8 @@ class GraphLaunchState:
         self.entries: OrderedDict = OrderedDict()
         self.failed: dict = {}
         self.lock = threading.RLock()
-        self.warmups = self.captures = self.replays = self.fallbacks = self.eager_runs = 0
+        self.budget = budget
+        self.warmups = self.captures = self.replays = self.fallbacks = self.eager_runs = self.updates = 0
         self.last_launches = 0
         self.last_event = ""
         self.capture_ms = 0.0
@@ -92,7 +93,8 @@ class GraphLaunchState:
     def stats(self) -> dict:
         return {"region": self.region, "instructions": self.n_instructions, "launches_eager": self.body_launches,
                 "warmups": self.warmups, "captures": self.captures, "replays": self.replays,
-                "fallbacks": self.fallbacks, "eager_runs": self.eager_runs, "keys": len(self.entries),
+                "fallbacks": self.fallbacks, "eager_runs": self.eager_runs, "updates": self.updates,
+                "keys": len(self.entries),
                 "failed_keys": {self._short(k): r for k, r in self.failed.items()},
                 "graph_nodes": [e.nodes for e in self.entries.values() if e.exec is not None],
                 "capture_ms": round(self.capture_ms, 3)}

@@ -277,7 +277,7 @@ class Module:
             if ins.op.name == "@param":
                 lines.append(f"{lab} = {ins.op} -> {_shape_str(ins.shape)}")
                 continue
-            args = ",".join(labels.get(id(i), f"{i.module.name if i.module else '?'}:?") for i in ins.inputs)
+            args = ",".join(labels.get(id(i)) or _outer_label(i) for i in ins.inputs)
             mods = ""
             if ins.module_inputs:
                 mods = ", [" + ", ".join(m.name for m in ins.module_inputs) + "]"
@@ -293,6 +293,16 @@ class Module:
 
     def __str__(self) -> str:
         return self.print()
+
+
+def _outer_label(ins) -> str:
+    """Label of an instruction of an enclosing module (a subgraph reading an outer value)."""
+    m = ins.module
+    if m is None:
+        return "?"
+    if ins.op.name == "@param":
+        return f"{m.name}:{ins.op.parameter}"
+    return f"{m.name}:@{m.instructions.index(ins)}"
 
 
 def _shape_str(shape) -> str:

@@ -23,6 +23,7 @@ from onnx import numpy_helper
 from .errors import ParseError, ShapeError, UnsupportedOpError
 from .ir import Instruction, Module, Program
 from .operators import make_op
+from .operators.dynamic import NeedsValue
 from .shape import Shape, onnx_dtype
 
 MIN_OPSET, MAX_OPSET = 7, 23
@@ -79,8 +80,13 @@ def _load_external(m: onnx.ModelProto, base: str, where: str) -> None:
 
 
 class _Parser:
-    def __init__(self, model: onnx.ModelProto, input_dims, default_dim_value, dim_params, check_shapes):
+    def __init__(self, model: onnx.ModelProto, input_dims, default_dim_value, dim_params, check_shapes,
+                 known=None):
         self.model = model
+        self.known = dict(known or {})
+        self.tensor_of: dict[int, str] = {}
+        self.cur_module = None
+        self.sub_counter = 0
         self.opsets = {o.domain or "": o.version for o in model.opset_import}
         self.opset = self.opsets.get("", self.opsets.get("ai.onnx", 0))
         if not MIN_OPSET <= self.opset <= MAX_OPSET:
@@ -92,6 +98,7 @@ class _Parser:
         self.program = Program()
         self.values: dict[str, Instruction] = {}
         self.inferred: dict[str, tuple] = {}
+        self.needed = None
         self.node = None
         self.node_name = ""
 
@@ -111,12 +118,24 @@ class _Parser:
         return m.add_literal(np.asarray(value))
 
     def const(self, ins: Instruction | None, what: str) -> np.ndarray:
+        """The value of ``ins`` at compile time: a literal, or the value this program is specialized
+        for (a ``guard`` re-checks it at run time).  Raises NeedsValue when it is not known yet."""
         if ins is None:
             return None
-        if ins.op.name != "@literal":
-            raise self.err(f"input '{what}' must be a compile-time constant (it depends on runtime values); "
-                           f"dynamic shapes are not supported here")
-        return ins.op.value
+        if ins.op.name == "@literal":
+            return ins.op.value
+        return self.specialize(ins, "value", what)
+
+    def specialize(self, ins: Instruction, fn: str, what: str, guess=None):
+        tensor = self.tensor_of.get(id(ins))
+        if tensor is None:
+            raise self.err(f"input '{what}' depends on run-time values in a way that cannot be specialized")
+        key = f"{fn}:{tensor}"
+        if key not in self.known:
+            raise NeedsValue(tensor, fn, self.node_name, guess)
+        expected = np.asarray(self.known[key])
+        self.cur_module.add_instruction(make_op("guard", key=key, fn=fn, expected=expected), [ins])
+        return expected
 
     def contiguous(self, m, x):
         return x if x.shape.standard() else self.add(m, "contiguous", [x])
@@ -146,13 +165,19 @@ class _Parser:
                 self.values[t.name] = m.add_literal(numpy_helper.to_array(t))
             except Exception as e:
                 raise ParseError(f"initializer '{t.name}': cannot read tensor ({e})") from None
+        outs = output_names or [o.name for o in g.output]
+        if output_names:
+            self.needed = _needed_nodes(g, outs)
+            used = _used_names(g, self.needed) | set(outs)
         for vi in g.input:
             if vi.name in inits:
                 continue
+            if output_names and vi.name not in used:
+                continue
             self.values[vi.name] = m.add_parameter(vi.name, self._input_shape(vi))
+            self.tensor_of[id(self.values[vi.name])] = vi.name
         self._run_shape_inference()
         self.parse_nodes(m, g.node)
-        outs = output_names or [o.name for o in g.output]
         rets = []
         for o in outs:
             if o not in self.values:
@@ -209,7 +234,17 @@ class _Parser:
                 self.inferred[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
 
     def parse_nodes(self, m: Module, nodes) -> None:
+        outer_module = self.cur_module
+        self.cur_module = m
+        try:
+            self._parse_nodes(m, nodes)
+        finally:
+            self.cur_module = outer_module
+
+    def _parse_nodes(self, m: Module, nodes) -> None:
         for idx, node in enumerate(nodes):
+            if self.needed is not None and id(node) not in self.needed:
+                continue
             self.node = node
             self.node_name = node.name or f"{node.op_type}_{idx}"
             domain = node.domain or ""
@@ -235,6 +270,7 @@ class _Parser:
                     continue
                 self._check(name, val)
                 self.values[name] = val
+                self.tensor_of.setdefault(id(val), name)
 
     def _check(self, name, val: Instruction) -> None:
         want = self.inferred.get(name)
@@ -243,6 +279,47 @@ class _Parser:
         if tuple(val.shape.lens) != want:
             raise ShapeError(f"node '{self.node_name}' ({self.node.op_type}): output '{name}' has shape "
                              f"{list(val.shape.lens)} but onnx shape inference gives {list(want)}")
+
+
+def _subgraph_refs(node) -> set:
+    """Names a node's subgraphs read from the enclosing scopes."""
+    refs = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local |= set(n.output)
+            for n in g.node:
+                refs |= {x for x in n.input if x and x not in local}
+                refs |= {x for x in _subgraph_refs(n) if x not in local}
+    return refs
+
+
+def _needed_nodes(g, outputs) -> set:
+    """ids of the nodes needed to compute ``outputs`` (backward reachability, subgraph reads included)."""
+    producer = {}
+    for n in g.node:
+        for o in n.output:
+            producer[o] = n
+    need, stack = set(), list(outputs)
+    while stack:
+        t = stack.pop()
+        n = producer.get(t)
+        if n is None or id(n) in need:
+            continue
+        need.add(id(n))
+        stack.extend(x for x in n.input if x)
+        stack.extend(_subgraph_refs(n))
+    return need
+
+
+def _used_names(g, needed) -> set:
+    used = set()
+    for n in g.node:
+        if id(n) in needed:
+            used |= set(n.input) | _subgraph_refs(n)
+    return used
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -776,9 +853,134 @@ def _p_layernorm(p, m, node, ins):
     return p.add(m, "layernorm", args, axis=_attr(node, "axis", -1), epsilon=_attr(node, "epsilon", 1e-5))
 
 
+@parser("NonZero")
+def _p_nonzero(p, m, node, ins):
+    count = int(p.specialize(ins[0], "count_nonzero", "input"))
+    return p.add(m, "nonzero", [ins[0]], count=count)
+
+
+@parser("TopK")
+def _p_topk(p, m, node, ins):
+    k = int(np.asarray(p.const(ins[1], "K")).reshape(-1)[0]) if p.opset >= 10 else _attr(node, "k")
+    t = p.add(m, "topk", [ins[0]], k=k, axis=_attr(node, "axis", -1), largest=_attr(node, "largest", 1),
+              sorted=_attr(node, "sorted", 1))
+    return [p.add(m, "get_tuple_elem", [t], index=0), p.add(m, "get_tuple_elem", [t], index=1)]
+
+
+@parser("Unique")
+def _p_unique(p, m, node, ins):
+    axis = _attr(node, "axis")
+    fn = "unique_count" if axis is None else f"unique_count:{axis}"
+    count = int(p.specialize(ins[0], fn, "X"))
+    u = p.add(m, "unique", [ins[0]], count=count, axis=axis, sorted=_attr(node, "sorted", 1))
+    return [p.add(m, "get_tuple_elem", [u], index=k) for k in range(4)]
+
+
+def _parse_subgraph(p, m: Module, g, name: str, params=None):
+    """Parse subgraph ``g`` into a new submodule ``name``; outer-scope names stay visible.
+
+    ``params``: list of (name, Shape) for the submodule's parameters (default: ``g``'s inputs)."""
+    sub = p.program.create_module(name)
+    saved = dict(p.values)
+    saved_node, saved_name = p.node, p.node_name
+    try:
+        for t in g.initializer:
+            p.values[t.name] = sub.add_literal(numpy_helper.to_array(t))
+        for pname, shape in (params or []):
+            p.values[pname] = sub.add_parameter(pname, shape)
+            p.tensor_of[id(p.values[pname])] = pname
+        p.parse_nodes(sub, g.node)
+        rets = []
+        for o in g.output:
+            if o.name not in p.values:
+                raise ParseError(f"subgraph '{name}': output '{o.name}' is not produced")
+            rets.append(p.values[o.name])
+        sub.add_return(rets, [o.name for o in g.output])
+    finally:
+        p.values = saved
+        p.node, p.node_name = saved_node, saved_name
+    return sub
+
+
+def _inline_subgraph(p, m: Module, g):
+    saved = dict(p.values)
+    saved_node, saved_name = p.node, p.node_name
+    try:
+        for t in g.initializer:
+            p.values[t.name] = m.add_literal(numpy_helper.to_array(t))
+        p.parse_nodes(m, g.node)
+        return [p.values[o.name] for o in g.output]
+    finally:
+        p.values = saved
+        p.node, p.node_name = saved_node, saved_name
+
+
+@parser("If")
+def _p_if(p, m, node, ins):
+    cond = ins[0]
+    then_g, else_g = _attr(node, "then_branch"), _attr(node, "else_branch")
+    if cond.op.name == "@literal":  # constant condition: inline the branch taken
+        return _inline_subgraph(p, m, then_g if bool(cond.op.value.reshape(-1)[0]) else else_g)
+    n = p.sub_counter
+    p.sub_counter += 1
+    then_m = _parse_subgraph(p, m, then_g, f"{m.name}:if{n}:then")
+    else_m = _parse_subgraph(p, m, else_g, f"{m.name}:if{n}:else")
+    try:
+        op = make_op("if")
+        shape = op.compute_shape([cond.shape], [then_m, else_m])
+    except ShapeError:
+        # the branches return different shapes: specialize on the condition and inline the branch taken
+        p.program.remove_module(then_m.name)
+        p.program.remove_module(else_m.name)
+        taken = bool(np.asarray(p.specialize(cond, "value", "cond")).reshape(-1)[0])
+        return _inline_subgraph(p, m, then_g if taken else else_g)
+    ins_if = m.add_instruction(op, [cond], [then_m, else_m])
+    if not isinstance(shape, tuple):
+        return [ins_if]
+    return [m.add_instruction(make_op("get_tuple_elem", index=k), [ins_if]) for k in range(len(shape))]
+
+
+@parser("Loop")
+def _p_loop(p, m, node, ins):
+    body = _attr(node, "body")
+    M = ins[0] if len(ins) > 0 and ins[0] is not None else p.lit(m, np.array(1 << 62, np.int64))
+    cond = ins[1] if len(ins) > 1 and ins[1] is not None else p.lit(m, np.array(True))
+    v_init = list(ins[2:])
+    names = [i.name for i in body.input]
+    params = [(names[0], Shape("int64", [])), (names[1], Shape("bool", []))] + \
+             [(nm, Shape(v.shape.dtype, v.shape.lens)) for nm, v in zip(names[2:], v_init)]
+    n = p.sub_counter
+    p.sub_counter += 1
+    sub = _parse_subgraph(p, m, body, f"{m.name}:loop{n}", params)
+    n_carried = len(v_init)
+    n_scan = len(body.output) - 1 - n_carried
+    trip = -1
+    key = f"trip_count:{p.node_name}"
+    if n_scan > 0:
+        ret = sub.get_return().inputs
+        cond_param = sub.get_parameter(names[1])
+        cond_const = cond.op.name == "@literal" and bool(cond.op.value.reshape(-1)[0])
+        passthrough = ret[0] is cond_param or (ret[0].op.name == "@literal" and bool(ret[0].op.value.reshape(-1)[0]))
+        if M.op.name == "@literal" and cond_const and passthrough:
+            trip = int(M.op.value.reshape(-1)[0])
+        elif key in p.known:
+            trip = int(np.asarray(p.known[key]))
+        else:
+            guess = int(M.op.value.reshape(-1)[0]) if M.op.name == "@literal" and int(M.op.value.reshape(-1)[0]) < (1 << 40) \
+                else 1
+            raise NeedsValue(p.node_name, "trip_count", p.node_name, guess)
+    op = make_op("loop", param_names=names, trip_count=trip, n_carried=n_carried)
+    loop = m.add_instruction(op, [M, cond] + v_init, [sub])
+    loop.meta["trip_key"] = key
+    if not isinstance(loop.shape, tuple):
+        return [loop]
+    return [m.add_instruction(make_op("get_tuple_elem", index=k), [loop]) for k in range(len(loop.shape))]
+
+
 def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int = 1,
                dim_params: dict | None = None, external_data_dir: str | None = None,
-               check_shapes: bool = True) -> Program:
+               check_shapes: bool = True, known_values: dict | None = None,
+               output_names: list | None = None) -> Program:
     """Parse an ONNX model into a :class:`~mgx_graph.ir.Program`.
 
     Parameters
@@ -789,6 +991,9 @@ def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int 
     dim_params: ``{symbol: value}`` fixes a named symbolic dim everywhere it appears.
     external_data_dir: folder holding external tensor data (default: the model's folder).
     check_shapes: cross-check every statically known output shape with onnx shape inference.
+    known_values: ``{"fn:tensor": value}`` run-time values the program is specialized for (data-dependent
+        shapes); each becomes a ``guard``.  Missing ones raise NeedsValue.
+    output_names: compute only these tensors (nodes and inputs not needed for them are dropped).
 
     Raises
     ------
@@ -797,6 +1002,20 @@ def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int 
     ShapeError: inconsistent shapes (names the node).
     """
     m = load_model(model, external_data_dir)
-    prog = _Parser(m, input_dims, default_dim_value, dim_params, check_shapes).parse()
+    prog = _Parser(m, input_dims, default_dim_value, dim_params, check_shapes, known_values).parse(output_names)
     prog.metadata = {p.key: p.value for p in m.metadata_props}
+    prog.symbolic_inputs = symbolic_inputs(m, input_dims)
     return prog
+
+
+def symbolic_inputs(model: onnx.ModelProto, input_dims: dict | None = None) -> dict:
+    """Inputs with dims not fixed by the model nor by ``input_dims``: ``{name: [dim indices]}``."""
+    inits = {t.name for t in model.graph.initializer}
+    res = {}
+    for vi in model.graph.input:
+        if vi.name in inits or (input_dims and vi.name in input_dims):
+            continue
+        dims = [k for k, d in enumerate(vi.type.tensor_type.shape.dim) if not d.HasField("dim_value")]
+        if dims:
+            res[vi.name] = dims
+    return res

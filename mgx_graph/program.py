@@ -29,7 +29,7 @@ def hip_graph_from_env() -> bool:
 
 def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
              alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
-             debug: bool | None = None) -> Program:
+             debug: bool | None = None, budget=None, _label: str = "") -> Program:
     """Run the pass pipeline and lower the program to ``target`` (``ref``, ``gpu`` or ``auto``).
 
     Parameters
@@ -64,7 +64,8 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     run_passes(self, passes)
     self.alias_skipped = binder.skipped
     ctx = make_context(tname)
-    self._compiled = Executor(self, ctx, warmup=warmup, debug=bool(debug) if debug is not None else False)
+    self._compiled = Executor(self, ctx, warmup=warmup, debug=bool(debug) if debug is not None else False,
+                              budget=budget, label=_label)
     self.target = tname
     self.hip_graph = hip_graph
     self.fp16 = fp16
@@ -73,7 +74,11 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
 
 def _executor(self: Program) -> Executor:
     if self._compiled is None:
-        raise MgxError("program is not compiled: call compile() first")
+        d = getattr(self, "_dispatch", None)
+        if d is not None and d.last() is not None:
+            return d.last()._compiled
+        raise MgxError("program is not compiled: call compile() first" if d is None else
+                       "program is specialized at its first run (its shapes depend on run-time values)")
     return self._compiled
 
 
@@ -83,6 +88,9 @@ def _run(self: Program, params: dict) -> list:
     ``params`` maps every parameter name to a numpy array of exactly the parameter's shape and dtype.
     Raises ParameterError naming the parameter and the expected vs given shape/dtype.
     """
+    d = getattr(self, "_dispatch", None)
+    if d is not None:
+        return d.run(params, device=False)
     return _executor(self).run(params)
 
 
@@ -90,17 +98,26 @@ def _run_async(self: Program, params: dict, queue=None) -> list:
     """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
     default: the context's queue) without synchronizing.  Returns device arrays that alias the
     program's output buffers: they are valid until the next run (copy them to keep them)."""
+    d = getattr(self, "_dispatch", None)
+    if d is not None:
+        return d.run(params, device=True, queue=queue)
     return _executor(self).run_async(params, queue)
 
 
 def _stats(self: Program) -> dict:
     """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
     eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes."""
+    d = getattr(self, "_dispatch", None)
+    if d is not None:
+        return d.stats()
     return _executor(self).stats()
 
 
 def _release(self: Program) -> None:
     """Synchronize, destroy graphs, free device memory.  Safe to call more than once."""
+    d = getattr(self, "_dispatch", None)
+    if d is not None:
+        d.release()
     if self._compiled is not None:
         self._compiled.close()
 
@@ -143,12 +160,44 @@ Program.__del__ = _del
 def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input_dims: dict | None = None,
             default_dim_value: int = 1, dim_params: dict | None = None, fp16: bool = False,
             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
-            debug: bool | None = None, external_data_dir: str | None = None) -> Program:
+            debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
+            budget=None) -> Program:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
-    :meth:`Program.compile` for the parameters and the errors raised."""
-    from .onnx_frontend import parse_onnx
+    :meth:`Program.compile` for the parameters and the errors raised.
 
-    prog = parse_onnx(model, input_dims=input_dims, default_dim_value=default_dim_value, dim_params=dim_params,
-                      external_data_dir=external_data_dir)
-    return prog.compile(target, hip_graph=hip_graph, fp16=fp16, alias=alias, warmup=warmup,
-                        min_partition_size=min_partition_size, debug=debug)
+    When inputs have symbolic dims (not fixed by ``input_dims``) or shapes depend on data, the returned
+    program dispatches each call to a specialization for that call's shapes and values (compiled on
+    first use, at most ``max_specializations`` kept; see :mod:`mgx_graph.dynamic`).
+    """
+    from .dynamic import Dispatcher
+    from .onnx_frontend import load_model, parse_onnx, symbolic_inputs
+    from .operators.dynamic import NeedsValue
+
+    proto = load_model(model, external_data_dir)
+    parse_kw = dict(default_dim_value=default_dim_value, dim_params=dim_params)
+    try:
+        prog = parse_onnx(proto, input_dims=input_dims, **parse_kw)
+    except NeedsValue:
+        prog = None
+    symbolic = symbolic_inputs(proto, input_dims)
+    if dim_params:
+        symbolic = {}  # every symbolic dim is given a value
+    tname = resolve_target(target)
+    hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
+    ckw = dict(hip_graph=hip_graph, fp16=fp16, warmup=warmup, min_partition_size=min_partition_size, debug=debug,
+               budget=budget)
+    if prog is not None and not symbolic:
+        return prog.compile(tname, alias=alias, **ckw)
+    if alias not in (None, "auto", {}):
+        raise CompileError("alias (outputs written in place) needs static shapes; this model has run-time shapes "
+                           f"(symbolic inputs: {sorted(symbolic)})")
+    disp = Dispatcher(proto, parse_kw, ckw, tname, max_specializations=max_specializations, debug=bool(debug))
+    if prog is None:
+        prog = Program()
+        prog.metadata = {}
+    else:
+        prog.compile(tname, alias=None, _label="[spec 0] ", **ckw)
+        shapes = tuple(sorted((n, tuple(s.lens)) for n, s in prog.get_parameter_shapes().items()))
+        disp._insert(shapes, {}, prog)
+    prog._dispatch = disp
+    return prog

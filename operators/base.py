@@ -73,6 +73,8 @@ class Operation:
     foldable = True
     inplace_ok = False
     builtin = False
+    side_effects = False  # kept by dead-code elimination even when nothing reads it
+    gpu_supported = True  # False: the gpu target runs it on the host (host fallback)
 
     def __init__(self, **attrs):
         self.attrs = attrs

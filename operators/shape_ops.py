@@ -509,3 +509,97 @@ class Pad(Operation):
             out[...] = xp.pad(x, width, mode="constant", constant_values=x.dtype.type(self.value))
         else:
             out[...] = xp.pad(x, width, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[self.mode])
+
+
+@register_op
+class NonZero(Operation):
+    """Indices of the non-zero elements, ``[rank, count]`` int64 (row-major order, as numpy).
+
+    ``count`` is data-dependent: a program is specialized for the count it saw, and a ``guard`` checks
+    it on every run (see :mod:`mgx_graph.operators.dynamic`)."""
+
+    name = "nonzero"
+
+    def __init__(self, count=0):
+        super().__init__(count=int(count))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        return Shape("int64", [max(inputs[0].ndim, 1), self.count])
+
+    def compute(self, ctx, out, args, ws):
+        x = args[0]
+        idx = ctx.xp.nonzero(x.reshape(1) if x.ndim == 0 else x)
+        out[...] = ctx.xp.stack(idx) if idx else out
+
+
+@register_op
+class TopK(Operation):
+    """Values and indices of the ``k`` largest (or smallest) elements along ``axis`` (ONNX TopK); ties
+    keep the lower index first."""
+
+    name = "topk"
+
+    def __init__(self, k=1, axis=-1, largest=1, sorted=1):
+        super().__init__(k=int(k), axis=int(axis), largest=int(largest), sorted=int(sorted))
+
+    def compute_shape(self, inputs, mods=()):
+        x = inputs[0]
+        a = normalize_axis(self.axis, x.ndim, self.name)
+        if self.k > x.lens[a]:
+            raise ShapeError(f"topk: k={self.k} exceeds dim {x.lens[a]} of axis {a}")
+        lens = list(x.lens)
+        lens[a] = self.k
+        return (Shape(x.dtype, lens), Shape("int64", lens))
+
+    def compute(self, ctx, out, args, ws):
+        xp, x = ctx.xp, args[0]
+        a = self.axis % x.ndim
+        key = -x if self.largest else x
+        if x.dtype.kind == "b":
+            key = -x.astype(np.int8) if self.largest else x.astype(np.int8)
+        order = xp.argsort(key, axis=a, kind="stable") if xp is np else xp.argsort(key, axis=a)
+        idx = xp.take(order, xp.arange(self.k), axis=a)
+        out[1][...] = idx
+        out[0][...] = xp.take_along_axis(x, idx, axis=a)
+
+
+@register_op
+class Unique(Operation):
+    """ONNX Unique: ``(Y, indices, inverse_indices, counts)``; ``count`` (the number of unique values
+    or slices) is data-dependent, specialized and guarded like NonZero's."""
+
+    name = "unique"
+    gpu_supported = False
+
+    def __init__(self, count=0, axis=None, sorted=1):
+        super().__init__(count=int(count), axis=None if axis is None else int(axis), sorted=int(sorted))
+
+    def compute_shape(self, inputs, mods=()):
+        x = inputs[0]
+        u = self.count
+        if self.axis is None:
+            return (Shape(x.dtype, [u]), Shape("int64", [u]), Shape("int64", [x.elements()]), Shape("int64", [u]))
+        a = normalize_axis(self.axis, x.ndim, self.name)
+        lens = list(x.lens)
+        lens[a] = u
+        return (Shape(x.dtype, lens), Shape("int64", [u]), Shape("int64", [x.lens[a]]), Shape("int64", [u]))
+
+    def compute(self, ctx, out, args, ws):
+        x = np.asarray(args[0])
+        if self.axis is None:
+            vals, idx, inv, cnt = np.unique(x.reshape(-1), return_index=True, return_inverse=True, return_counts=True)
+        else:
+            vals, idx, inv, cnt = np.unique(x, axis=self.axis % x.ndim, return_index=True, return_inverse=True,
+                                            return_counts=True)
+        inv = inv.reshape(-1)
+        if not self.sorted:  # order of first occurrence
+            order = np.argsort(idx, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            vals = np.take(vals, order, axis=0 if self.axis is None else self.axis % x.ndim)
+            idx, cnt, inv = idx[order], cnt[order], rank[inv]
+        out[0][...] = vals
+        out[1][...] = idx
+        out[2][...] = inv
+        out[3][...] = cnt

@@ -12,7 +12,7 @@ class EliminateDeadCode:
             while changed:
                 changed = False
                 for ins in reversed(list(m.instructions)):
-                    if ins.op.name in ("@return", "@param") or ins.outputs:
+                    if ins.op.name in ("@return", "@param") or ins.outputs or ins.op.side_effects:
                         continue
                     m.remove_instruction(ins)
                     changed = True

@@ -16,7 +16,7 @@ from ..shape import Shape
 
 def is_capturable(ins) -> bool:
     op = ins.op
-    if op.name == "graph_launch":
+    if op.name == "graph_launch" or not op.capturable or op.host_only or ins.meta.get("on_host"):
         return False
     if op.is_view:
         return True
@@ -39,7 +39,7 @@ class HipGraph:
         counter = [sum(1 for n in program.modules if ":graph_launch" in n)]
         for m in list(program.module_order()):
             if ":graph_launch" in m.name:
-                continue
+                continue  # no nested capture
             for run in self.find_runs(m):
                 self.wrap(program, m, run, counter)
 

@@ -22,6 +22,40 @@ class Kernel:
     label: str = ""
 
 
+def insert_host_fallback(m, ins) -> None:
+    """Run ``ins`` on the host: copy_from_gpu each input, mark it on_host, copy_to_gpu each result."""
+    from ..operators import make_op
+
+    new_inputs = []
+    for v in ins.inputs:
+        c = m.insert_instruction(ins, make_op("copy_from_gpu"), [v])
+        c.meta["on_host"] = True
+        new_inputs.append(c)
+    for old, new in zip(ins.inputs, new_inputs):
+        old.outputs = [o for o in old.outputs if o is not ins]
+        new.outputs.append(ins)
+    ins.inputs = new_inputs
+    ins.meta["on_host"] = True
+    nxt = m.instructions[m.instructions.index(ins) + 1]
+    if isinstance(ins.shape, tuple):
+        for g in [c for c in ins.outputs if c.op.name == "get_tuple_elem"]:
+            g.meta["on_host"] = True
+            consumers = list(g.outputs)
+            anchor = m.instructions[m.instructions.index(g) + 1]
+            up = m.insert_instruction(anchor, make_op("copy_to_gpu"), [g])
+            for c in consumers:
+                c.inputs = [up if i is g else i for i in c.inputs]
+                up.outputs.append(c)
+            g.outputs = [up]
+    else:
+        consumers = list(ins.outputs)
+        up = m.insert_instruction(nxt, make_op("copy_to_gpu"), [ins])
+        for c in consumers:
+            c.inputs = [up if i is ins else i for i in c.inputs]
+            up.outputs.append(c)
+        ins.outputs = [up]
+
+
 class Lowering:
     name = "lowering"
 
@@ -29,10 +63,29 @@ class Lowering:
         self.target = target
 
     def __call__(self, program) -> None:
+        fallback = []
+        if self.target == "gpu":
+            for m in program.module_order():
+                for ins in list(m.instructions):
+                    if not ins.op.builtin and not ins.op.gpu_supported and not ins.module_inputs:
+                        insert_host_fallback(m, ins)
+                        fallback.append(ins.op.name)
+        if fallback:
+            import warnings
+
+            names = sorted(set(fallback))
+            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
+                          f"{', '.join(names)}", stacklevel=3)
+        program.host_fallback_ops = sorted(set(fallback))
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op
-                if op.builtin or op.is_view or op.name == "graph_launch":
+                if op.builtin or op.is_view or op.name in ("graph_launch", "if", "loop", "copy_from_gpu",
+                                                           "copy_to_gpu"):
+                    continue
+                if ins.meta.get("on_host"):
+                    ins.meta["kernel"] = Kernel(op.compute, 0, op.workspace([i.shape for i in ins.inputs], ins.shape),
+                                                False, "host fallback")
                     continue
                 in_shapes = [i.shape for i in ins.inputs]
                 try:

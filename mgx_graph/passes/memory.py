@@ -1,11 +1,14 @@
 """memory_coloring: give every intermediate a fixed offset in one scratch arena, before any run.
 
-The program is flattened in execution order (a ``graph_launch`` body runs where the instruction
-stands).  Each buffer-owning instruction (a kernel that is not bound to a parameter) lives from its
-definition to its last use, views and tuple elements extending the life of the buffer they alias;
-program outputs live to the end.  Scratch buffers of a kernel live for that kernel only.  Buffers are
-packed first-fit by ascending start, with 256-byte alignment; two buffers whose lives overlap never
-share bytes.  Literals go into a separate constant area.  The result is ``program.memory_plan``.
+The program is flattened in execution order: the bodies of ``graph_launch``, ``if`` and ``loop`` are
+laid out before the instruction that runs them.  A buffer lives from its definition to its last use;
+views, tuple elements and submodule parameters extend the life of the buffer they alias; program
+outputs live to the end.  A control-flow instruction's own buffers (its results, the loop's carried
+state) live across its whole body, and values its body reads live until it finishes (a loop body runs
+many times).  Scratch buffers of a kernel live for that kernel only.  Buffers are packed first-fit by
+ascending start with 256-byte alignment, so two buffers whose lives overlap never share bytes.
+Literals go to a separate constant area; host-fallback values live in host memory.  The result is
+``program.memory_plan`` (offsets keyed by ``(id(instruction), tuple index or None)``).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 
 ALIGN = 256
 END = 1 << 60
+CONTROL = ("graph_launch", "if", "loop")
 
 
 def _align(n: int) -> int:
@@ -21,7 +25,7 @@ def _align(n: int) -> int:
 
 @dataclass
 class Buffer:
-    key: object  # instruction (output) or (instruction, k) (scratch k)
+    key: object
     size: int
     start: int
     end: int
@@ -31,7 +35,7 @@ class Buffer:
 @dataclass
 class MemoryPlan:
     buffers: list = field(default_factory=list)
-    offsets: dict = field(default_factory=dict)  # id(ins) -> offset
+    offsets: dict = field(default_factory=dict)  # (id(ins), idx) -> offset
     workspace: dict = field(default_factory=dict)  # id(ins) -> [offsets]
     arena_bytes: int = 0
     literal_offsets: dict = field(default_factory=dict)  # id(ins) -> offset
@@ -43,54 +47,98 @@ class MemoryPlan:
 
 
 def linear_order(module):
-    """Instructions in execution order, graph_launch bodies inlined before the graph_launch."""
+    """Instructions in execution order, submodule bodies inlined before the instruction running them."""
     out = []
     for ins in module.instructions:
-        if ins.op.name == "graph_launch":
-            out.extend(linear_order(ins.module_inputs[0]))
+        if ins.op.name in CONTROL:
+            for sub in ins.module_inputs:
+                out.extend(linear_order(sub))
         out.append(ins)
     return out
 
 
-def value_root(ins, parent_of_param=None):
-    """The instruction owning the memory of ``ins`` (itself, or what it aliases)."""
-    seen = 0
-    while True:
-        seen += 1
-        if seen > 100000:
-            raise RuntimeError("alias cycle")
-        op = ins.op
-        if op.name == "@param" and parent_of_param and id(ins) in parent_of_param:
-            ins = parent_of_param[id(ins)]
-        elif op.name == "get_tuple_elem":
-            gl = ins.inputs[0]
-            ins = gl.module_inputs[0].get_return().inputs[op.index]
-        elif op.name == "graph_launch":
-            ins = ins.module_inputs[0].get_return().inputs[0]
-        elif op.is_view:
-            ins = ins.inputs[0]
-        else:
-            return ins
-
-
-def sub_param_map(program) -> dict:
-    """id(submodule @param) -> the parent instruction bound to it (graph_launch inputs by sorted name)."""
+def param_bindings(program) -> dict:
+    """id(submodule @param) -> what it is bound to: ``("value", parent_ins)`` for graph_launch inputs,
+    ``("loop", loop_ins, k)`` for a loop body's carried value k, ``("loopvar", loop_ins, name)`` for its
+    iteration number / condition."""
     res = {}
     for m in program.module_order():
         for ins in m.instructions:
             if ins.op.name == "graph_launch":
                 sub = ins.module_inputs[0]
-                names = sorted(sub.get_parameter_names())
-                for name, v in zip(names, ins.inputs):
-                    res[id(sub.get_parameter(name))] = v
+                for name, v in zip(sorted(sub.get_parameter_names()), ins.inputs):
+                    res[id(sub.get_parameter(name))] = ("value", v)
+            elif ins.op.name == "loop":
+                body = ins.module_inputs[0]
+                names = ins.op.param_names
+                for k, name in enumerate(names):
+                    p = body.get_parameter(name)
+                    if p is None:
+                        continue
+                    res[id(p)] = ("loopvar", ins, k) if k < 2 else ("loop", ins, k - 2)
     return res
 
 
-def needs_buffer(ins) -> bool:
+def tuple_size(ins) -> int:
+    return len(ins.shape) if isinstance(ins.shape, tuple) else 0
+
+
+def value_root(ins, bindings=None, idx=None):
+    """The buffer key ``(instruction, tuple index or None)`` owning the memory of ``ins``."""
+    for _ in range(100000):
+        op = ins.op
+        if op.name == "@param":
+            b = bindings.get(id(ins)) if bindings else None
+            if b is None:
+                return ins, None
+            if b[0] == "value":
+                ins = b[1]
+                continue
+            if b[0] == "loop":
+                return b[1], b[2]
+            return b[1], ("var", b[2])
+        if op.name == "get_tuple_elem":
+            t = ins.inputs[0]
+            if t.op.name == "graph_launch":
+                ins = t.module_inputs[0].get_return().inputs[op.index]
+                continue
+            # a view of another view/param chain ending in a tuple producer
+            root, _ = value_root(t, bindings)
+            return root, op.index
+        if op.name == "graph_launch":
+            ins = ins.module_inputs[0].get_return().inputs[0]
+            continue
+        if op.is_view:
+            ins = ins.inputs[0]
+            continue
+        return ins, None
+    raise RuntimeError("alias cycle")
+
+
+def sub_param_map(program) -> dict:
+    """id(graph_launch body @param) -> the parent instruction bound to it."""
+    return {k: v[1] for k, v in param_bindings(program).items() if v[0] == "value"}
+
+
+def on_host(ins) -> bool:
+    return bool(ins.meta.get("on_host"))
+
+
+def owned_buffers(ins) -> list:
+    """(key, shape) of every device buffer the instruction owns."""
     op = ins.op
-    if op.builtin or op.is_view or op.name == "graph_launch":
-        return False
-    return "bind_param" not in ins.meta
+    if op.builtin or op.is_view or op.name == "graph_launch" or "bind_param" in ins.meta or on_host(ins):
+        return []
+    shapes = ins.shape if isinstance(ins.shape, tuple) else (ins.shape,)
+    many = isinstance(ins.shape, tuple)
+    out = [((id(ins), k if many else None), s) for k, s in enumerate(shapes)]
+    if op.name == "loop":
+        body = ins.module_inputs[0]
+        for k, name in enumerate(op.param_names[:2]):
+            p = body.get_parameter(name)
+            if p is not None:
+                out.append(((id(ins), ("var", k)), p.shape))
+    return out
 
 
 def plan_buffers(buffers: list[Buffer]) -> int:
@@ -118,42 +166,62 @@ class MemoryColoring:
         main = program.get_main_module()
         order = linear_order(main)
         pos = {id(i): n for n, i in enumerate(order)}
-        pmap = sub_param_map(program)
-        live: dict[int, Buffer] = {}
+        binds = param_bindings(program)
+        # control-flow spans: [first body position, instruction position]
+        span_start = {}
+        for ins in order:
+            if ins.op.name in ("if", "loop"):
+                firsts = [pos[id(b.instructions[0])] for b in ins.module_inputs if b.instructions]
+                span_start[id(ins)] = min(firsts + [pos[id(ins)]])
+        enclosing = {}  # id(body instruction) -> end position of the outermost if/loop running it
+
+        def mark(mod, end):
+            for i in mod.instructions:
+                enclosing[id(i)] = max(enclosing.get(id(i), -1), end)
+                if i.op.name in CONTROL:
+                    for s in i.module_inputs:
+                        mark(s, end)
+
+        for ins in order:
+            if ins.op.name in ("if", "loop"):
+                for b in ins.module_inputs:
+                    mark(b, pos[id(ins)])
+        live: dict = {}
         buffers = []
         for ins in order:
-            if needs_buffer(ins):
-                b = Buffer(ins, max(ins.shape.bytes(), 1), pos[id(ins)], pos[id(ins)])
-                live[id(ins)] = b
+            for key, shape in owned_buffers(ins):
+                start = span_start.get(id(ins), pos[id(ins)])
+                b = Buffer(key, max(shape.bytes(), 1), start, pos[id(ins)])
+                live[key] = b
                 buffers.append(b)
         for ins in order:
             p = pos[id(ins)]
+            use = p
+            if id(ins) in enclosing:  # read inside an if/loop body: alive until the construct finishes
+                use = max(use, enclosing[id(ins)])
             for v in ins.inputs:
-                r = value_root(v, pmap)
-                b = live.get(id(r))
-                if b is not None:
-                    b.end = max(b.end, p if ins.op.name != "@return" or ins.module is not main else END)
-        ret = main.get_return()
-        if ret is not None:
-            for v in ret.inputs:
-                b = live.get(id(value_root(v, pmap)))
-                if b is not None:
-                    b.end = END
+                r, k = value_root(v, binds)
+                keys = [(id(r), k)] if (k is not None or tuple_size(r) == 0) else \
+                    [(id(r), j) for j in range(tuple_size(r))]
+                for key in keys:
+                    b = live.get(key)
+                    if b is not None:
+                        b.end = max(b.end, END if (ins.op.name == "@return" and ins.module is main) else use)
         ws_bufs = {}
         for ins in order:
             k = ins.meta.get("kernel")
-            if k is None:
+            if k is None or on_host(ins):
                 continue
             for j, s in enumerate(k.workspace):
-                b = Buffer((ins, j), max(s.bytes(), 1), pos[id(ins)], pos[id(ins)])
+                p = pos[id(ins)]
+                b = Buffer((ins, j), max(s.bytes(), 1), p, max(p, enclosing.get(id(ins), p)))
                 buffers.append(b)
                 ws_bufs.setdefault(id(ins), []).append(b)
         plan = MemoryPlan(buffers=buffers)
         plan.arena_bytes = plan_buffers(buffers)
         for b in buffers:
-            if isinstance(b.key, tuple):
-                continue
-            plan.offsets[id(b.key)] = b.offset
+            if isinstance(b.key[0], int):
+                plan.offsets[b.key] = b.offset
         for k, bs in ws_bufs.items():
             plan.workspace[k] = [b.offset for b in bs]
         off = 0

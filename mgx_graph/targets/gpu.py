@@ -99,6 +99,14 @@ class GpuContext:
         with self.on_queue(queue):
             dst.set(np.asarray(src, order="C"))
 
+    def copy(self, queue, dst, src) -> None:
+        with self.on_queue(queue):
+            self.cupy.copyto(dst, src)
+
+    def fill(self, queue, dst, value) -> None:
+        with self.on_queue(queue):
+            dst.fill(value)
+
     # -- execution -------------------------------------------------------------------------------
     def launch(self, queue, fn, out, args, ws) -> None:
         fn(self, out, args, ws)

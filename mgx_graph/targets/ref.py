@@ -52,6 +52,12 @@ class RefContext:
     def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
         self.runtime.hipMemcpyAsync(dst, src, queue)
 
+    def copy(self, queue, dst, src) -> None:
+        self.runtime.hipLaunchHostFunc(queue, np.copyto, (dst, src))
+
+    def fill(self, queue, dst, value) -> None:
+        self.runtime.hipLaunchHostFunc(queue, dst.fill, (value,))
+
     # -- execution -------------------------------------------------------------------------------
     def launch(self, queue, fn, out, args, ws) -> None:
         self.runtime.hipLaunchHostFunc(queue, fn, (self, out, args, ws))

@@ -1,0 +1,134 @@
+"""Control flow, host transfers and guards: the instructions that make a graph boundary.
+
+``if`` and ``loop`` take submodules (MIGraphX's ``if`` / ``loop`` with ``module_inputs``); their
+condition and trip count are read on the host, so they cannot be recorded into a GPU graph.  Runs of
+kernels inside their bodies can still be wrapped in ``graph_launch`` by the ``hip_graph`` pass.
+
+``copy_from_gpu`` / ``copy_to_gpu`` move a value between the device and a fixed host buffer around a
+host-fallback instruction (an op the gpu target does not implement runs on the ``ref`` kernel).
+
+``guard`` reads a runtime value on the host and checks it against the value the program was
+specialized for (a data-dependent shape); on a mismatch the run is abandoned and re-dispatched.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..shape import Shape
+from .base import Operation, check_inputs, register_op
+
+
+def _same(a: Shape, b: Shape) -> bool:
+    return tuple(a.lens) == tuple(b.lens) and a.dtype == b.dtype
+
+
+@register_op
+class If(Operation):
+    """``if(cond)`` with ``module_inputs = [then, else]``; outputs of both branches must agree."""
+
+    name = "if"
+    capturable = False
+    foldable = False
+    host_only = True
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        if inputs[0].elements() != 1 or inputs[0].dtype != "bool":
+            raise ShapeError(f"if: condition must be a single bool, got {inputs[0].brief()}")
+        a, b = mods[0].get_output_shapes(), mods[1].get_output_shapes()
+        if len(a) != len(b) or not all(_same(x, y) for x, y in zip(a, b)):
+            raise ShapeError(f"if: branches return different shapes {[s.brief() for s in a]} vs "
+                             f"{[s.brief() for s in b]} (a data-dependent shape)")
+        outs = tuple(Shape(s.dtype, s.lens) for s in a)
+        return outs[0] if len(outs) == 1 else outs
+
+
+@register_op
+class Loop(Operation):
+    """ONNX Loop: inputs ``(M, cond, v_initial...)``, ``module_inputs = [body]``.
+
+    The body's parameters are ``iteration_num``, ``cond_in`` and the carried values (``param_names``
+    in ONNX order); it returns ``cond_out``, the carried values and the scan outputs.  The output is
+    the final carried values followed by the scan outputs stacked over ``trip_count`` iterations
+    (``trip_count`` is the number of iterations this program was specialized for; -1 when there are
+    no scan outputs).
+    """
+
+    name = "loop"
+    capturable = False
+    foldable = False
+    host_only = True
+
+    def __init__(self, param_names=(), trip_count=-1, n_carried=0):
+        super().__init__(param_names=list(param_names), trip_count=int(trip_count), n_carried=int(n_carried))
+
+    def compute_shape(self, inputs, mods=()):
+        body = mods[0]
+        outs = body.get_output_shapes()
+        n = self.n_carried
+        carried = [Shape(s.dtype, s.lens) for s in inputs[2:2 + n]]
+        for k, (c, o) in enumerate(zip(carried, outs[1:1 + n])):
+            if not _same(c, o):
+                raise ShapeError(f"loop: carried value {k} changes shape {c.brief()} -> {o.brief()} in the body")
+        scans = [Shape(s.dtype, (self.trip_count,) + tuple(s.lens)) for s in outs[1 + n:]]
+        res = tuple(carried + scans)
+        return res[0] if len(res) == 1 else res
+
+
+@register_op
+class CopyFromGpu(Operation):
+    """Device -> host copy into a fixed host buffer, then a queue synchronization."""
+
+    name = "copy_from_gpu"
+    capturable = False
+    foldable = False
+
+    def compute_shape(self, inputs, mods=()):
+        return Shape(inputs[0].dtype, inputs[0].lens)
+
+
+@register_op
+class CopyToGpu(Operation):
+    """Host -> device copy of a host buffer into the instruction's device buffer."""
+
+    name = "copy_to_gpu"
+    capturable = False
+    foldable = False
+
+    def compute_shape(self, inputs, mods=()):
+        return Shape(inputs[0].dtype, inputs[0].lens)
+
+
+@register_op
+class Guard(Operation):
+    """Checks on the host that ``fn(input)`` equals ``expected`` (``fn``: value | count_nonzero |
+    trip_count ...); the output is the input (a view), so consumers are ordered after the check."""
+
+    name = "guard"
+    capturable = False
+    foldable = False
+    side_effects = True
+    is_view = True
+
+    def __init__(self, key="", fn="value", expected=None):
+        super().__init__(key=str(key), fn=str(fn), _expected=np.asarray(expected))
+
+    @property
+    def expected(self):
+        return self.attrs["_expected"]
+
+    def compute_shape(self, inputs, mods=()):
+        x = inputs[0]
+        return Shape(x.dtype, x.lens, x.strides)
+
+    def view(self, xp, x, shape):
+        return x
+
+    def observe(self, host_value) -> np.ndarray:
+        from .dynamic import reduce_for_key
+
+        return reduce_for_key(self.fn, host_value)
+
+    def attr_string(self):
+        return f"[key={self.key}]"
