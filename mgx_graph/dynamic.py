@@ -73,13 +73,16 @@ class Dispatcher:
         raise MgxError(f"could not specialize the program after {MAX_ATTEMPTS} attempts (values {list(known)})")
 
     def _prefix_value(self, nv: NeedsValue, shapes, known, params, device):
-        from .onnx_frontend import parse_onnx
-
-        pkey = (nv.tensor, shapes, _freeze(known))
+        """Run the program parsed up to the node that needs the value (it ends in the tensor)."""
+        pkey = (nv.tensor, nv.fn, shapes, _freeze(known))
         prog = self.prefixes.get(pkey)
         if prog is None:
-            prog = parse_onnx(self.model, input_dims=dict(shapes), known_values=known, output_names=[nv.tensor],
-                              **self.parse_kw)
+            prog = nv.program
+            main = prog.get_main_module()
+            if nv.ins.module is not main:
+                raise MgxError(f"node '{nv.node}': {nv.fn}({nv.tensor}) is needed inside a subgraph; "
+                               f"this data-dependent shape is not supported")
+            main.add_return([nv.ins], [nv.tensor])
             prog.compile(self.target, hip_graph=False, alias=None)
             self.prefixes[pkey] = prog
             self.trace("PREFIX", f"computing {nv.fn}({nv.tensor}) needed by node '{nv.node}'")

@@ -132,7 +132,9 @@ class _Parser:
             raise self.err(f"input '{what}' depends on run-time values in a way that cannot be specialized")
         key = f"{fn}:{tensor}"
         if key not in self.known:
-            raise NeedsValue(tensor, fn, self.node_name, guess)
+            nv = NeedsValue(tensor, fn, self.node_name, guess)
+            nv.program, nv.ins = self.program, ins  # the program parsed so far computes it (a prefix)
+            raise nv
         expected = np.asarray(self.known[key])
         self.cur_module.add_instruction(make_op("guard", key=key, fn=fn, expected=expected), [ins])
         return expected
@@ -853,6 +855,53 @@ def _p_layernorm(p, m, node, ins):
     return p.add(m, "layernorm", args, axis=_attr(node, "axis", -1), epsilon=_attr(node, "epsilon", 1e-5))
 
 
+@parser("Conv")
+def _p_conv(p, m, node, ins):
+    x, w = ins[0], ins[1]
+    nsp = x.shape.ndim - 2
+    kshape = _attr(node, "kernel_shape") or list(w.shape.lens[2:])
+    strides = list(_attr(node, "strides") or [1] * nsp)
+    dil = list(_attr(node, "dilations") or [1] * nsp)
+    auto = _decode(_attr(node, "auto_pad", b"NOTSET"))
+    pads = list(_attr(node, "pads") or [0] * (2 * nsp))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * nsp)
+        for i in range(nsp):
+            size = x.shape.lens[2 + i]
+            out = -(-size // strides[i])
+            total = max(0, (out - 1) * strides[i] + dil[i] * (kshape[i] - 1) + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + nsp] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0] * (2 * nsp)
+    args = [x, w] + ([ins[2]] if len(ins) > 2 and ins[2] is not None else [])
+    return p.add(m, "convolution", args, padding=pads, stride=strides, dilation=dil, group=_attr(node, "group", 1))
+
+
+@parser("LSTM")
+def _p_lstm(p, m, node, ins):
+    if _attr(node, "layout", 0) != 0:
+        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "layout=1 is not supported")
+    acts = [_decode(a) for a in (_attr(node, "activations") or [])]
+    if acts and acts[:3] != ["Sigmoid", "Tanh", "Tanh"]:
+        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, f"activations {acts}")
+    if _attr(node, "clip") is not None or _attr(node, "input_forget", 0):
+        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "clip / input_forget are not supported")
+    if (len(ins) > 4 and ins[4] is not None) or (len(ins) > 7 and ins[7] is not None):
+        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "sequence_lens / peepholes are not supported")
+    H = _attr(node, "hidden_size")
+    direction = _decode(_attr(node, "direction", b"forward"))
+    args = [ins[0], ins[1], ins[2]]
+    dt = ins[0].shape.dtype
+    D = 2 if direction == "bidirectional" else 1
+    B = ins[0].shape.lens[1]
+    bias = ins[3] if len(ins) > 3 and ins[3] is not None else p.lit(m, np.zeros((D, 8 * H), dt))
+    h0 = ins[5] if len(ins) > 5 and ins[5] is not None else p.lit(m, np.zeros((D, B, H), dt))
+    c0 = ins[6] if len(ins) > 6 and ins[6] is not None else p.lit(m, np.zeros((D, B, H), dt))
+    t = p.add(m, "lstm", args + [bias, h0, c0], hidden_size=H, direction=direction)
+    return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]
+
+
 @parser("NonZero")
 def _p_nonzero(p, m, node, ins):
     count = int(p.specialize(ins[0], "count_nonzero", "input"))
@@ -923,15 +972,21 @@ def _p_if(p, m, node, ins):
         return _inline_subgraph(p, m, then_g if bool(cond.op.value.reshape(-1)[0]) else else_g)
     n = p.sub_counter
     p.sub_counter += 1
-    then_m = _parse_subgraph(p, m, then_g, f"{m.name}:if{n}:then")
-    else_m = _parse_subgraph(p, m, else_g, f"{m.name}:if{n}:else")
+    made = []
     try:
+        then_m = _parse_subgraph(p, m, then_g, f"{m.name}:if{n}:then")
+        made.append(then_m)
+        else_m = _parse_subgraph(p, m, else_g, f"{m.name}:if{n}:else")
+        made.append(else_m)
         op = make_op("if")
         shape = op.compute_shape([cond.shape], [then_m, else_m])
-    except ShapeError:
-        # the branches return different shapes: specialize on the condition and inline the branch taken
-        p.program.remove_module(then_m.name)
-        p.program.remove_module(else_m.name)
+    except UnsupportedOpError:
+        raise
+    except (ShapeError, ParseError, NeedsValue):
+        # a branch cannot be compiled for these shapes (or the branches return different shapes):
+        # specialize on the condition and inline the branch taken
+        for sub in made:
+            p.program.remove_module(sub.name)
         taken = bool(np.asarray(p.specialize(cond, "value", "cond")).reshape(-1)[0])
         return _inline_subgraph(p, m, then_g if taken else else_g)
     ins_if = m.add_instruction(op, [cond], [then_m, else_m])

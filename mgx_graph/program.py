@@ -2,7 +2,7 @@
 
 ``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
 
-    eliminate_dead_code, propagate_constant, fuse_norms, eliminate_dead_code,
+    eliminate_dead_code, propagate_constant, simplify_reshapes, fuse_norms, eliminate_dead_code,
     [quantize_fp16, propagate_constant], bind_outputs, lowering, [hip_graph], memory_coloring
 
 ``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
@@ -17,7 +17,7 @@ from .errors import CompileError, MgxError
 from .executor import Executor
 from .ir import Program
 from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
-                     PropagateConstant, QuantizeFp16, run_passes)
+                     PropagateConstant, QuantizeFp16, SimplifyReshapes, run_passes)
 from .passes.alias import detect_alias
 from .targets import make_context, resolve_target
 
@@ -29,7 +29,7 @@ def hip_graph_from_env() -> bool:
 
 def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
              alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
-             debug: bool | None = None, budget=None, _label: str = "") -> Program:
+             debug: bool | None = None, budget=None, host_ops=(), _label: str = "") -> Program:
     """Run the pass pipeline and lower the program to ``target`` (``ref``, ``gpu`` or ``auto``).
 
     Parameters
@@ -41,6 +41,8 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     warmup: eager runs per graph key before capture (default 2).
     min_partition_size: fewest kernel launches a run needs to become a graph_launch region.
     debug: print the WARMUP/CAPTURE/REPLAY/FALLBACK trace (None: ``MIGRAPHX_HIP_GRAPH_DEBUG``).
+    host_ops: op names to run on the host with explicit copies around them, as the gpu target does
+        for ops it has no kernel for (host fallback); e.g. to rule out a suspect device kernel.
 
     Raises CompileError (unknown/unusable target, impossible alias) or ShapeError.
     """
@@ -52,11 +54,11 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         alias_map, strict = detect_alias(self, getattr(self, "metadata", None)), False
     else:
         alias_map, strict = dict(alias or {}), True
-    passes = [EliminateDeadCode(), PropagateConstant(), FuseNorms(), EliminateDeadCode()]
+    passes = [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes(), FuseNorms(), EliminateDeadCode()]
     if fp16:
         passes += [QuantizeFp16(), PropagateConstant()]
     binder = BindOutputs(alias_map, strict=strict)
-    passes += [binder, Lowering(tname)]
+    passes += [binder, Lowering(tname, host_ops=host_ops)]
     if hip_graph:
         passes.append(HipGraph(min_partition_size))
     passes.append(MemoryColoring())
@@ -161,7 +163,7 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
             default_dim_value: int = 1, dim_params: dict | None = None, fp16: bool = False,
             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
             debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
-            budget=None) -> Program:
+            budget=None, host_ops=()) -> Program:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
     :meth:`Program.compile` for the parameters and the errors raised.
 
@@ -185,7 +187,7 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     tname = resolve_target(target)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
     ckw = dict(hip_graph=hip_graph, fp16=fp16, warmup=warmup, min_partition_size=min_partition_size, debug=debug,
-               budget=budget)
+               budget=budget, host_ops=tuple(host_ops))
     if prog is not None and not symbolic:
         return prog.compile(tname, alias=alias, **ckw)
     if alias not in (None, "auto", {}):

@@ -161,6 +161,10 @@ class HostKernelContext:
     xp = np
     reduce = staticmethod(numpy_reduce)
 
+    @staticmethod
+    def matmul(a, b, out) -> None:
+        np.matmul(a, b, out=out)
+
 
 HOST = HostKernelContext()
 

@@ -202,6 +202,20 @@ def _dot_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
     return GpuKernel(run, launches, ws, True, f"gemm{'_batched' if batch_eff > 1 else ''}")
 
 
+def blas_matmul(ctx, a, b, out) -> None:
+    """``out = a @ b`` (2-D, or 3-D batched with a shared or batched operand) with the layouts read from
+    the arrays at run time; raises TypeError when an operand is not a BLAS layout (callers copy first)."""
+    from ..shape import Shape as _S
+
+    sa = _S(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])
+    sb = _S(b.dtype.name, b.shape, [s // b.itemsize for s in b.strides])
+    so = _S(out.dtype.name, out.shape)
+    k = _dot_kernel(None, [sa, sb], so)
+    if k is None or k.workspace:
+        raise TypeError(f"matmul: operands {a.shape}/{a.strides} and {b.shape}/{b.strides} need a copy")
+    k.fn(ctx, out, [a, b], [])
+
+
 # ---------------------------------------------------------------------------------------------------
 # scatternd
 # ---------------------------------------------------------------------------------------------------

@@ -498,17 +498,52 @@ class Pad(Operation):
             raise ShapeError(f"pad: {len(self.pads)} pads for rank {n}")
         return Shape(x.dtype, [x.lens[i] + self.pads[i] + self.pads[i + n] for i in range(n)])
 
+    alloc_free = True
+
     def compute(self, ctx, out, args, ws):
+        """Into ``out`` with copies only: crop (negative pads), fill / copy the interior, then each padded
+        dim's borders from ``out`` itself (so corners come out right), as numpy.pad does."""
         xp, x = ctx.xp, args[0]
         n = x.ndim
-        # negative pads crop first
         crop = tuple(slice(max(-self.pads[i], 0), x.shape[i] - max(-self.pads[i + n], 0)) for i in range(n))
         x = x[crop]
-        width = [(max(self.pads[i], 0), max(self.pads[i + n], 0)) for i in range(n)]
+        lo = [max(self.pads[i], 0) for i in range(n)]
+        hi = [max(self.pads[i + n], 0) for i in range(n)]
         if self.mode == "constant":
-            out[...] = xp.pad(x, width, mode="constant", constant_values=x.dtype.type(self.value))
-        else:
-            out[...] = xp.pad(x, width, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[self.mode])
+            out.fill(out.dtype.type(self.value))
+        interior = tuple(slice(lo[d], lo[d] + x.shape[d]) for d in range(n))
+        xp.copyto(out[interior], x)
+        if self.mode == "constant":
+            return
+        for d in range(n):
+            size = x.shape[d]
+            if not (lo[d] or hi[d]):
+                continue
+
+            def sl(a, b, step=1):
+                return tuple(slice(a, b, step) if k == d else slice(None) for k in range(n))
+
+            if self.mode == "edge":
+                if lo[d]:
+                    xp.copyto(out[sl(0, lo[d])], out[sl(lo[d], lo[d] + 1)])
+                if hi[d]:
+                    xp.copyto(out[sl(lo[d] + size, lo[d] + size + hi[d])], out[sl(lo[d] + size - 1, lo[d] + size)])
+            elif self.mode == "reflect":
+                if lo[d]:
+                    xp.copyto(out[sl(0, lo[d])], out[sl(2 * lo[d], lo[d], -1)])
+                if hi[d]:
+                    e = lo[d] + size
+                    xp.copyto(out[sl(e, e + hi[d])], out[sl(e - 2, e - 2 - hi[d] if e - 2 - hi[d] >= 0 else None, -1)])
+            else:  # wrap
+                if lo[d]:
+                    xp.copyto(out[sl(0, lo[d])], out[sl(size, size + lo[d])])
+                if hi[d]:
+                    xp.copyto(out[sl(lo[d] + size, lo[d] + size + hi[d])], out[sl(lo[d], lo[d] + hi[d])])
+
+    def launches(self, inputs, output):
+        n = inputs[0].ndim
+        borders = sum((self.pads[i] > 0) + (self.pads[i + n] > 0) for i in range(n))
+        return 1 + (self.mode == "constant") + (0 if self.mode == "constant" else borders)
 
 
 @register_op

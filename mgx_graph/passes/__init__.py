@@ -26,10 +26,11 @@ from .dce import EliminateDeadCode  # noqa: E402
 from .constant import PropagateConstant  # noqa: E402
 from .quantize import QuantizeFp16  # noqa: E402
 from .fuse import FuseNorms  # noqa: E402
+from .simplify import SimplifyReshapes  # noqa: E402
 from .alias import BindOutputs  # noqa: E402
 from .lowering import Lowering  # noqa: E402
 from .hip_graph import HipGraph  # noqa: E402
 from .memory import MemoryColoring  # noqa: E402
 
-__all__ = ["run_passes", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16", "FuseNorms", "BindOutputs", "Lowering",
+__all__ = ["run_passes", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16", "FuseNorms", "SimplifyReshapes", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]

@@ -59,18 +59,21 @@ def insert_host_fallback(m, ins) -> None:
 class Lowering:
     name = "lowering"
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, host_ops=()):
         self.target = target
+        self.host_ops = set(host_ops or ())
 
     def __call__(self, program) -> None:
         fallback = []
-        if self.target == "gpu":
-            for m in program.module_order():
-                for ins in list(m.instructions):
-                    if not ins.op.builtin and not ins.op.gpu_supported and not ins.module_inputs:
-                        insert_host_fallback(m, ins)
-                        fallback.append(ins.op.name)
-        if fallback:
+        for m in program.module_order():
+            for ins in list(m.instructions):
+                op = ins.op
+                if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
+                    continue
+                if (self.target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
+                    insert_host_fallback(m, ins)
+                    fallback.append(op.name)
+        if fallback and self.target == "gpu":
             import warnings
 
             names = sorted(set(fallback))

@@ -111,6 +111,12 @@ class GpuContext:
     def launch(self, queue, fn, out, args, ws) -> None:
         fn(self, out, args, ws)
 
+    def matmul(self, a, b, out) -> None:
+        """``out = a @ b`` through the vendor BLAS (layouts read from the arrays; no allocation)."""
+        from ..operators.gpu import blas_matmul
+
+        blas_matmul(self, a, b, out)
+
     @staticmethod
     def reduce(kind: str, x, axes, out) -> None:
         """One reduction kernel into ``out`` (keepdims shape); never allocates (no CUB temporaries)."""

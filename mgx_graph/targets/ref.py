@@ -52,6 +52,10 @@ class RefContext:
     def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
         self.runtime.hipMemcpyAsync(dst, src, queue)
 
+    @staticmethod
+    def matmul(a, b, out) -> None:
+        np.matmul(a, b, out=out)
+
     def copy(self, queue, dst, src) -> None:
         self.runtime.hipLaunchHostFunc(queue, np.copyto, (dst, src))
 
