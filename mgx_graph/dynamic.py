@@ -45,7 +45,8 @@ class Dispatcher:
         self.compiles = 0
         self.evictions = 0
         self.budget = compile_kw.get("budget")
-        self._retired = {"warmups": 0, "captures": 0, "replays": 0, "fallbacks": 0, "eager_runs": 0, "updates": 0}
+        self._retired = {k: 0 for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs", "updates",
+                                         "evictions", "validations", "validation_mismatches")}
 
     def trace(self, event: str, detail: str) -> None:
         if self.debug:

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from .errors import MgxError, ParameterError
-from .graph_launch import GraphLaunchState
+from .graph_launch import GraphBudget, GraphLaunchState, GraphOptions, Validator
 from .operators.base import HOST
 from .operators.dynamic import SpecializationMiss
 from .passes.hip_graph import launch_count
@@ -23,12 +23,13 @@ from .passes.memory import linear_order, on_host, param_bindings
 
 
 class Executor:
-    def __init__(self, program, ctx, *, warmup: int = 2, debug: bool = False, budget=None, label: str = ""):
+    def __init__(self, program, ctx, *, options: GraphOptions | None = None, budget: GraphBudget | None = None,
+                 label: str = ""):
         self.program = program
         self.ctx = ctx
         self.lock = threading.RLock()
-        self.warmup, self.debug = warmup, debug
-        self.budget = budget
+        self.budget = budget or GraphBudget(options or GraphOptions.from_env())
+        self.options = self.budget.options
         self.label = label
         self.regions: list[GraphLaunchState] = []
         self.runs = 0
@@ -240,7 +241,12 @@ class Executor:
         body_launches = self._body_launches(sub)
         n_ins = sum(1 for i in sub.instructions if not i.op.builtin)
         region = f"{self.label}{sub.name}" if self.label else sub.name
-        state = GraphLaunchState(region, self.ctx, body_launches, n_ins, self.warmup, self.debug, budget=self.budget)
+        main = self.program.get_main_module()
+        state_slots = [self.slot[id(main.get_parameter(i.meta["bind_param"]))] for i in sub.instructions
+                       if "bind_param" in i.meta]
+        validator = Validator(self.ctx, lambda: [self.env[s] for s in state_slots])
+        state = GraphLaunchState(region, self.ctx, body_launches, n_ins, budget=self.budget, family=sub.name,
+                                 validator=validator)
         self.regions.append(state)
         env = self.env
         dyn_pairs, dyn_names, dyn_src = [], [], []
@@ -375,10 +381,12 @@ class Executor:
     def stats(self) -> dict:
         regions = [r.stats() for r in self.regions]
         tot = {k: sum(r[k] for r in regions) for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs",
-                                                          "updates")}
+                                                          "updates", "evictions", "validations",
+                                                          "validation_mismatches")}
         eager_launches = self.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
         return {"target": self.ctx.name, "runs": self.runs, "regions": regions, **tot,
                 "launches_per_run": self.last_launches, "launches_per_run_eager": eager_launches,
+                "graph_bytes": self.budget.live_bytes,
                 "scratch_bytes": self.program.memory_plan.arena_bytes,
                 "literal_bytes": self.program.memory_plan.literal_bytes}
 

@@ -902,6 +902,26 @@ def _p_lstm(p, m, node, ins):
     return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]
 
 
+@parser("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli")
+def _p_random(p, m, node, ins):
+    t = node.op_type
+    seed = _attr(node, "seed")
+    if t.endswith("Like") or t == "Bernoulli":
+        dt = _attr(node, "dtype")
+        dtype = onnx_dtype(dt, p.node_name) if dt is not None else ins[0].shape.dtype
+        kw = dict(seed=seed, dtype=dtype)
+        args = [ins[0]]
+    else:
+        dtype = onnx_dtype(_attr(node, "dtype", 1), p.node_name)
+        kw = dict(seed=seed, dtype=dtype, shape=list(_attr(node, "shape")))
+        args = []
+    if t.startswith("RandomUniform"):
+        return p.add(m, "random_uniform", args, low=_attr(node, "low", 0.0), high=_attr(node, "high", 1.0), **kw)
+    if t.startswith("RandomNormal"):
+        return p.add(m, "random_normal", args, mean=_attr(node, "mean", 0.0), scale=_attr(node, "scale", 1.0), **kw)
+    return p.add(m, "bernoulli", args, **kw)
+
+
 @parser("NonZero")
 def _p_nonzero(p, m, node, ins):
     count = int(p.specialize(ins[0], "count_nonzero", "input"))

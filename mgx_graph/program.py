@@ -29,7 +29,9 @@ def hip_graph_from_env() -> bool:
 
 def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
              alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
-             debug: bool | None = None, budget=None, host_ops=(), _label: str = "") -> Program:
+             debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
+             max_graph_bytes: int | None = None, capture_mode: str | None = None, validate: bool | None = None,
+             gate_slower: bool | None = None, _label: str = "") -> Program:
     """Run the pass pipeline and lower the program to ``target`` (``ref``, ``gpu`` or ``auto``).
 
     Parameters
@@ -43,6 +45,13 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     debug: print the WARMUP/CAPTURE/REPLAY/FALLBACK trace (None: ``MIGRAPHX_HIP_GRAPH_DEBUG``).
     host_ops: op names to run on the host with explicit copies around them, as the gpu target does
         for ops it has no kernel for (host fallback); e.g. to rule out a suspect device kernel.
+    max_graphs: graph execs kept per region (LRU; beyond it a new key updates the oldest exec) and
+        captures per region over its lifetime (beyond it: eager); default ``MIGRAPHX_HIP_GRAPH_MAX`` or 8.
+    max_graph_bytes: device memory for all graph execs (``MIGRAPHX_HIP_GRAPH_MAX_BYTES``, default 1 GiB).
+    capture_mode: ``thread_local`` (default), ``global`` or ``relaxed`` (CUDA/HIP stream capture modes).
+    validate: run eager next to the first replays of each key (and every 100th after) and compare;
+        a mismatch disables the key (``MIGRAPHX_HIP_GRAPH_VALIDATE``).
+    gate_slower: time the first replays against the warmups and stop using a graph that is slower.
 
     Raises CompileError (unknown/unusable target, impossible alias) or ShapeError.
     """
@@ -66,8 +75,13 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     run_passes(self, passes)
     self.alias_skipped = binder.skipped
     ctx = make_context(tname)
-    self._compiled = Executor(self, ctx, warmup=warmup, debug=bool(debug) if debug is not None else False,
-                              budget=budget, label=_label)
+    if budget is None:
+        from .graph_launch import GraphBudget, GraphOptions
+
+        budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
+                                                   max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
+                                                   validate=validate, gate_slower=gate_slower))
+    self._compiled = Executor(self, ctx, budget=budget, label=_label)
     self.target = tname
     self.hip_graph = hip_graph
     self.fp16 = fp16
@@ -163,7 +177,8 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
             default_dim_value: int = 1, dim_params: dict | None = None, fp16: bool = False,
             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
             debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
-            budget=None, host_ops=()) -> Program:
+            host_ops=(), max_graphs: int | None = None, max_graph_bytes: int | None = None,
+            capture_mode: str | None = None, validate: bool | None = None, gate_slower: bool | None = None) -> Program:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
     :meth:`Program.compile` for the parameters and the errors raised.
 
@@ -186,6 +201,11 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
         symbolic = {}  # every symbolic dim is given a value
     tname = resolve_target(target)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
+    from .graph_launch import GraphBudget, GraphOptions
+
+    budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
+                                               max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
+                                               validate=validate, gate_slower=gate_slower))
     ckw = dict(hip_graph=hip_graph, fp16=fp16, warmup=warmup, min_partition_size=min_partition_size, debug=debug,
                budget=budget, host_ops=tuple(host_ops))
     if prog is not None and not symbolic:

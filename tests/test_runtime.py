@@ -226,6 +226,9 @@ class FakeHip:
         res = 0 if ok else 2
         return (hipError_t.hipSuccess, None, res) if self.style == "7" else (hipError_t.hipSuccess, res)
 
+    def hipMemGetInfo(self):
+        return hipError_t.hipSuccess, 1 << 30, 1 << 31
+
     def hipGraphExecDestroy(self, exe):
         return (hipError_t.hipSuccess,)
 
@@ -292,7 +295,7 @@ def test_hip_backend_failed_capture_falls_back():
     for _ in range(3):
         state.execute((q, ()), q, body, body, lambda: [acc])
     assert acc[0] == 3 and state.fallbacks == 1 and state.captures == 0
-    assert "hipErrorStreamCaptureUnsupported" in next(iter(state.failed.values()))
+    assert "hipErrorStreamCaptureUnsupported" in next(iter(state.failed.values())).reason
 
 
 # -- the real hip-python API (when installed) -----------------------------------------------------------
