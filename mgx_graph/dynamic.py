@@ -63,7 +63,10 @@ class Dispatcher:
                 if nv.guess is not None:
                     known[nv.key] = np.asarray(nv.guess, np.int64)
                     continue
-                known[nv.key] = self._prefix_value(nv, shapes, known, params, device)
+                if nv.evaluate is not None:
+                    known.update(self._prefix_eval(nv, shapes, known, params, device))
+                else:
+                    known[nv.key] = self._prefix_value(nv, shapes, known, params, device)
                 continue
             self.compiles += 1
             label = f"[spec {self.compiles}] "
@@ -92,6 +95,22 @@ class Dispatcher:
         outs = prog.run_async(sub) if device else prog.run(sub)
         val = prog.context.to_host(outs[0], prog.queue) if device else outs[0]
         return reduce_for_key(nv.fn, val)
+
+    def _prefix_eval(self, nv: NeedsValue, shapes, known, params, device) -> dict:
+        """Run the program parsed so far, returning the node's inputs, and evaluate them on the host."""
+        prog = nv.program
+        main = prog.get_main_module()
+        if any(i.module is not main for i in nv.inputs):
+            raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
+                           f"this data-dependent shape is not supported")
+        main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
+        prog.compile(self.target, hip_graph=False, alias=None)
+        self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
+        sub = {n: params[n] for n in prog.get_parameter_names()}
+        outs = prog.run_async(sub) if device else prog.run(sub)
+        vals = [prog.context.to_host(o, prog.queue) for o in outs] if device else outs
+        prog.release()
+        return nv.evaluate(vals)
 
     def _lookup(self, shapes: tuple, known: dict):
         return self.specs.get((shapes, _freeze(known)))

@@ -58,6 +58,9 @@ class Executor:
         self.param_buffers = {}
         off = 0
         for p in params:
+            if p.shape.dtype == "object":  # strings live on the host
+                self.param_buffers[p.op.parameter] = np.empty(p.shape.lens, dtype=object)
+                continue
             self.param_buffers[p.op.parameter] = ctx.array(self.param_area, off, p.shape.as_standard())
             off += (p.shape.bytes() + 255) // 256 * 256
         self.binds = param_bindings(prog)
@@ -68,7 +71,8 @@ class Executor:
                 op = ins.op
                 s = self.slot[id(ins)]
                 if op.name == "@literal":
-                    env[s] = ctx.upload(op.value, self.literals, plan.literal_offsets[id(ins)])
+                    env[s] = op.value if id(ins) not in plan.literal_offsets else \
+                        ctx.upload(op.value, self.literals, plan.literal_offsets[id(ins)])
                 elif op.name == "@param":
                     b = self.binds.get(id(ins))
                     if b is not None and b[0] in ("loop", "loopvar"):
@@ -115,6 +119,9 @@ class Executor:
         self._bound_views = {}
         ret = main.get_return()
         self.out_slots = [self.slot[id(i)] for i in ret.inputs]
+        # library handles and workspaces exist before any capture (never created inside one)
+        if any(i.op.name in ("dot", "convolution", "lstm") for m in modules for i in m.instructions):
+            ctx.blas(ctx.queue)
 
     def _owned(self, ins, plan):
         if isinstance(ins.shape, tuple):
@@ -219,13 +226,16 @@ class Executor:
                     ctx.fill(queue, cond_buf, cond)
                 self.run_module(body.name, queue)
                 cond = bool(np.asarray(ctx.to_host(env[ret_slots[0]], queue)).reshape(-1)[0])
-                for dst, s in zip(carried, ret_slots[1:1 + n]):
-                    src = env[s]
+                if i < trip:  # scan outputs first: they may read a carried value about to be updated
+                    for dst, s in zip(scans, ret_slots[1 + n:]):
+                        ctx.copy(queue, dst[i, ...], env[s])
+                pairs = [(dst, env[s]) for dst, s in zip(carried, ret_slots[1:1 + n])]
+                own_ptrs = {ctx.data_ptr(d) for d in carried}
+                pairs = [(d, xp.array(src, copy=True) if ctx.data_ptr(src) in own_ptrs and
+                          ctx.data_ptr(src) != ctx.data_ptr(d) else src) for d, src in pairs]
+                for dst, src in pairs:
                     if ctx.data_ptr(src) != ctx.data_ptr(dst):
                         ctx.copy(queue, dst, src)
-                if i < trip:
-                    for dst, s in zip(scans, ret_slots[1 + n:]):
-                        ctx.copy(queue, dst[i], env[s])
                 self.last_launches += self.launch_totals[body.name] + n + len(scans)
                 i += 1
             if scans and i != trip:  # scan outputs were specialized for another trip count

@@ -26,8 +26,14 @@ from .operators import make_op
 from .operators.dynamic import NeedsValue
 from .shape import Shape, onnx_dtype
 
-MIN_OPSET, MAX_OPSET = 7, 23
+MIN_OPSET, MAX_OPSET = 1, onnx.defs.onnx_opset_version()
+DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 FOLD_LIMIT = 1 << 22  # largest literal (elements) that constant folding may create
+
+
+def _ints(value) -> list:
+    """A constant input as a list of Python ints (scalars and 1-D tensors alike)."""
+    return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
 def _attr(node, name, default=None):
@@ -89,8 +95,12 @@ class _Parser:
         self.sub_counter = 0
         self.opsets = {o.domain or "": o.version for o in model.opset_import}
         self.opset = self.opsets.get("", self.opsets.get("ai.onnx", 0))
-        if not MIN_OPSET <= self.opset <= MAX_OPSET:
-            raise ParseError(f"model opset {self.opset} is out of the supported range {MIN_OPSET}..{MAX_OPSET}")
+        if not model.graph.node and not model.graph.output:
+            raise ParseError("the model has an empty graph (no nodes and no outputs): is the file empty?")
+        if ("" in self.opsets or "ai.onnx" in self.opsets or not self.opsets) and \
+                not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise ParseError(f"model opset {self.opset} is out of the supported range {MIN_OPSET}..{MAX_OPSET} "
+                             f"(the installed onnx package's)")
         self.input_dims = {k: [int(d) for d in v] for k, v in (input_dims or {}).items()}
         self.default_dim_value = int(default_dim_value)
         self.dim_params = dict(dim_params or {})
@@ -99,6 +109,7 @@ class _Parser:
         self.values: dict[str, Instruction] = {}
         self.inferred: dict[str, tuple] = {}
         self.needed = None
+        self.guessed = False  # a loop trip count was guessed: later shapes may differ from onnx inference
         self.node = None
         self.node_name = ""
 
@@ -250,12 +261,12 @@ class _Parser:
             self.node = node
             self.node_name = node.name or f"{node.op_type}_{idx}"
             domain = node.domain or ""
-            if domain not in ("", "ai.onnx"):
+            if domain not in DOMAINS:
                 raise UnsupportedOpError(self.node_name, node.op_type, domain, self.opsets.get(domain, 0),
-                                         "only the default ONNX domain is supported")
-            fn = _PARSERS.get(node.op_type)
+                                         "only the ai.onnx and ai.onnx.ml domains are supported")
+            fn = _PARSERS.get(node.op_type) if domain in ("", "ai.onnx") else None
             if fn is None:
-                raise UnsupportedOpError(self.node_name, node.op_type, domain, self.opset)
+                fn = _p_generic
             ins = []
             for name in node.input:
                 if name == "":
@@ -276,7 +287,7 @@ class _Parser:
 
     def _check(self, name, val: Instruction) -> None:
         want = self.inferred.get(name)
-        if want is None or isinstance(val.shape, tuple):
+        if want is None or isinstance(val.shape, tuple) or self.node.op_type in ("Loop", "Scan") or self.guessed:
             return
         if tuple(val.shape.lens) != want:
             raise ShapeError(f"node '{self.node_name}' ({self.node.op_type}): output '{name}' has shape "
@@ -491,7 +502,7 @@ def _p_dropout(p, m, node, ins):
     if len(ins) > 2 and ins[2] is not None:
         train = p.const(ins[2], "training_mode")
         if bool(np.asarray(train)):
-            raise p.err("training_mode=True is not supported (inference only)")
+            return _p_generic(p, m, node, ins)  # training mode: a random mask, drawn on the host
     outs = [ins[0]]
     if len(node.output) > 1 and node.output[1]:
         outs.append(p.lit(m, np.ones(ins[0].shape.lens, dtype=bool)))
@@ -558,7 +569,7 @@ def _p_constant(p, m, node, ins):
 
 @parser("ConstantOfShape")
 def _p_cos(p, m, node, ins):
-    lens = [int(d) for d in p.const(ins[0], "input")]
+    lens = _ints(p.const(ins[0], "input"))
     t = _attr(node, "value")
     v = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
     return p.lit(m, np.full(lens, v.reshape(-1)[0], dtype=v.dtype))
@@ -578,8 +589,11 @@ def _p_size(p, m, node, ins):
 
 @parser("Range")
 def _p_range(p, m, node, ins):
-    s, l, d = (p.const(i, n) for i, n in zip(ins, ("start", "limit", "delta")))
-    return p.lit(m, np.arange(s, l, d, dtype=np.asarray(s).dtype))
+    s, l, d = (np.asarray(p.const(i, n)) for i, n in zip(ins, ("start", "limit", "delta")))
+    dt = s.dtype
+    s, l, d = (v.reshape(-1)[0] for v in (s, l, d))
+    n = max(int(np.ceil((l - s) / d)), 0)  # ONNX: number_of_elements = max(ceil((limit - start) / delta), 0)
+    return p.lit(m, (s + np.arange(n) * d).astype(dt))
 
 
 @parser("Reshape")
@@ -588,7 +602,7 @@ def _p_reshape(p, m, node, ins):
     if p.opset < 5:
         shape = list(_attr(node, "shape"))
     else:
-        shape = [int(d) for d in p.const(ins[1], "shape")]
+        shape = _ints(p.const(ins[1], "shape"))
     allowzero = _attr(node, "allowzero", 0)
     lens = []
     for i, d in enumerate(shape):
@@ -631,13 +645,13 @@ def _p_squeeze(p, m, node, ins):
     if p.opset < 13:
         axes = _attr(node, "axes", [])
     else:
-        axes = [] if len(ins) < 2 or ins[1] is None else [int(a) for a in p.const(ins[1], "axes")]
+        axes = [] if len(ins) < 2 or ins[1] is None else _ints(p.const(ins[1], "axes"))
     return p.add(m, "squeeze", [ins[0]], axes=list(axes))
 
 
 @parser("Unsqueeze")
 def _p_unsqueeze(p, m, node, ins):
-    axes = _attr(node, "axes", []) if p.opset < 13 else [int(a) for a in p.const(ins[1], "axes")]
+    axes = _attr(node, "axes", []) if p.opset < 13 else _ints(p.const(ins[1], "axes"))
     return p.add(m, "unsqueeze", [ins[0]], axes=list(axes))
 
 
@@ -649,11 +663,11 @@ def _p_slice(p, m, node, ins):
         axes = list(_attr(node, "axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts = [int(v) for v in p.const(ins[1], "starts")]
-        ends = [int(v) for v in p.const(ins[2], "ends")]
-        axes = [int(v) for v in p.const(ins[3], "axes")] if len(ins) > 3 and ins[3] is not None \
+        starts = _ints(p.const(ins[1], "starts"))
+        ends = _ints(p.const(ins[2], "ends"))
+        axes = _ints(p.const(ins[3], "axes")) if len(ins) > 3 and ins[3] is not None \
             else list(range(len(starts)))
-        steps = [int(v) for v in p.const(ins[4], "steps")] if len(ins) > 4 and ins[4] is not None \
+        steps = _ints(p.const(ins[4], "steps")) if len(ins) > 4 and ins[4] is not None \
             else [1] * len(starts)
     if any(s == 0 for s in steps):
         raise p.err("slice step 0")
@@ -685,7 +699,7 @@ def _p_split(p, m, node, ins):
     if p.opset < 13:
         split = _attr(node, "split")
     else:
-        split = [int(v) for v in p.const(ins[1], "split")] if len(ins) > 1 and ins[1] is not None else None
+        split = _ints(p.const(ins[1], "split")) if len(ins) > 1 and ins[1] is not None else None
     if split is None:
         k = _attr(node, "num_outputs", n)
         chunk = -(-d // k)
@@ -704,7 +718,7 @@ def _p_expand(p, m, node, ins):
     from .shape import broadcast_lens
 
     x = ins[0]
-    shape = [int(d) for d in p.const(ins[1], "shape")]
+    shape = _ints(p.const(ins[1], "shape"))
     lens = broadcast_lens(x.shape.lens, shape, where=p.node_name)
     if tuple(lens) == tuple(x.shape.lens):
         return x
@@ -713,7 +727,7 @@ def _p_expand(p, m, node, ins):
 
 @parser("Tile")
 def _p_tile(p, m, node, ins):
-    reps = [int(r) for r in p.const(ins[1], "repeats")]
+    reps = _ints(p.const(ins[1], "repeats"))
     return p.add(m, "tile", [ins[0]], repeats=reps)
 
 
@@ -724,7 +738,7 @@ def _p_pad(p, m, node, ins):
     if p.opset < 11:
         pads, value = list(_attr(node, "pads")), _attr(node, "value", 0.0)
     else:
-        pads = [int(v) for v in p.const(ins[1], "pads")]
+        pads = _ints(p.const(ins[1], "pads"))
         value = 0.0
         if len(ins) > 2 and ins[2] is not None:
             cv = p.const(ins[2], "constant_value")
@@ -805,7 +819,7 @@ def _axes_of(p, node, ins, attr_opset):
     if p.opset < attr_opset:
         return list(_attr(node, "axes", []) or [])
     if len(ins) > 1 and ins[1] is not None:
-        return [int(a) for a in p.const(ins[1], "axes")]
+        return _ints(p.const(ins[1], "axes"))
     return []
 
 
@@ -846,11 +860,8 @@ def _p_argmax(p, m, node, ins):
 
 @parser("LayerNormalization")
 def _p_layernorm(p, m, node, ins):
-    if any(o for o in node.output[1:]):
-        raise UnsupportedOpError(p.node_name, node.op_type, "", p.opset,
-                                 "the Mean and InvStdDev outputs are not supported")
-    if _attr(node, "stash_type", 1) != 1:
-        raise UnsupportedOpError(p.node_name, node.op_type, "", p.opset, "stash_type other than float")
+    if any(o for o in node.output[1:]) or _attr(node, "stash_type", 1) != 1:
+        return _p_generic(p, m, node, ins)  # Mean / InvStdDev outputs: the reference kernel has them
     args = [i for i in ins if i is not None]
     return p.add(m, "layernorm", args, axis=_attr(node, "axis", -1), epsilon=_attr(node, "epsilon", 1e-5))
 
@@ -881,14 +892,14 @@ def _p_conv(p, m, node, ins):
 @parser("LSTM")
 def _p_lstm(p, m, node, ins):
     if _attr(node, "layout", 0) != 0:
-        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "layout=1 is not supported")
+        return _p_generic(p, m, node, ins)  # a variant the device kernel does not cover
     acts = [_decode(a) for a in (_attr(node, "activations") or [])]
     if acts and acts[:3] != ["Sigmoid", "Tanh", "Tanh"]:
-        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, f"activations {acts}")
+        return _p_generic(p, m, node, ins)  # a variant the device kernel does not cover
     if _attr(node, "clip") is not None or _attr(node, "input_forget", 0):
-        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "clip / input_forget are not supported")
+        return _p_generic(p, m, node, ins)  # a variant the device kernel does not cover
     if (len(ins) > 4 and ins[4] is not None) or (len(ins) > 7 and ins[7] is not None):
-        raise UnsupportedOpError(p.node_name, "LSTM", "", p.opset, "sequence_lens / peepholes are not supported")
+        return _p_generic(p, m, node, ins)  # a variant the device kernel does not cover
     H = _attr(node, "hidden_size")
     direction = _decode(_attr(node, "direction", b"forward"))
     args = [ins[0], ins[1], ins[2]]
@@ -943,6 +954,62 @@ def _p_unique(p, m, node, ins):
     count = int(p.specialize(ins[0], fn, "X"))
     u = p.add(m, "unique", [ins[0]], count=count, axis=axis, sorted=_attr(node, "sorted", 1))
     return [p.add(m, "get_tuple_elem", [u], index=k) for k in range(4)]
+
+
+def _p_generic(p, m, node, ins):
+    """Any other ONNX node: evaluated on the host by onnx.reference (see operators/onnx_ref.py)."""
+    from onnx.defs import has as _has_schema
+
+    from .operators.onnx_ref import decode_shapes, encode_shapes, infer_outputs
+
+    domain = node.domain or ""
+    if not _has_schema(node.op_type, domain):
+        raise UnsupportedOpError(p.node_name, node.op_type, domain, p.opsets.get(domain, p.opset))
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        raise UnsupportedOpError(p.node_name, node.op_type, domain, p.opset, "subgraph attributes")
+    present = [(n, i) for n, i in zip(node.input, ins) if n]
+    if any(i is None or isinstance(i.shape, tuple) for _, i in present):
+        raise UnsupportedOpError(p.node_name, node.op_type, domain, p.opset, "non-tensor inputs")
+    in_shapes = [i.shape if (n and i is not None) else None for n, i in zip(node.input, ins)]
+    consts = {n: i.op.value for n, i in present if i.op.name == "@literal"}
+    inferred = infer_outputs(node, in_shapes, consts, p.opsets)
+    outs = [o for o in node.output if o]
+    key = f"opshape:{p.node_name}"
+    if inferred is not None and len(inferred) == len(outs) and all(o is not None and o[1] is not None
+                                                                   for o in inferred):
+        shapes = [(dt, lens) for dt, lens in inferred]
+        key = ""
+    elif key in p.known:
+        dts = [int(c) for c in np.asarray(p.known[key + ":dtypes"]).reshape(-1)]
+        shapes = [(onnx_dtype(d, p.node_name), lens) for d, lens in zip(dts, decode_shapes(p.known[key]))]
+    else:
+        def evaluate(values, node=node, opsets=dict(p.opsets)):
+            from onnx.reference import ReferenceEvaluator
+
+            from .operators.onnx_ref import one_node_model
+            from .shape import NUMPY_TO_ONNX
+
+            shp = [Shape(np.asarray(v).dtype.name, np.shape(v)) for v in values]
+            names = [n for n in node.input if n]
+            res = ReferenceEvaluator(one_node_model(node, shp, {}, opsets)).run(None, dict(zip(names, values)))
+            res = [np.asarray(r) for r in res]
+            return {key: encode_shapes([r.shape for r in res]),
+                    key + ":dtypes": np.asarray([NUMPY_TO_ONNX[r.dtype.name] for r in res], np.int64)}
+
+        nv = NeedsValue(p.node_name, "opshape", p.node_name, inputs=[i for _, i in present], evaluate=evaluate)
+        nv.program = p.program
+        raise nv
+    op = make_op("onnx_op", node=node, shapes=shapes, opsets=p.opsets, key=key)
+    try:
+        ins_if = fold_instruction(m, m.add_instruction(op, [i for _, i in present]))
+    except ShapeError as e:
+        raise ShapeError(f"node '{p.node_name}' ({node.op_type}): {e}") from None
+    if len(outs) == 1:
+        vals = [ins_if]
+    else:
+        vals = [p.add(m, "get_tuple_elem", [ins_if], index=k) for k in range(len(outs))]
+    it = iter(vals)
+    return [next(it) if o else None for o in node.output]
 
 
 def _parse_subgraph(p, m: Module, g, name: str, params=None):
@@ -1040,9 +1107,13 @@ def _p_loop(p, m, node, ins):
             trip = int(M.op.value.reshape(-1)[0])
         elif key in p.known:
             trip = int(np.asarray(p.known[key]))
+            p.guessed = True
         else:
             guess = int(M.op.value.reshape(-1)[0]) if M.op.name == "@literal" and int(M.op.value.reshape(-1)[0]) < (1 << 40) \
                 else 1
+            scan_name = node.output[1 + n_carried] if len(node.output) > 1 + n_carried else ""
+            if scan_name in p.inferred and p.inferred[scan_name]:
+                guess = int(p.inferred[scan_name][0])  # onnx shape inference knows the trip count
             raise NeedsValue(p.node_name, "trip_count", p.node_name, guess)
     op = make_op("loop", param_names=names, trip_count=trip, n_carried=n_carried)
     loop = m.add_instruction(op, [M, cond] + v_init, [sub])
@@ -1050,6 +1121,69 @@ def _p_loop(p, m, node, ins):
     if not isinstance(loop.shape, tuple):
         return [loop]
     return [m.add_instruction(make_op("get_tuple_elem", index=k), [loop]) for k in range(len(loop.shape))]
+
+
+@parser("Scan")
+def _p_scan(p, m, node, ins):
+    """Scan (opset >= 9) as a ``loop`` with a static trip count: each iteration gathers its slice of the
+    scan inputs, and the stacked scan outputs are moved to their axes / directions afterwards."""
+    if p.opset < 9:
+        raise UnsupportedOpError(p.node_name, "Scan", "", p.opset, "opset 8 (batched Scan)")
+    body = _attr(node, "body")
+    n_scan_in = _attr(node, "num_scan_inputs")
+    n_state = len(ins) - n_scan_in
+    states, scans = list(ins[:n_state]), list(ins[n_state:])
+    in_axes = list(_attr(node, "scan_input_axes") or [0] * n_scan_in)
+    in_dirs = list(_attr(node, "scan_input_directions") or [0] * n_scan_in)
+    n_scan_out = len(body.output) - n_state
+    out_axes = list(_attr(node, "scan_output_axes") or [0] * n_scan_out)
+    out_dirs = list(_attr(node, "scan_output_directions") or [0] * n_scan_out)
+    lens = {x.shape.lens[a % x.shape.ndim] for x, a in zip(scans, in_axes)}
+    if len(lens) != 1:
+        raise p.err(f"scan inputs have different lengths {sorted(lens)}")
+    L = lens.pop()
+    n = p.sub_counter
+    p.sub_counter += 1
+    iter_name, cond_name = f"{p.node_name}:iter", f"{p.node_name}:cond"
+    names = [iter_name, cond_name] + [i.name for i in body.input[:n_state]]
+    sub = p.program.create_module(f"{m.name}:scan{n}")
+    saved = dict(p.values)
+    try:
+        it = sub.add_parameter(iter_name, Shape("int64", []))
+        sub.add_parameter(cond_name, Shape("bool", []))
+        for vi, st in zip(body.input[:n_state], states):
+            p.values[vi.name] = sub.add_parameter(vi.name, Shape(st.shape.dtype, st.shape.lens))
+        p.cur_module = sub
+        for vi, x, a, d in zip(body.input[n_state:], scans, in_axes, in_dirs):
+            a = a % x.shape.ndim
+            idx = it
+            if d:
+                idx = p.add(sub, "sub", [p.lit(sub, np.array(L - 1, np.int64)), it])
+            p.values[vi.name] = p.add(sub, "gather", [x, idx], axis=a)
+        for t in body.initializer:
+            p.values[t.name] = sub.add_literal(numpy_helper.to_array(t))
+        p.parse_nodes(sub, body.node)
+        rets = [sub.add_literal(np.array(True))] + [p.values[o.name] for o in body.output]
+        sub.add_return(rets)
+    finally:
+        p.values = saved
+        p.cur_module = m
+    op = make_op("loop", param_names=names, trip_count=L, n_carried=n_state)
+    loop = m.add_instruction(op, [p.lit(m, np.array(L, np.int64)), p.lit(m, np.array(True))] + states, [sub])
+    loop.meta["trip_key"] = f"trip_count:{p.node_name}"
+    outs = [loop] if not isinstance(loop.shape, tuple) else \
+        [m.add_instruction(make_op("get_tuple_elem", index=k), [loop]) for k in range(len(loop.shape))]
+    res = outs[:n_state]
+    for y, a, d in zip(outs[n_state:], out_axes, out_dirs):
+        if d:
+            y = p.add(m, "slice", [y], axes=[0], starts=[-1], ends=[-(1 << 62)], steps=[-1])
+        r = y.shape.ndim
+        a = a % r
+        if a:
+            perm = list(range(1, a + 1)) + [0] + list(range(a + 1, r))
+            y = p.add(m, "transpose", [y], permutation=perm)
+        res.append(y)
+    return res
 
 
 def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int = 1,

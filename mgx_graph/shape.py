@@ -27,6 +27,7 @@ TYPE_NAMES = {
     "int64": "int64_type",
     "uint32": "uint32_type",
     "uint64": "uint64_type",
+    "object": "string_type",  # ONNX STRING: numpy object arrays, host only (ref target)
 }
 
 ONNX_TO_NUMPY = {
@@ -42,6 +43,7 @@ ONNX_TO_NUMPY = {
     TensorProto.INT64: "int64",
     TensorProto.UINT32: "uint32",
     TensorProto.UINT64: "uint64",
+    TensorProto.STRING: "object",
 }
 NUMPY_TO_ONNX = {v: k for k, v in ONNX_TO_NUMPY.items()}
 

@@ -30,8 +30,9 @@ def reduce_for_key(fn: str, value) -> np.ndarray:
 class NeedsValue(Exception):
     """Raised by the frontend: the shape at ``node`` depends on ``fn(tensor)``, unknown at compile time."""
 
-    def __init__(self, tensor: str, fn: str, node: str, guess=None):
+    def __init__(self, tensor: str, fn: str, node: str, guess=None, inputs=None, evaluate=None):
         self.tensor, self.fn, self.node, self.guess = tensor, fn, node, guess
+        self.inputs, self.evaluate = inputs, evaluate  # several inputs evaluated together on the host
         super().__init__(f"node '{node}': output shape depends on {fn}({tensor}) at run time")
 
     @property

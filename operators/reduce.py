@@ -27,8 +27,6 @@ class Reduce(Operation):
         check_inputs(self, inputs, 1)
         x = inputs[0]
         axes = self._axes(x.ndim)
-        if self.kind in ("max", "min") and x.elements() == 0 and any(x.lens[a] == 0 for a in axes):
-            raise ShapeError(f"{self.name}: empty reduction over axes {axes} of {list(x.lens)}")
         if self.keepdims:
             lens = [1 if i in axes else d for i, d in enumerate(x.lens)]
         else:
@@ -40,6 +38,17 @@ class Reduce(Operation):
         axes = self._axes(x.ndim)
         o = out.reshape([1 if i in axes else d for i, d in enumerate(x.shape)]) if not self.keepdims else out
         k = self.kind
+        if x.size == 0 and any(x.shape[a] == 0 for a in axes):  # an empty set: the reduction's identity
+            if k in ("max", "min", "log_sum_exp", "log_sum"):
+                kind = out.dtype.kind
+                if kind == "f":
+                    o.fill(-np.inf if k in ("max", "log_sum_exp", "log_sum") else np.inf)
+                else:
+                    info = np.iinfo(out.dtype)
+                    o.fill(info.min if k == "max" else info.max)
+            else:
+                o.fill(1 if k == "prod" else 0)
+            return
         if k in ("sum", "mean", "max", "min", "prod"):
             ctx.reduce(k, x, axes, o)
         elif k == "l1":

@@ -56,6 +56,12 @@ def insert_host_fallback(m, ins) -> None:
         ins.outputs = [up]
 
 
+def _has_strings(ins) -> bool:
+    shapes = list(ins.shape) if isinstance(ins.shape, tuple) else [ins.shape]
+    shapes += [i.shape for i in ins.inputs if not isinstance(i.shape, tuple)]
+    return any(getattr(s, "dtype", "") == "object" for s in shapes)
+
+
 class Lowering:
     name = "lowering"
 
@@ -80,6 +86,11 @@ class Lowering:
             warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
                           f"{', '.join(names)}", stacklevel=3)
         program.host_fallback_ops = sorted(set(fallback))
+        strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
+        if strings and self.target != "ref":
+            raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
+        for ins in strings:
+            ins.meta["on_host"] = True
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op

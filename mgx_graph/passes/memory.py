@@ -227,7 +227,7 @@ class MemoryColoring:
         off = 0
         for m in program.module_order():
             for ins in m.instructions:
-                if ins.op.name == "@literal":
+                if ins.op.name == "@literal" and ins.shape.dtype != "object":
                     plan.literal_offsets[id(ins)] = off
                     off += _align(max(ins.shape.bytes(), 1))
         plan.literal_bytes = off
