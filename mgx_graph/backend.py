@@ -15,6 +15,24 @@ from onnx.backend.base import Backend, BackendRep
 import mgx_graph
 
 
+#: Cases of the ONNX backend suite mgx_graph is known to fail: test-name pattern -> reason.
+KNOWN_FAILURES = {
+    # element types mgx_graph has no dtype for (numpy has none either)
+    r"(bfloat16|BFLOAT16|_bf16|FLOAT8|float8|E4M3|e4m3|E5M2|e5m2|FLOAT4|float4|E2M1|e2m1|INT4|UINT4|INT2|UINT2"
+    r"|int4|uint4|int2|uint2|e8m0|E8M0)": "no bfloat16 / float8 / float4 / int4 / int2 element types",
+    # non-tensor types
+    r"(sequence|optional|_opt_cpu|_opt_cuda|test_identity_opt|test_if_seq|test_loop13_seq|test_loop16_seq_none"
+    r"|split_to_sequence)": "sequence and optional types are not supported (tensors only)",
+    r"strnorm": "StringNormalizer: onnx.reference fails on these cases too (its stopword handling)",
+    r"image_decoder": "ImageDecoder needs an image codec (Pillow) on the host",
+    r"(adagrad|_adam|momentum|gradient_of)": "training ops of ai.onnx.preview.training",
+    r"flexattention": "FlexAttention (ai.onnx.preview) takes subgraph attributes",
+    r"bernoulli": "random numbers: the expected output cannot be reproduced",
+    r"test_loop11": "a Slice whose bounds are computed inside a Loop body (a data-dependent shape in a subgraph)",
+    r"test_scan_sum": "Scan-8 (batched, with sequence_lens) is not supported; Scan-9 and later are",
+}
+
+
 class MgxBackendRep(BackendRep):
     def __init__(self, program, input_names):
         self.program = program

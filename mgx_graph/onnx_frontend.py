@@ -417,8 +417,17 @@ def _p_unary(p, m, node, ins):
 @parser(*_BINARY)
 def _p_binary(p, m, node, ins):
     a, b = ins
-    if node.op_type in ("Add", "Sub", "Mul", "Div") and p.opset < 7 and _attr(node, "broadcast"):
-        raise p.err("legacy broadcast attribute is not supported")
+    if p.opset < 7 and _attr(node, "broadcast"):
+        # legacy broadcast: b's dims line up with a's starting at ``axis`` (default: the trailing dims)
+        axis = _attr(node, "axis")
+        ra, rb = a.shape.ndim, b.shape.ndim
+        axis = ra - rb if axis is None else (axis + ra if axis < 0 else axis)
+        trailing = ra - axis - rb
+        if trailing > 0:
+            b = p.reshape(m, b, list(b.shape.lens) + [1] * trailing)
+    elif node.op_type == "PRelu" and p.opset < 9 and b.shape.ndim == 1 and a.shape.ndim > 2 and \
+            b.shape.lens[0] == a.shape.lens[1] != a.shape.lens[-1]:
+        b = p.reshape(m, b, [b.shape.lens[0]] + [1] * (a.shape.ndim - 2))  # slope per channel (axis 1)
     return p.add(m, _BINARY[node.op_type], [a, b])
 
 
@@ -864,6 +873,31 @@ def _p_layernorm(p, m, node, ins):
         return _p_generic(p, m, node, ins)  # Mean / InvStdDev outputs: the reference kernel has them
     args = [i for i in ins if i is not None]
     return p.add(m, "layernorm", args, axis=_attr(node, "axis", -1), epsilon=_attr(node, "epsilon", 1e-5))
+
+
+@parser("BatchNormalization")
+def _p_batchnorm(p, m, node, ins):
+    """Inference BatchNormalization: y = (x - mean) / sqrt(var + eps) * scale + B, folded into one
+    multiply and one add per channel (the ``momentum`` attribute of opsets 9-13 does not matter here)."""
+    if _attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
+        return _p_generic(p, m, node, ins)
+    x, scale, bias, mean, var = ins[:5]
+    eps = _attr(node, "epsilon", 1e-5)
+    dt = x.shape.dtype
+    shape = [x.shape.lens[1]] + [1] * (x.shape.ndim - 2) if x.shape.ndim > 2 else [x.shape.lens[-1]]
+    eps_l = p.lit(m, np.array(eps, dtype=dt))
+    inv = p.add(m, "recip", [p.add(m, "sqrt", [p.add(m, "add", [var, eps_l])])])
+    mul = p.reshape(m, p.add(m, "mul", [scale, inv]), shape)
+    add = p.reshape(m, p.add(m, "sub", [bias, p.add(m, "mul", [mean, p.add(m, "mul", [scale, inv])])]), shape)
+    return p.add(m, "add", [p.add(m, "mul", [x, mul]), add])
+
+
+@parser("GlobalAveragePool", "GlobalMaxPool")
+def _p_global_pool(p, m, node, ins):
+    x = ins[0]
+    axes = list(range(2, x.shape.ndim))
+    name = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
+    return p.add(m, name, [x], axes=axes, keepdims=1)
 
 
 @parser("Conv")

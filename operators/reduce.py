@@ -41,7 +41,9 @@ class Reduce(Operation):
         if x.size == 0 and any(x.shape[a] == 0 for a in axes):  # an empty set: the reduction's identity
             if k in ("max", "min", "log_sum_exp", "log_sum"):
                 kind = out.dtype.kind
-                if kind == "f":
+                if kind == "b":
+                    o.fill(k == "min")
+                elif kind == "f":
                     o.fill(-np.inf if k in ("max", "log_sum_exp", "log_sum") else np.inf)
                 else:
                     info = np.iinfo(out.dtype)

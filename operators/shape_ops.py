@@ -593,6 +593,8 @@ class TopK(Operation):
         key = -x if self.largest else x
         if x.dtype.kind == "b":
             key = -x.astype(np.int8) if self.largest else x.astype(np.int8)
+        elif x.dtype.kind == "u" and self.largest:
+            key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
         order = xp.argsort(key, axis=a, kind="stable") if xp is np else xp.argsort(key, axis=a)
         idx = xp.take(order, xp.arange(self.k), axis=a)
         out[1][...] = idx

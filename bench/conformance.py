@@ -1,0 +1,193 @@
+"""ONNX conformance report: the node cases of the ONNX backend suite on mgx_graph, per target and graph
+mode, next to onnxruntime (CPU), written to ``docs/conformance.md``.
+
+Each run of a target writes ``bench/results/conformance_<target>.json`` (pass / fail / excluded per
+case and graph mode); the markdown is generated from every such file present, so the ``ref`` results
+(run anywhere) and the ``gpu`` results (run on a GPU machine) end up in one report.
+
+    python bench/conformance.py --target ref            # + onnxruntime, writes the JSON and the report
+    python bench/conformance.py --target gpu            # on a GPU machine
+    python bench/conformance.py --report-only
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import sys
+import time
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from machine import machine_info  # noqa: E402
+
+
+def _compare(got, want, rtol, atol) -> bool:
+    if len(got) != len(want):
+        return False
+    for g, e in zip(got, want):
+        g, e = np.asarray(g), np.asarray(e)
+        if e.dtype == object or g.dtype == object:
+            if g.shape != e.shape or not all(a == b for a, b in zip(g.ravel(), e.ravel())):
+                return False
+            continue
+        if g.shape != e.shape or g.dtype != e.dtype:
+            return False
+        if e.dtype.kind in "fc":
+            if not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
+                return False
+        elif not np.array_equal(g, e):
+            return False
+    return True
+
+
+def op_of(case) -> str:
+    nodes = case.model.graph.node
+    name = case.name.lower().replace("_", "")
+    for n in nodes:
+        if n.op_type.lower() in name:
+            return n.op_type
+    return nodes[0].op_type if nodes else "?"
+
+
+def _normalize(x):
+    from onnx import TensorProto, numpy_helper
+
+    return numpy_helper.to_array(x) if isinstance(x, TensorProto) else x
+
+
+def run_cases(backend_cls, device, cases, excluded) -> dict:
+    res = {}
+    for c in cases:
+        if any(re.search(p, c.name + "_" + device.lower()) or re.search(p, c.name) for p in excluded):
+            res[c.name] = "excluded"
+            continue
+        try:
+            inputs, outputs = c.data_sets[0]
+            inputs = [_normalize(x) for x in inputs]
+            outputs = [_normalize(x) for x in outputs]
+            rep = backend_cls.prepare(c.model, device)
+            got = rep.run(inputs)
+            res[c.name] = "pass" if _compare(got, outputs, c.rtol, c.atol) else "fail"
+            if hasattr(rep, "program"):
+                rep.program.release()
+        except Exception as e:  # noqa: BLE001 - a crash is a failure of that case
+            res[c.name] = f"fail: {type(e).__name__}"
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", choices=["ref", "gpu"], default="ref")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--report", default=os.path.join(ROOT, "docs", "conformance.md"))
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    if not args.report_only:
+        from onnx.backend.test.loader import load_model_tests
+
+        from mgx_graph.backend import KNOWN_FAILURES, MgxBackendEager, MgxBackendGraph
+
+        cases = load_model_tests(kind="node")
+        device = "CUDA" if args.target == "gpu" else "CPU"
+        data = {"target": args.target, "date": datetime.date.today().isoformat(), "cases": len(cases),
+                "op_of": {c.name: op_of(c) for c in cases}, "results": {}}
+        for mode, cls in (("eager", MgxBackendEager), ("graph", MgxBackendGraph)):
+            t0 = time.time()
+            data["results"][mode] = run_cases(cls, device, cases, KNOWN_FAILURES)
+            print(f"{args.target} {mode}: {collections.Counter(v.split(':')[0] for v in data['results'][mode].values())}"
+                  f" in {time.time() - t0:.0f} s", flush=True)
+        if args.target == "ref":
+            try:
+                import onnxruntime.backend as ortb
+
+                data["onnxruntime"] = run_cases(ortb, "CPU", cases, [])
+            except ImportError:
+                pass
+        data["machine"] = machine_info()
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, f"conformance_{args.target}.json"), "w") as f:
+            json.dump(data, f, indent=0)
+    write_report(args.out_dir, args.report)
+    return 0
+
+
+def write_report(out_dir: str, path: str) -> None:
+    runs = {}
+    for t in ("ref", "gpu"):
+        p = os.path.join(out_dir, f"conformance_{t}.json")
+        if os.path.exists(p):
+            with open(p) as f:
+                runs[t] = json.load(f)
+    if not runs:
+        return
+    ort = runs.get("ref", {}).get("onnxruntime", {})
+    ort_pass = {k for k, v in ort.items() if v == "pass"}
+    lines = ["# ONNX conformance", "",
+             "The node cases of the ONNX backend test suite (generated by the installed `onnx` package) run through "
+             "`mgx_graph.backend` on each target, with graphs off (eager) and on (`graph_launch`, "
+             "min_partition_size 1), compared to the expected outputs with each case's tolerances. "
+             "`excluded`: the known failures listed with their reasons in `mgx_graph.backend.KNOWN_FAILURES`. "
+             "Generated by `bench/conformance.py`.", "",
+             "| target | graph | date | machine | cases | passed | failed | excluded | of the cases onnxruntime passes | "
+             "of the cases ref passes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ref_pass = {m: {k for k, v in runs["ref"]["results"][m].items() if v == "pass"} for m in ("eager", "graph")} \
+        if "ref" in runs else {}
+    for t, d in runs.items():
+        mach = d.get("machine", {}).get("gpu") or d.get("machine", {}).get("cpu", "")
+        for mode in ("eager", "graph"):
+            r = d["results"][mode]
+            c = collections.Counter(v.split(":")[0] for v in r.values())
+            passed = {k for k, v in r.items() if v == "pass"}
+            of_ort = f"{len(passed & ort_pass)}/{len(ort_pass)} ({100 * len(passed & ort_pass) / max(len(ort_pass), 1):.1f}%)" \
+                if ort_pass else "n/a"
+            rp = ref_pass.get(mode, set())
+            of_ref = f"{len(passed & rp)}/{len(rp)} ({100 * len(passed & rp) / max(len(rp), 1):.1f}%)" if rp else "n/a"
+            lines.append(f"| {t} | {'on' if mode == 'graph' else 'off'} | {d['date']} | {mach} | {d['cases']} | "
+                         f"{c['pass']} | {c['fail']} | {c['excluded']} | {of_ort} | {of_ref} |")
+    if ort:
+        c = collections.Counter(ort.values())
+        lines += ["", f"onnxruntime (CPU) on the same cases: {c['pass']} pass, {len(ort) - c['pass']} fail."]
+    from mgx_graph.backend import KNOWN_FAILURES
+
+    lines += ["", "## Known failures (excluded)", "", "| pattern | reason |", "|---|---|"]
+    lines += [f"| `{p}` | {r} |" for p, r in KNOWN_FAILURES.items()]
+    op_of_case = next(iter(runs.values()))["op_of"]
+    ops = sorted(set(op_of_case.values()))
+    cols = [(t, m) for t in runs for m in ("eager", "graph")]
+    lines += ["", "## Per op type", "", "pass / fail / excluded, per target and graph mode" +
+              (", and onnxruntime's passes" if ort else ""), "",
+              "| op | " + " | ".join(f"{t} {'graph' if m == 'graph' else 'eager'}" for t, m in cols) +
+              (" | onnxruntime |" if ort else " |"),
+              "|---|" + "---|" * (len(cols) + (1 if ort else 0))]
+    for op in ops:
+        names = [k for k, v in op_of_case.items() if v == op]
+        row = [op]
+        for t, m in cols:
+            r = runs[t]["results"][m]
+            c = collections.Counter(r.get(n, "excluded").split(":")[0] for n in names)
+            row.append(f"{c['pass']} / {c['fail']} / {c['excluded']}")
+        if ort:
+            row.append(str(sum(1 for n in names if ort.get(n) == "pass")))
+        lines.append("| " + " | ".join(row) + " |")
+    failing = []
+    for t, d in runs.items():
+        for m in ("eager", "graph"):
+            failing += [f"- {t} {m}: `{k}` ({v})" for k, v in d["results"][m].items() if v.startswith("fail")]
+    if failing:
+        lines += ["", "## Failing cases (not excluded)", ""] + failing
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
