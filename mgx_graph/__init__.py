@@ -7,8 +7,8 @@
     print(prog.stats())                   # captures, replays, fallbacks, launches per run, ...
 """
 from . import operators  # noqa: F401  (registers ops)
-from .errors import (CaptureError, CompileError, DeviceError, MgxError, ParameterError, ParseError,  # noqa: F401
-                     ShapeError, UnsupportedOpError)
+from .errors import (CaptureError, CompileError, DeviceError, ExecutionError, MgxError, ParameterError,  # noqa: F401
+                     ParseError, ShapeError, UnsupportedOpError)
 from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
 from .ir import Instruction, Module, Program  # noqa: F401
 from .onnx_frontend import parse_onnx  # noqa: F401
@@ -20,4 +20,4 @@ __version__ = "0.1.0"
 
 __all__ = ["compile", "parse_onnx", "Program", "Module", "Instruction", "Shape", "gpu_available",
            "MgxError", "ParseError", "UnsupportedOpError", "ShapeError", "CompileError", "ParameterError",
-           "DeviceError", "CaptureError", "hip_graph_from_env", "__version__"]
+           "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env", "__version__"]

@@ -50,3 +50,8 @@ class DeviceError(MgxError, RuntimeError):
 
 class CaptureError(DeviceError):
     """Graph capture of a region failed (the region then runs eagerly)."""
+
+
+class ExecutionError(MgxError, RuntimeError):
+    """A kernel failed at run time (e.g. an index out of range); the message names the instruction.
+    The program stays usable: the next run starts from scratch."""

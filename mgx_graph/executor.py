@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from .errors import MgxError, ParameterError
+from .errors import ExecutionError, MgxError, ParameterError
 from .graph_launch import GraphBudget, GraphLaunchState, GraphOptions, Validator
 from .operators.base import HOST
 from .operators.dynamic import SpecializationMiss
@@ -293,8 +293,15 @@ class Executor:
     def run_module(self, name: str, queue, capture: bool = False) -> None:
         env = self.env
         if not capture:
-            for step in self.steps[name]:
-                step(env, queue)
+            steps = self.steps[name]
+            k = 0
+            try:
+                for k, step in enumerate(steps):
+                    step(env, queue)
+            except (MgxError, SpecializationMiss, KeyboardInterrupt):
+                raise
+            except Exception as e:
+                raise ExecutionError(f"instruction {self.labels[name][k]}: {type(e).__name__}: {e}") from e
             return
         guard = getattr(self.ctx, "set_guard_where", None)
         with self.ctx.capture_guard(name):
@@ -383,6 +390,32 @@ class Executor:
             outs = self._run(q)
             ctx.synchronize(q)
             return [ctx.to_host(o, q) for o in outs]
+
+    def profile(self, params: dict, runs: int = 10) -> list:
+        """Time every instruction of ``main`` (eager, the queue synchronized after each one) over ``runs``
+        runs: ``[(label, op name, [ms per run])]``; host (numpy) inputs."""
+        import time
+
+        with self.lock:
+            ctx = self.ctx
+            q = ctx.queue
+            self.bind(params, device=False)
+            dev = {}
+            for name, s, shape in self.param_specs:
+                buf = self.param_buffers[name]
+                ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
+                dev[name] = buf
+            self.bind(dev, device=True)
+            times = [[] for _ in self.steps["main"]]
+            with ctx.on_queue(q):
+                ctx.current_queue = q
+                for _ in range(runs):
+                    for k, step in enumerate(self.steps["main"]):
+                        t0 = time.perf_counter()
+                        step(self.env, q)
+                        ctx.synchronize(q)
+                        times[k].append((time.perf_counter() - t0) * 1e3)
+            return [(lab, lab.split(" ", 1)[1].split("[")[0], t) for lab, t in zip(self.labels["main"], times)]
 
     def _check_open(self):
         if self._closed:
