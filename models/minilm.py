@@ -381,10 +381,10 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
         size = onnx_path.stat().st_size + onnx_path.with_name("model.onnx.data").stat().st_size
         steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
 
-    verify_result: dict[str, float] = {}
+    verified: dict[str, float] = {}
     if opts["verify"]:
         with steps.step("verify"):
-            verify_result = _verify(onnx_path, model, tok, steps.note)
+            verified = _verify(onnx_path, model, tok, steps.note)
             saved = load_tokenizer(tok_dir)
             a, b = tokenize(tok, VERIFY_SENTENCES), tokenize(saved, VERIFY_SENTENCES)
             if any((a[k] != b[k]).any() or a[k].shape != b[k].shape for k in INPUT_NAMES):
@@ -418,7 +418,7 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
             "output": OUTPUT_NAME,
             "source": hash_extra(opts, root),
             "num_params": n_params,
-            "verify": verify_result,
+            "verified": verified,
             "torch": torch.__version__,
             "transformers": transformers.__version__,
         },

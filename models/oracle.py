@@ -8,6 +8,9 @@
 * :func:`ort_greedy_tokens` -- the same greedy decode run through onnxruntime with the
   exported graph, feeding the caches back; handy as a second reference for executors.
 * :func:`decode_tokens` -- ids back to text.
+* :func:`tokenize_batch` / :func:`hf_sentence_embeddings` -- for the ``"minilm"`` encoder:
+  the three graph inputs of a batch of sentences (padded to the longest) and the torch
+  sentence embeddings (mean pooling + L2 normalization, sentence-transformers' recipe).
 
 torch, transformers and onnxruntime are imported only when these functions are called.
 Loaded torch models and tokenizers are kept in a small in-process cache.
@@ -36,7 +39,8 @@ def _key(info: ModelInfo) -> tuple:
 
 
 def load_torch_model(info: ModelInfo):
-    """The torch causal LM (eval mode, float32, CPU) that ``info``'s ONNX was exported from.
+    """The torch model (eval mode, float32, CPU) that ``info``'s ONNX was exported from: a
+    causal LM, or the ``BertModel`` (without the pooling) for ``"minilm"``.
 
     Raises ``BuildError`` (from :mod:`mgx_graph.models`) if it cannot be rebuilt exactly.
     """
@@ -205,3 +209,41 @@ def ort_greedy_tokens(info: ModelInfo, prompt_ids: list[int], max_new_tokens: in
             if tok in eos or len(new) >= max_new_tokens:
                 return new
             chunk = [tok]
+
+
+# --------------------------------------------------------------------------------------
+# sentence encoders ("minilm")
+
+
+def _encoder_builder(info: ModelInfo):
+    if info.config.get("kind") != "encoder":
+        raise ValueError(f"model {info.name!r} is not a sentence encoder (kind {info.config.get('kind')!r})")
+    return importlib.import_module(f".{info.name}", __package__)
+
+
+def tokenize_batch(info: ModelInfo, sentences) -> dict:
+    """The graph inputs for ``sentences`` (a list of str, or one str): ``input_ids``,
+    ``attention_mask``, ``token_type_ids`` as int64 numpy arrays [B, S], padded to the
+    longest sentence and truncated at ``info.config["max_seq_length"]`` (256), as
+    sentence-transformers does. Needs only ``transformers``/``tokenizers`` (no torch).
+    Raises ``ValueError`` for a model that is not an encoder or for an empty list.
+    """
+    builder = _encoder_builder(info)
+    if isinstance(sentences, str):
+        sentences = [sentences]
+    sentences = list(sentences)
+    if not sentences:
+        raise ValueError("sentences must not be empty")
+    max_len = int(info.config.get("max_seq_length") or builder.MAX_SEQ_LENGTH)
+    return builder.tokenize(_tokenizer(info), sentences, max_length=max_len)
+
+
+def hf_sentence_embeddings(info: ModelInfo, sentences):
+    """Sentence embeddings float32 [B, hidden] from the torch model ``info``'s ONNX was
+    exported from: ``BertModel`` on :func:`tokenize_batch`'s inputs, then the mean of the
+    last hidden state over the unmasked tokens, L2-normalized (sentence-transformers'
+    Pooling(mean) + Normalize). ``sentences`` may also be such a dict of inputs.
+    """
+    builder = _encoder_builder(info)
+    feeds = sentences if isinstance(sentences, dict) else tokenize_batch(info, sentences)
+    return builder.torch_sentence_embeddings(load_torch_model(info), feeds)

@@ -107,10 +107,11 @@ def reduction_kernel(kind: str, dtype: str):
     reduce_expr = {"sum": "a + b", "mean": "a + b", "prod": "a * b", "max": "(a > b ? a : b)",
                    "min": "(a < b ? a : b)"}[kind]
     identity = {"sum": "0", "mean": "0", "prod": "1", "max": lo, "min": hi}[kind]
-    post = "y = (T)(a / (_type_reduce)((double)_in_ind.size() / (double)_out_ind.size()))" if kind == "mean" \
-        else "y = (T)a"
-    return cupy.ReductionKernel("T x", "T y", "(_type_reduce)x", reduce_expr, post, identity,
-                                name=f"mgx_reduce_{kind}", reduce_type=acc)
+    # parameter names are substituted textually by CuPy: keep them distinct from every other token
+    post = ("out_v = (T)((double)a / ((double)_in_ind.size() / (double)_out_ind.size()))" if kind == "mean"
+            else "out_v = (T)a")
+    return cupy.ReductionKernel("T in_v", "T out_v", "(mgx_acc)in_v", reduce_expr, post, identity,
+                                name=f"mgx_reduce_{kind}", reduce_type=acc, preamble=f"typedef {acc} mgx_acc;")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -269,8 +270,8 @@ def _scatternd_launches(op, in_shapes, out_shape):
 def _sumsq_kernel(acc: str):
     import cupy
 
-    return cupy.ReductionKernel("T x", "S y", "(S)x * (S)x", "a + b", "y = a", "0", name="mgx_sumsq",
-                                reduce_type=acc)
+    return cupy.ReductionKernel("T in_v", "S out_v", "(S)in_v * (S)in_v", "a + b", "out_v = a", "0",
+                                name="mgx_sumsq", reduce_type=acc)
 
 
 @functools.lru_cache(maxsize=None)

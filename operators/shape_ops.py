@@ -498,7 +498,10 @@ class Pad(Operation):
             raise ShapeError(f"pad: {len(self.pads)} pads for rank {n}")
         return Shape(x.dtype, [x.lens[i] + self.pads[i] + self.pads[i + n] for i in range(n)])
 
-    alloc_free = True
+    def is_alloc_free(self, inputs):
+        # reflect / edge / wrap copy between overlapping parts of ``out``: CuPy stages such copies in a
+        # temporary, so only constant padding can be captured
+        return self.mode == "constant"
 
     def compute(self, ctx, out, args, ws):
         """Into ``out`` with copies only: crop (negative pads), fill / copy the interior, then each padded

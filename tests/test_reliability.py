@@ -116,8 +116,10 @@ def test_b06_recapture_memory_plateaus(target):
     rt = prog.context.runtime
     xp = prog.context.xp
     free = []
+    keep = []  # keep every buffer alive: the allocator must not hand the same address back
     for i in range(100):
         x = xp.asarray(R.normal(size=(4, 16)).astype(np.float32))  # a new buffer every call
+        keep.append(x)
         prog.run_async({"x": x})
         prog.context.synchronize(prog.queue)
         if i in (20, 99):

@@ -60,6 +60,7 @@ class GpuContext:
         self.cupy = cupy
         self.xp = cupy
         self.runtime = device_runtime()
+        self.device_id = self.runtime.hipGetDevice()
         self.queue = self.runtime.hipStreamCreate()
         self._buffers: list[int] = []
         self._streams: dict[int, object] = {}
@@ -74,7 +75,7 @@ class GpuContext:
     def array(self, ptr: int, offset: int, shape: Shape):
         cp = self.cupy
         nbytes = max(shape.bytes(), 1)
-        mem = cp.cuda.UnownedMemory(ptr + offset, nbytes, self)
+        mem = cp.cuda.UnownedMemory(ptr + offset, nbytes, self, self.device_id)
         return cp.ndarray(shape.lens, dtype=shape.np_dtype, memptr=cp.cuda.MemoryPointer(mem, 0),
                           strides=shape.byte_strides())
 
@@ -96,6 +97,8 @@ class GpuContext:
             return arr.get()
 
     def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
+        if dst.size == 0:
+            return
         with self.on_queue(queue):
             dst.set(np.asarray(src, order="C"))
 
