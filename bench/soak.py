@@ -70,6 +70,7 @@ def churn(info, target, calls, cap):
     worst = 0.0
     mismatches = 0
     tok = 1
+    keep = []  # every call's buffers stay alive, so the allocator cannot hand an address back
     t0 = time.perf_counter()
     for i in range(calls):
         if dg.position >= dg.max_len - 1:
@@ -79,6 +80,7 @@ def churn(info, target, calls, cap):
             # the step's inputs in new buffers every call: a new device pointer, so a new graph key
             dg.params["input_ids"] = xp.full((1, 1), tok, dtype=np.int64)
             dg.params["cache_position"] = xp.full((1,), dg.position, dtype=np.int64)
+            keep.append((dg.params["input_ids"], dg.params["cache_position"]))
             outs = graph.run_async(dg.params, graph.queue)
             dg.position += 1
             lg = graph.context.to_host(outs[dg.logits_index], graph.queue)

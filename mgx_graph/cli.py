@@ -23,6 +23,10 @@ class UsageError(Exception):
     pass
 
 
+def _article(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def _load_model(name: str, progress: bool = True):
     from .models import build, list_models, load_info
 
@@ -55,6 +59,10 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     info = _load_model(args.model)
+    if info.config.get("kind") not in ("static", "dynamic"):
+        kind = _article(info.config.get("kind") or "non-decoder")
+        raise UsageError(f"model '{info.name}' is {kind} model, not a decoder: 'generate' needs "
+                         f"a decode step with a KV cache; use 'run' or 'verify' instead")
     if info.tokenizer_dir:
         ids = chat_prompt_ids(info, args.prompt)
     else:

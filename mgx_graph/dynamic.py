@@ -145,7 +145,7 @@ class Dispatcher:
                 raise ParameterError(f"parameter '{name}': expected rank {len(dims)}, got rank {len(shape)} "
                                      f"{list(shape)}")
             for k, (d, given) in enumerate(zip(dims, shape)):
-                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != given:
+                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != given:
                     raise ParameterError(f"parameter '{name}': dim {k} is fixed to {d.dim_value} by the model, "
                                          f"got {given} (shape {list(shape)})")
 

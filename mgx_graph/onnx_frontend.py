@@ -210,12 +210,12 @@ class _Parser:
                 raise ParseError(f"input_dims['{vi.name}'] has rank {len(lens)} but the model declares rank "
                                  f"{len(tt.shape.dim)}")
             for d, given in zip(tt.shape.dim if tt.HasField("shape") else [], lens):
-                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != given:
+                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != given:
                     raise ParseError(f"input_dims['{vi.name}'] = {lens} conflicts with the fixed dims of the model")
             return Shape(dtype, lens)
         lens = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 lens.append(d.dim_value)
             elif d.dim_param in self.dim_params:
                 lens.append(int(self.dim_params[d.dim_param]))
@@ -1259,7 +1259,7 @@ def symbolic_inputs(model: onnx.ModelProto, input_dims: dict | None = None) -> d
         if vi.name in inits or (input_dims and vi.name in input_dims):
             continue
         dims = [k for k, d in enumerate(vi.type.tensor_type.shape.dim) if not (d.HasField("dim_value") and
-                                                                                  d.dim_value > 0)]
+                                                                                  d.dim_value >= 0)]
         if dims:
             res[vi.name] = dims
     return res

@@ -67,7 +67,7 @@ class Reduce(Operation):
             o[...] = xp.log(xp.sum(xp.exp(x - m), axis=axes, keepdims=True)) + m
 
     def is_alloc_free(self, inputs):
-        return self.kind in ("sum", "mean", "max", "min", "prod")
+        return self.kind in ("sum", "mean", "max", "min", "prod") and inputs[0].dtype != "bool"
 
 
 def _reduce(name, kind):

@@ -145,6 +145,20 @@ def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
     assert "dims must be integers" in err and "Traceback" not in err
 
 
+def test_cli_generate_refuses_an_encoder(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import mgx_graph.cli as cli
+
+    encoder = SimpleNamespace(name="minilm", config={"kind": "encoder"}, tokenizer_dir="/nonexistent",
+                              onnx_path="/nonexistent/model.onnx")
+    monkeypatch.setattr(cli, "_load_model", lambda name, progress=True: encoder)
+    assert cli.main(["generate", "minilm", "--prompt", "hi", "--target", "ref"]) == 1
+    err = capsys.readouterr().err
+    assert "'minilm' is an encoder model, not a decoder" in err
+    assert "use 'run' or 'verify'" in err and "Traceback" not in err
+
+
 def test_cli_verify_run_perf(tmp_path, capsys):
     from mgx_graph.cli import main
 

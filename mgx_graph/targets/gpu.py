@@ -125,6 +125,14 @@ class GpuContext:
         """One reduction kernel into ``out`` (keepdims shape); never allocates (no CUB temporaries)."""
         from ..operators.gpu import reduction_kernel
 
+        if x.dtype.kind == "b":  # bool: any / all (CuPy's own reductions; eager only)
+            import cupy
+
+            fn = {"max": cupy.any, "min": cupy.all}.get(kind)
+            if fn is None:
+                raise TypeError(f"no {kind} reduction of bool values")
+            out[...] = fn(x, axis=tuple(axes), keepdims=True)
+            return
         reduction_kernel(kind, x.dtype.name)(x, out=out, axis=tuple(axes), keepdims=True)
 
     def _stream(self, queue):
