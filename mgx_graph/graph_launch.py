@@ -316,6 +316,12 @@ class GraphLaunchState:
                 self.trace("EVICT", victim.key_str, "reason=" + ("exec updated too often, replaced" if
                                                                  victim.updates >= o.max_updates_per_exec else
                                                                  "topology changed, cannot update"))
+                refresh = victim.updates >= o.max_updates_per_exec  # replacing a worn exec is not a new variant
+                if not refresh and self.budget.lifetime_captures.get(self.family, 0) >= o.max_graphs:
+                    _safe(rt.hipGraphDestroy, graph)
+                    return self._eager(run_body, read_outputs, f"capture limit reached ({o.max_graphs} graphs "
+                                                               f"captured for this region; MIGRAPHX_HIP_GRAPH_MAX)",
+                                       key)
         if e is None:
             free0 = self._free()
             try:

@@ -131,6 +131,24 @@ def test_b06_recapture_memory_plateaus(target):
     assert abs(free[1] - free[0]) < (8 << 20)  # no growth beyond noise between call 20 and call 100
 
 
+# B06 (continued): when exec update is refused (topology changed), re-captures still stop at the cap
+def test_b06_refused_updates_keep_captures_within_cap(capfd, monkeypatch):
+    model = matmul_model()
+    prog = mgx_graph.compile(model, target="ref", hip_graph=True, warmup=0, max_graphs=3, debug=True)
+    monkeypatch.setattr(prog.context.runtime, "hipGraphExecUpdate", lambda exe, graph: False)  # all refused
+    keep = []
+    for _ in range(20):
+        x = R.normal(size=(4, 16)).astype(np.float32)  # a new buffer (pointer) every call
+        keep.append(x)
+        got = prog.run_async({"x": x})[0]
+        np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    st = prog.stats()
+    assert st["captures"] == 3 and st["updates"] == 0 and st["fallbacks"] == 0
+    assert st["eager_runs"] == 20 - 3
+    err = capfd.readouterr().err
+    assert "topology changed, cannot update" in err and "capture limit reached" in err
+
+
 # B07: everything on device 1 while device 0 is current (needs 2 GPUs)
 @pytest.mark.gpu
 def test_b07_second_device():
