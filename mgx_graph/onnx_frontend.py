@@ -261,10 +261,11 @@ class _Parser:
             self.node = node
             self.node_name = node.name or f"{node.op_type}_{idx}"
             domain = node.domain or ""
-            if domain not in DOMAINS:
+            if domain not in DOMAINS and (domain, node.op_type) not in _CONTRIB_PARSERS:
                 raise UnsupportedOpError(self.node_name, node.op_type, domain, self.opsets.get(domain, 0),
-                                         "only the ai.onnx and ai.onnx.ml domains are supported")
-            fn = _PARSERS.get(node.op_type) if domain in ("", "ai.onnx") else None
+                                         "only the ai.onnx and ai.onnx.ml domains are supported (and "
+                                         + ", ".join(f"{d}::{o}" for d, o in sorted(_CONTRIB_PARSERS)) + ")")
+            fn = _PARSERS.get(node.op_type) if domain in ("", "ai.onnx") else _CONTRIB_PARSERS.get((domain, node.op_type))
             if fn is None:
                 fn = _p_generic
             ins = []
@@ -945,6 +946,35 @@ def _p_lstm(p, m, node, ins):
     c0 = ins[6] if len(ins) > 6 and ins[6] is not None else p.lit(m, np.zeros((D, B, H), dt))
     t = p.add(m, "lstm", args + [bias, h0, c0], hidden_size=H, direction=direction)
     return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]
+
+
+def _p_dynamic_quantize_lstm(p, m, node, ins):
+    """com.microsoft::DynamicQuantizeLSTM (onnxruntime contrib op; inputs X, W, R, B, sequence_lens,
+    initial_h, initial_c, P, W_scale, W_zero_point, R_scale, R_zero_point)."""
+    ins = list(ins) + [None] * (12 - len(ins))
+    acts = [_decode(a) for a in (_attr(node, "activations") or [])]
+    if (acts and acts[:3] != ["Sigmoid", "Tanh", "Tanh"]) or _attr(node, "clip") is not None \
+            or _attr(node, "input_forget", 0) or ins[4] is not None or ins[7] is not None:
+        raise UnsupportedOpError(p.node_name, node.op_type, node.domain, p.opsets.get(node.domain, 0),
+                                 "only default activations, no clip / input_forget / sequence_lens / peepholes")
+    if any(ins[k] is None for k in (0, 1, 2, 8, 10)):
+        raise p.err("DynamicQuantizeLSTM needs X, W, R, W_scale and R_scale")
+    H = _attr(node, "hidden_size")
+    direction = _decode(_attr(node, "direction", b"forward"))
+    D = 2 if direction == "bidirectional" else 1
+    B = ins[0].shape.lens[1]
+    dt = ins[0].shape.dtype
+    zeros = [p.lit(m, np.zeros((D, 8 * H), dt)), p.lit(m, np.zeros((D, B, H), dt)), p.lit(m, np.zeros((D, B, H), dt))]
+    b, h0, c0 = (ins[k] if ins[k] is not None else z for k, z in zip((3, 5, 6), zeros))
+    wzp = ins[9] if ins[9] is not None else p.lit(m, np.zeros((D,), ins[1].shape.dtype))
+    rzp = ins[11] if ins[11] is not None else p.lit(m, np.zeros((D,), ins[2].shape.dtype))
+    t = p.add(m, "dynamic_quantize_lstm", [ins[0], ins[1], ins[2], b, h0, c0, ins[8], wzp, ins[10], rzp],
+              hidden_size=H, direction=direction)
+    return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]
+
+
+#: ops outside the ONNX domains that the frontend parses: (domain, op type) -> parser
+_CONTRIB_PARSERS = {("com.microsoft", "DynamicQuantizeLSTM"): _p_dynamic_quantize_lstm}
 
 
 @parser("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli")

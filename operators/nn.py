@@ -302,3 +302,79 @@ class LSTM(Operation):
         D = 2 if self.direction == "bidirectional" else 1
         per_step = 2 + 1 + (2 if len(inputs) > 3 else 0) + 4 + 1 + 2 + 1 + 1 + 1 + 1
         return D * (2 + T * per_step + 2)
+
+
+def _dynamic_quantize(a):
+    """uint8 dynamic quantization of ``a`` as onnxruntime's quantized GEMMs do it (one scale for the
+    whole array, range widened to include 0; ONNX DynamicQuantizeLinear). Returns (q int32, scale, zp)."""
+    mn = np.float32(min(np.float32(0), a.min()))
+    mx = np.float32(max(np.float32(0), a.max()))
+    scale = np.float32(1) if mx == mn else np.float32((mx - mn) / np.float32(255))
+    zp = np.rint(np.clip(np.float32(0) - mn / scale, 0, 255))
+    q = np.clip(np.rint(a / scale) + zp, 0, 255).astype(np.int32)
+    return q, scale, np.int32(zp)
+
+
+def _quantized_gemm(a, w_q, w_zp, w_scale):
+    """A (float32 [M, K], quantized on the fly) times W (int8/uint8 [K, N], zero point and scale scalar or
+    per column [N]) -> float32 [M, N]: exact int32 accumulation, then one scale per column."""
+    qa, sa, za = _dynamic_quantize(a)
+    acc = (qa - za) @ (w_q.astype(np.int32) - np.asarray(w_zp, np.int32))
+    return acc.astype(np.float32) * (sa * np.asarray(w_scale, np.float32))
+
+
+@register_op
+class DynamicQuantizeLSTM(Operation):
+    """onnxruntime contrib op ``com.microsoft::DynamicQuantizeLSTM`` (what onnxruntime's
+    ``quantize_dynamic`` makes of an ONNX LSTM): an LSTM whose weights are int8/uint8 and whose GEMM
+    inputs are quantized to uint8 at run time with one scale per GEMM (the input GEMM over the whole
+    sequence; the recurrent GEMM per step and per batch row), as onnxruntime's CPU kernel computes it
+    with at least ``batch`` threads (with fewer it quantizes groups of ceil(batch / threads) rows
+    together, so for batch > 1 its results depend on its thread count; batch 1 is exact either way).
+
+    Inputs: X float32 [T, B, I]; W [D, I, 4H] and R [D, H, 4H] int8 or uint8 (transposed with respect to
+    ONNX LSTM); B [D, 8H]; initial_h / initial_c [D, B, H]; W_scale, W_zero_point, R_scale, R_zero_point
+    [D] or [D, 4H]. Gate order i, o, f, c; default activations only. Outputs Y [T, D, B, H], Y_h and Y_c
+    [D, B, H]. Runs on the host (the gpu target copies around it).
+    Source: onnxruntime ContribOperators.md, DynamicQuantizeLSTM.
+    """
+
+    name = "dynamic_quantize_lstm"
+    gpu_supported = False
+
+    def __init__(self, hidden_size=0, direction="forward"):
+        super().__init__(hidden_size=int(hidden_size), direction=str(direction))
+
+    def compute_shape(self, inputs, mods=()):
+        x, w, r = inputs[0], inputs[1], inputs[2]
+        T, B = x.lens[0], x.lens[1]
+        D = 2 if self.direction == "bidirectional" else 1
+        H = self.hidden_size
+        if list(w.lens) != [D, x.lens[2], 4 * H] or list(r.lens) != [D, H, 4 * H]:
+            raise ShapeError(f"dynamic_quantize_lstm: W {list(w.lens)} / R {list(r.lens)} do not match "
+                             f"[{D}, {x.lens[2]}, {4 * H}] / [{D}, {H}, {4 * H}] (hidden_size {H}, {self.direction})")
+        return (Shape(x.dtype, [T, D, B, H]), Shape(x.dtype, [D, B, H]), Shape(x.dtype, [D, B, H]))
+
+    def compute(self, ctx, out, args, ws):
+        x, w, r, b, h0, c0, w_scale, w_zp, r_scale, r_zp = args
+        Y, Yh, Yc = out
+        T, B, _ = x.shape
+        H = self.hidden_size
+        x2 = np.asarray(x, np.float32).reshape(T * B, -1)
+        for d in range(w.shape[0]):
+            reverse = self.direction == "reverse" or d == 1
+            xw = _quantized_gemm(x2, w[d], w_zp[d], w_scale[d]).reshape(T, B, 4 * H)
+            h = np.array(h0[d], np.float32)
+            c = np.array(c0[d], np.float32)
+            bias = b[d, :4 * H] + b[d, 4 * H:]
+            for step in range(T):
+                t = T - 1 - step if reverse else step
+                # onnxruntime quantizes h one batch row at a time (its batch-parallel recurrent GEMM)
+                hr = np.concatenate([_quantized_gemm(h[k:k + 1], r[d], r_zp[d], r_scale[d]) for k in range(B)])
+                g = xw[t] + hr + bias
+                i_g, o_g, f_g = (1 / (1 + np.exp(-g[:, k * H:(k + 1) * H])) for k in range(3))
+                c = f_g * c + i_g * np.tanh(g[:, 3 * H:])
+                h = o_g * np.tanh(c)
+                Y[t, d] = h
+            Yh[d] = h
+            Yc[d] = c
