@@ -58,6 +58,11 @@ def cmd_generate(args) -> int:
 
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
+    from .models import _builder, list_models
+
+    if args.model in list_models() and getattr(_builder(args.model), "KIND", "decoder") == "encoder":
+        raise UsageError(f"model '{args.model}' is an encoder model, not a decoder: 'generate' needs a decode step "
+                         f"with a KV cache; use 'run' or 'verify' instead")  # refused before building it
     info = _load_model(args.model)
     if info.config.get("kind") not in ("static", "dynamic"):
         kind = _article(info.config.get("kind") or "non-decoder")
@@ -70,7 +75,7 @@ def cmd_generate(args) -> int:
             ids = [int(t) for t in args.prompt.split()]
         except ValueError:
             raise UsageError(f"model '{info.name}' has no tokenizer: --prompt must be space-separated token ids "
-                             f"(0..{info.config.get('vocab_size', '?')})") from None
+                             f"(0..{info.config['vocab_size'] - 1 if info.config.get('vocab_size') else '?'})") from None
         vocab = info.config.get("vocab_size")
         bad = [t for t in ids if vocab and not 0 <= t < vocab]
         if bad or not ids:
@@ -155,7 +160,8 @@ def cmd_compile(args) -> int:
 
 
 def random_inputs(prog_or_shapes, seed: int = 0) -> dict:
-    """Seeded random inputs for every parameter: floats in [-1, 1), ints in [0, 4), bools."""
+    """Seeded random inputs for every parameter: floats in [-1, 1), ints in {0, 1} (valid indices for
+    any table with two rows or more, e.g. token_type_ids), bools. Give real values with --input."""
     shapes = prog_or_shapes.get_parameter_shapes() if hasattr(prog_or_shapes, "get_parameter_shapes") \
         else prog_or_shapes
     rng = np.random.default_rng(seed)
@@ -165,7 +171,7 @@ def random_inputs(prog_or_shapes, seed: int = 0) -> dict:
         if dt.kind == "f":
             out[name] = rng.uniform(-1, 1, size=s.lens).astype(dt)
         elif dt.kind in "iu":
-            out[name] = rng.integers(0, 4, size=s.lens).astype(dt)
+            out[name] = rng.integers(0, 2, size=s.lens).astype(dt)
         elif dt.kind == "b":
             out[name] = rng.random(size=s.lens) > 0.5
         else:
@@ -215,8 +221,8 @@ def cmd_verify(args) -> int:
     ref = _compile(args, target="ref", hip_graph=False)
     feeds = _load_inputs(args.input, ref)
     print(f"Running [ {target.target}{' + graph_launch' if target.hip_graph else ''} ]: {path}")
-    runs = 3 if target.hip_graph else 1
-    for _ in range(runs):  # warmup, warmup, capture: the last run replays or captures
+    runs = 4 if target.hip_graph else 1
+    for _ in range(runs):  # warmup, warmup, capture, replay: the compared outputs come from a replay
         got = target.run(feeds)
     print("Running [ ref ]")
     want_ref = ref.run(feeds)
@@ -264,6 +270,12 @@ def cmd_run(args) -> int:
         print(f"{name}: {o.dtype}{list(o.shape)} -> {path}")
     prog.release()
     return 0
+
+
+def _hip_graph_env() -> bool:
+    from .program import hip_graph_from_env
+
+    return hip_graph_from_env()
 
 
 def _common_average(v):
@@ -318,7 +330,7 @@ def cmd_perf(args) -> int:
     print(f"Overhead: {100 * max(avg - total_ins, 0) / avg:.2f}%")
     print(f"Launches per run: {eager_launches}")
     prog.release()
-    if args.hip_graph:
+    if args.hip_graph or _hip_graph_env():
         g = _compile(args, hip_graph=True)
         for _ in range(3):
             g.run(feeds)

@@ -61,6 +61,7 @@ ENV_DIR = "MGX_GRAPH_MINILM_DIR"
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "sentence_embedding"
+KIND = "encoder"  # config["kind"] of the built model (no decode step: not for generate)
 
 #: sentence-transformers' ``max_seq_length`` for this model (sentence_bert_config.json).
 MAX_SEQ_LENGTH = 256
@@ -403,7 +404,7 @@ def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[s
         "hf_dir_or_gguf": str(src),
         "config": {
             "architecture": cfg.model_type,
-            "kind": "encoder",
+            "kind": KIND,
             "num_layers": cfg.num_hidden_layers,
             "num_heads": cfg.num_attention_heads,
             "head_dim": cfg.hidden_size // cfg.num_attention_heads,

@@ -157,6 +157,10 @@ def test_cli_generate_refuses_an_encoder(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "'minilm' is an encoder model, not a decoder" in err
     assert "use 'run' or 'verify'" in err and "Traceback" not in err
+    # the registry name is refused before anything is downloaded or built
+    monkeypatch.setattr(cli, "_load_model", lambda name, progress=True: pytest.fail("built the model"))
+    assert cli.main(["generate", "minilm", "--prompt", "hi"]) == 1
+    assert "is an encoder model" in capsys.readouterr().err
 
 
 def test_cli_verify_run_perf(tmp_path, capsys):
@@ -174,3 +178,23 @@ def test_cli_verify_run_perf(tmp_path, capsys):
     for line in ("Summary:", "Rate:", "Total time:", "Percentiles (90%, 95%, 99%)", "Total instructions time:",
                  "Overhead time:", "Overhead:", "Launches per run: 2", "Graph (graph_launch) total time:"):
         assert line in out, line
+
+
+def test_cli_verify_compares_a_replay_and_perf_reads_env(tmp_path, capsys, monkeypatch):
+    from mgx_graph.cli import main
+
+    # an int input that indexes a 2-row table (like token_type_ids): the random inputs must be valid indices
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Neg", ["r"], ["n"]), helper.make_node("Exp", ["n"], ["x"]),
+             helper.make_node("Abs", ["x"], ["y"])]
+    model = make_model(nodes, {"ids": np.zeros((3, 5), np.int64)}, ["y"],
+                       {"table": np.arange(8, dtype=np.float32).reshape(2, 4) - 3})
+    path = tmp_path / "g.onnx"
+    onnx.save(model, str(path))
+    assert main(["verify", str(path), "--target", "ref", "--hip-graph"]) == 0
+    out = capsys.readouterr().out
+    assert "replays 1," in out and out.strip().endswith("PASSED")
+    monkeypatch.setenv("MIGRAPHX_HIP_GRAPH", "1")
+    onnx.save(good_model(), str(path))
+    assert main(["perf", str(path), "--target", "ref", "-n", "3"]) == 0
+    assert "Graph (graph_launch) total time:" in capsys.readouterr().out
