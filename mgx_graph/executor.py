@@ -373,6 +373,16 @@ class Executor:
         env = self.env
         return [env[s] for s in self.out_slots]
 
+    def _upload(self, params: dict, q) -> None:
+        """Validate host ``params`` and copy them into the program's parameter buffers on queue ``q``."""
+        self.bind(params, device=False)
+        dev = {}
+        for name, _, _ in self.param_specs:
+            buf = self.param_buffers[name]
+            self.ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
+            dev[name] = buf
+        self.bind(dev, device=True)
+
     def run(self, params: dict) -> list[np.ndarray]:
         with self.lock:
             self._check_open()
@@ -380,13 +390,7 @@ class Executor:
             q = ctx.queue
             if not isinstance(params, dict):
                 raise ParameterError(f"parameters must be a dict of name -> numpy array, got {type(params).__name__}")
-            self.bind(params, device=False)  # validates host arrays
-            dev = {}
-            for name, s, shape in self.param_specs:
-                buf = self.param_buffers[name]
-                ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
-                dev[name] = buf
-            self.bind(dev, device=True)
+            self._upload(params, q)
             outs = self._run(q)
             ctx.synchronize(q)
             return [ctx.to_host(o, q) for o in outs]
@@ -399,13 +403,7 @@ class Executor:
         with self.lock:
             ctx = self.ctx
             q = ctx.queue
-            self.bind(params, device=False)
-            dev = {}
-            for name, s, shape in self.param_specs:
-                buf = self.param_buffers[name]
-                ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
-                dev[name] = buf
-            self.bind(dev, device=True)
+            self._upload(params, q)
             times = [[] for _ in self.steps["main"]]
             with ctx.on_queue(q):
                 ctx.current_queue = q

@@ -76,28 +76,28 @@ class Loop(Operation):
         return res[0] if len(res) == 1 else res
 
 
+class _HostCopy(Operation):
+    """A copy between a device buffer and a fixed host buffer (a graph boundary); shape of the input."""
+
+    capturable = False
+    foldable = False
+
+    def compute_shape(self, inputs, mods=()):
+        return Shape(inputs[0].dtype, inputs[0].lens)
+
+
 @register_op
-class CopyFromGpu(Operation):
+class CopyFromGpu(_HostCopy):
     """Device -> host copy into a fixed host buffer, then a queue synchronization."""
 
     name = "copy_from_gpu"
-    capturable = False
-    foldable = False
-
-    def compute_shape(self, inputs, mods=()):
-        return Shape(inputs[0].dtype, inputs[0].lens)
 
 
 @register_op
-class CopyToGpu(Operation):
+class CopyToGpu(_HostCopy):
     """Host -> device copy of a host buffer into the instruction's device buffer."""
 
     name = "copy_to_gpu"
-    capturable = False
-    foldable = False
-
-    def compute_shape(self, inputs, mods=()):
-        return Shape(inputs[0].dtype, inputs[0].lens)
 
 
 @register_op
