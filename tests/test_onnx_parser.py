@@ -118,6 +118,22 @@ def test_shuffled_nodes_match_onnxruntime(target, k):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+def test_output_names_of_a_shuffled_model(target):
+    """``output_names`` keeps only the nodes an output needs (Tanh / ReduceSum feed out1 alone)."""
+    base = dag_model()
+    model = _reordered(base, _dag_orders(len(base.graph.node))[1])
+    full = mgx_graph.parse_onnx(model).print()
+    assert "tanh" in full and "reduce_sum" in full
+    prog = mgx_graph.parse_onnx(model, output_names=["out2"])
+    assert "tanh" not in prog.print() and "reduce_sum" not in prog.print()
+    prog.compile(target)
+    rng = np.random.default_rng(9)
+    feeds = {"x": rng.normal(size=(3, 4)).astype(np.float32), "y": rng.normal(size=4).astype(np.float32)}
+    got = prog.run(feeds)
+    assert len(got) == 1
+    np.testing.assert_allclose(got[0], _ort_session(model).run(["out2"], feeds)[0], rtol=1e-6)
+
+
 def test_topological_order_is_stable():
     """A sorted list keeps its order; a shuffled one comes back valid, independent nodes in listed order."""
     base = dag_model()
@@ -194,6 +210,25 @@ def test_loop_body_reads_a_name_defined_later(target):
         feeds = {"M": np.array(M, np.int64), "a0": rng.normal(size=3).astype(np.float32),
                  "v": rng.normal(size=3).astype(np.float32)}
         np.testing.assert_allclose(prog.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_shuffled_data_dependent_shapes(target):
+    """Shapes that depend on run-time values (a Reshape fed by computed dims, NonZero) with the nodes
+    listed backwards: the program parsed up to the node that needs a value computes it."""
+    nodes = [N("Transpose", ["idx"], ["out2"]), N("NonZero", ["r"], ["idx"]), N("Relu", ["x"], ["r"]),
+             N("Reshape", ["x", "dims"], ["out1"]), N("Concat", ["rows", "minus1"], ["dims"], axis=0),
+             N("Add", ["k", "zero"], ["rows"])]
+    model = _model(nodes, [_vi("x", [4, 6]), _vi("k", [1], TensorProto.INT64)],
+                   [_vi("out1", None), _vi("out2", None, TensorProto.INT64)],
+                   {"zero": np.array([0], np.int64), "minus1": np.array([-1], np.int64)})
+    prog = mgx_graph.compile(model, target=target)
+    rng = np.random.default_rng(4)
+    for k in (2, 3, 2, 8):
+        feeds = {"x": rng.normal(size=(4, 6)).astype(np.float32), "k": np.array([k], np.int64)}
+        got, want = prog.run(feeds), ort_run(model, feeds)
+        for g, e in zip(got, want):
+            assert g.shape == e.shape
+            np.testing.assert_array_equal(g, e)
 
 
 # -- cycles ----------------------------------------------------------------------------------------
@@ -307,3 +342,36 @@ def test_shadowing_onnxruntime_accepts(target):
     for x, M in (([1.0, 2.0], 3), ([-1.0, -2.0], 2), ([0.5, -3.0], 0)):
         feeds = {"x": np.array(x, np.float32), "M": np.array(M, np.int64)}
         np.testing.assert_allclose(prog.run(feeds)[0], _ort_session(model).run(None, feeds)[0], rtol=1e-6)
+
+
+def test_undefined_input_names_the_node_and_the_name(target):
+    model = _model([N("Add", ["x", "nowhere"], ["y"], name="reader")], [_vi("x", [2])], [_vi("y", [2])])
+    assert "nowhere" in _ort_refuses(model)
+    with pytest.raises(mgx_graph.ParseError, match=r"node 'reader' \(Add\): input 'nowhere' is not defined"):
+        mgx_graph.compile(model, target=target)
+
+
+def test_a_parser_registered_for_a_new_domain_is_used(target):
+    """What a new op needs: a function registered with ``@parser``; unregistered ones in that domain
+    stay UnsupportedOpError, and the message lists the registered ones."""
+    from mgx_graph.onnx import op_parser
+
+    @op_parser.parser("ScaleBy", domain="com.example.test")
+    def _parse_scale_by(p, m, node, ins):
+        k = p.lit(m, np.array(op_parser.attr(node, "k", 1.0), dtype=ins[0].shape.dtype))
+        return p.add(m, "mul", [ins[0], k])
+
+    def model(op_type):
+        m = _model([N(op_type, ["x"], ["y"], domain="com.example.test", k=2.5)], [_vi("x", [3])], [_vi("y", [3])])
+        m.opset_import.append(helper.make_opsetid("com.example.test", 1))
+        return m
+
+    try:
+        x = np.array([1.0, -2.0, 0.5], np.float32)
+        np.testing.assert_allclose(mgx_graph.compile(model("ScaleBy"), target=target).run({"x": x})[0], x * 2.5)
+        with pytest.raises(mgx_graph.UnsupportedOpError, match=r"com.example.test::ScaleTo.*com.example.test::ScaleBy"):
+            mgx_graph.compile(model("ScaleTo"), target=target)
+    finally:
+        op_parser._PARSERS.pop(("com.example.test", "ScaleBy"))
+    with pytest.raises(mgx_graph.UnsupportedOpError, match=r"com.example.test::ScaleBy"):
+        mgx_graph.compile(model("ScaleBy"), target=target)

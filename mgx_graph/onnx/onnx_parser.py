@@ -56,7 +56,6 @@ class OnnxParser:
         self.program = Program()
         self.values: dict[str, Instruction] = {}
         self.inferred: dict[str, tuple] = {}
-        self.needed = None
         self.guessed = False  # a loop trip count was guessed: later shapes may differ from onnx inference
         self.node = None
         self.node_name = ""
@@ -139,9 +138,10 @@ class OnnxParser:
             except Exception as e:
                 raise ParseError(f"initializer '{t.name}': cannot read tensor ({e})") from None
         outs = output_names or [o.name for o in g.output]
+        needed = None
         if output_names:
-            self.needed = needed_nodes(g, outs)
-            used = used_names(g, self.needed) | set(outs)
+            needed = needed_nodes(g, outs)
+            used = used_names(g, needed) | set(outs)
         for vi in g.input:
             if vi.name in inits:
                 continue
@@ -150,7 +150,7 @@ class OnnxParser:
             self.values[vi.name] = m.add_parameter(vi.name, self._input_shape(vi))
             self.tensor_of[id(self.values[vi.name])] = vi.name
         self._run_shape_inference()
-        self.parse_nodes(m, g)
+        self.parse_nodes(m, g, needed)
         rets = []
         for o in outs:
             if o not in self.values:
@@ -205,18 +205,19 @@ class OnnxParser:
                     all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim):
                 self.inferred[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
 
-    def parse_nodes(self, m: Module, g) -> None:
-        """Parse the nodes of graph ``g`` (a GraphProto) into module ``m``, in topological order."""
+    def parse_nodes(self, m: Module, g, needed: set | None = None) -> None:
+        """Parse the nodes of graph ``g`` (a GraphProto) into module ``m``, in topological order;
+        only those whose index in ``g.node`` is in ``needed`` when it is given."""
         outer_module = self.cur_module
         self.cur_module = m
         try:
-            self._parse_nodes(m, g)
+            self._parse_nodes(m, g, needed)
         finally:
             self.cur_module = outer_module
 
-    def _parse_nodes(self, m: Module, g) -> None:
+    def _parse_nodes(self, m: Module, g, needed) -> None:
         for idx, node in topological_order(g.node, f"graph '{g.name}'"):
-            if self.needed is not None and id(node) not in self.needed:
+            if needed is not None and idx not in needed:
                 continue
             self.node = node
             self.node_name = node_label(node, idx)

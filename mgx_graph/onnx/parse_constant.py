@@ -1,5 +1,6 @@
 """Values known at parse time: Constant, ConstantOfShape, and the shape arithmetic Shape / Size /
-Range, which become literals (their results depend only on static shapes and constant inputs).
+Range, which become literals (their results depend only on static shapes and on inputs known at parse
+time: literals, or values the program is specialized for).
 
 ONNX operator spec: https://onnx.ai/onnx/operators/
 """
@@ -30,7 +31,7 @@ def _parse_constant(p, m, node, ins):
 
 
 @parser("ConstantOfShape")
-def _parse_cos(p, m, node, ins):
+def _parse_constant_of_shape(p, m, node, ins):
     lens = ints(p.const(ins[0], "input"))
     t = attr(node, "value")
     v = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)

@@ -174,27 +174,28 @@ def sort_graph(g) -> None:
 
 
 def needed_nodes(g, outputs) -> set:
-    """ids of the nodes needed to compute ``outputs`` (backward reachability, subgraph reads included)."""
+    """Indices (in ``g.node``) of the nodes needed to compute ``outputs`` (backward reachability,
+    subgraph reads included)."""
     producer = {}
-    for n in g.node:
+    for i, n in enumerate(g.node):
         for o in n.output:
-            producer[o] = n
+            producer[o] = i
     need, stack = set(), list(outputs)
     while stack:
-        t = stack.pop()
-        n = producer.get(t)
-        if n is None or id(n) in need:
+        i = producer.get(stack.pop())
+        if i is None or i in need:
             continue
-        need.add(id(n))
+        need.add(i)
+        n = g.node[i]
         stack.extend(x for x in n.input if x)
         stack.extend(subgraph_refs(n))
     return need
 
 
 def used_names(g, needed) -> set:
-    """Names the ``needed`` nodes read (their subgraphs' outer reads included)."""
+    """Names the ``needed`` nodes (indices in ``g.node``) read, their subgraphs' outer reads included."""
     used = set()
-    for n in g.node:
-        if id(n) in needed:
+    for i, n in enumerate(g.node):
+        if i in needed:
             used |= set(n.input) | subgraph_refs(n)
     return used
