@@ -28,24 +28,14 @@ def _model(nodes, inputs, outputs, inits=None, opset=18):
     return m
 
 
-def _reordered(model, order, sub_order=None):
-    """A copy of ``model`` with its main-graph nodes listed in ``order`` (indices into the original list)
-    and, for ``sub_order = {node index: {attribute: order}}``, those subgraphs' nodes reordered too."""
+def _reordered(model, order):
+    """A copy of ``model`` with its main-graph nodes listed in ``order`` (indices into the original list)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    nodes = [out.graph.node[i] for i in range(len(out.graph.node))]
-    for k, attrs in (sub_order or {}).items():
-        for a in nodes[k].attribute:
-            if a.name in attrs:
-                sub = [onnx.NodeProto() for _ in a.g.node]
-                for dst, i in zip(sub, attrs[a.name]):
-                    dst.CopyFrom(a.g.node[i])
-                del a.g.node[:]
-                a.g.node.extend(sub)
     copies = []
     for i in order:
         c = onnx.NodeProto()
-        c.CopyFrom(nodes[i])
+        c.CopyFrom(model.graph.node[i])
         copies.append(c)
     del out.graph.node[:]
     out.graph.node.extend(copies)
