@@ -11,7 +11,7 @@ from .errors import (CaptureError, CompileError, DeviceError, ExecutionError, Mg
                      ParseError, ShapeError, UnsupportedOpError)
 from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
 from .ir import Instruction, Module, Program  # noqa: F401
-from .onnx_frontend import parse_onnx  # noqa: F401
+from .onnx import parse_onnx  # noqa: F401
 from .program import compile, hip_graph_from_env  # noqa: F401
 from .runtime import gpu_available  # noqa: F401
 from .shape import Shape  # noqa: F401

@@ -54,7 +54,7 @@ class Dispatcher:
 
     # -- specializations -------------------------------------------------------------------------
     def _compile(self, shapes: tuple, known: dict, params, device: bool, ctx_hint=None):
-        from .onnx_frontend import parse_onnx
+        from .onnx import parse_onnx
 
         for _ in range(MAX_ATTEMPTS):
             try:

@@ -187,7 +187,7 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     first use, at most ``max_specializations`` kept; see :mod:`mgx_graph.dynamic`).
     """
     from .dynamic import Dispatcher
-    from .onnx_frontend import load_model, parse_onnx, symbolic_inputs
+    from .onnx import load_model, parse_onnx, symbolic_inputs
     from .operators.dynamic import NeedsValue
 
     proto = load_model(model, external_data_dir)

@@ -8,7 +8,7 @@ class PropagateConstant:
     name = "propagate_constant"
 
     def __call__(self, program) -> None:
-        from ..onnx_frontend import fold_instruction
+        from ..onnx import fold_instruction
 
         for m in program.module_order():
             for ins in list(m.instructions):

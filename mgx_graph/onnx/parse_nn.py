@@ -1,0 +1,133 @@
+"""Neural-network ops: MatMul, Gemm, Conv, GlobalAveragePool / GlobalMaxPool, BatchNormalization
+(inference), LayerNormalization and LSTM.  Variants the device kernels do not cover go to the host
+fallback (``parse_generic``).
+
+ONNX operator spec: https://onnx.ai/onnx/operators/
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .op_parser import attr, decode, parser
+from .parse_generic import parse_generic
+
+
+@parser("MatMul")
+def _parse_matmul(p, m, node, ins):
+    a, b = ins
+    a1, b1 = a.shape.ndim == 1, b.shape.ndim == 1
+    if a1:
+        a = p.add(m, "unsqueeze", [a], axes=[0])
+    if b1:
+        b = p.add(m, "unsqueeze", [b], axes=[1])
+    # broadcast batch dims explicitly when the ranks differ (dot wants equal batch ranks or none)
+    r = p.add(m, "dot", [a, b])
+    if a1:
+        r = p.add(m, "squeeze", [r], axes=[-2])
+    if b1:
+        r = p.add(m, "squeeze", [r], axes=[-1])
+    return r
+
+
+@parser("Gemm")
+def _parse_gemm(p, m, node, ins):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
+    if attr(node, "transA", 0):
+        a = p.add(m, "transpose", [a], permutation=[1, 0])
+    if attr(node, "transB", 0):
+        b = p.add(m, "transpose", [b], permutation=[1, 0])
+    y = p.add(m, "dot", [a, b])
+    dt = y.shape.dtype
+    if alpha != 1.0:
+        y = p.add(m, "mul", [y, p.lit(m, np.array(alpha, dtype=dt))])
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = p.add(m, "mul", [c, p.lit(m, np.array(beta, dtype=c.shape.dtype))])
+        y = p.add(m, "add", [y, c])
+    return y
+
+
+@parser("LayerNormalization")
+def _parse_layernorm(p, m, node, ins):
+    if any(o for o in node.output[1:]) or attr(node, "stash_type", 1) != 1:
+        return parse_generic(p, m, node, ins)  # Mean / InvStdDev outputs: the reference kernel has them
+    args = [i for i in ins if i is not None]
+    return p.add(m, "layernorm", args, axis=attr(node, "axis", -1), epsilon=attr(node, "epsilon", 1e-5))
+
+
+@parser("BatchNormalization")
+def _parse_batchnorm(p, m, node, ins):
+    """Inference BatchNormalization: y = (x - mean) / sqrt(var + eps) * scale + B, folded into one
+    multiply and one add per channel (the ``momentum`` attribute of opsets 9-13 does not matter here)."""
+    if attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
+        return parse_generic(p, m, node, ins)
+    x, scale, bias, mean, var = ins[:5]
+    eps = attr(node, "epsilon", 1e-5)
+    dt = x.shape.dtype
+    shape = [x.shape.lens[1]] + [1] * (x.shape.ndim - 2) if x.shape.ndim > 2 else [x.shape.lens[-1]]
+    eps_l = p.lit(m, np.array(eps, dtype=dt))
+    inv = p.add(m, "recip", [p.add(m, "sqrt", [p.add(m, "add", [var, eps_l])])])
+    mul = p.reshape(m, p.add(m, "mul", [scale, inv]), shape)
+    add = p.reshape(m, p.add(m, "sub", [bias, p.add(m, "mul", [mean, p.add(m, "mul", [scale, inv])])]), shape)
+    return p.add(m, "add", [p.add(m, "mul", [x, mul]), add])
+
+
+@parser("GlobalAveragePool", "GlobalMaxPool")
+def _parse_global_pool(p, m, node, ins):
+    x = ins[0]
+    axes = list(range(2, x.shape.ndim))
+    name = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
+    return p.add(m, name, [x], axes=axes, keepdims=1)
+
+
+@parser("Conv")
+def _parse_conv(p, m, node, ins):
+    x, w = ins[0], ins[1]
+    nsp = x.shape.ndim - 2
+    kshape = attr(node, "kernel_shape") or list(w.shape.lens[2:])
+    strides = list(attr(node, "strides") or [1] * nsp)
+    dil = list(attr(node, "dilations") or [1] * nsp)
+    auto = decode(attr(node, "auto_pad", b"NOTSET"))
+    pads = list(attr(node, "pads") or [0] * (2 * nsp))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * nsp)
+        for i in range(nsp):
+            size = x.shape.lens[2 + i]
+            out = -(-size // strides[i])
+            total = max(0, (out - 1) * strides[i] + dil[i] * (kshape[i] - 1) + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + nsp] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0] * (2 * nsp)
+    args = [x, w] + ([ins[2]] if len(ins) > 2 and ins[2] is not None else [])
+    return p.add(m, "convolution", args, padding=pads, stride=strides, dilation=dil, group=attr(node, "group", 1))
+
+
+def _lstm_on_host(node, ins) -> bool:
+    """LSTM variants the device kernel does not cover: layout 1, activations other than the default,
+    clip, input_forget, sequence_lens or peepholes."""
+    acts = [decode(a) for a in (attr(node, "activations") or [])]
+    return attr(node, "layout", 0) != 0 or (acts and acts[:3] != ["Sigmoid", "Tanh", "Tanh"]) \
+        or attr(node, "clip") is not None or bool(attr(node, "input_forget", 0)) \
+        or (len(ins) > 4 and ins[4] is not None) or (len(ins) > 7 and ins[7] is not None)
+
+
+@parser("LSTM")
+def _parse_lstm(p, m, node, ins):
+    """LSTM (inputs X, W, R, B, sequence_lens, initial_h, initial_c, P) as one ``lstm`` instruction
+    with zero bias / initial states where omitted; outputs Y, Y_h, Y_c."""
+    if _lstm_on_host(node, ins):
+        return parse_generic(p, m, node, ins)
+    H = attr(node, "hidden_size")
+    direction = decode(attr(node, "direction", b"forward"))
+    args = [ins[0], ins[1], ins[2]]
+    dt = ins[0].shape.dtype
+    D = 2 if direction == "bidirectional" else 1
+    B = ins[0].shape.lens[1]
+    bias = ins[3] if len(ins) > 3 and ins[3] is not None else p.lit(m, np.zeros((D, 8 * H), dt))
+    h0 = ins[5] if len(ins) > 5 and ins[5] is not None else p.lit(m, np.zeros((D, B, H), dt))
+    c0 = ins[6] if len(ins) > 6 and ins[6] is not None else p.lit(m, np.zeros((D, B, H), dt))
+    t = p.add(m, "lstm", args + [bias, h0, c0], hidden_size=H, direction=direction)
+    return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]
