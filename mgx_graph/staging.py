@@ -1,14 +1,15 @@
 """Input staging: inputs that overlap the program's own memory are copied into its parameter buffers.
 
-A compiled program owns a few device allocations: the scratch arena (every intermediate, every
+A compiled program owns three device allocations: the scratch arena (every intermediate, every
 output, kernel workspaces), the literal area and the parameter area (the parameter buffers that
-``run`` uploads into), plus, on ``ref``, host buffers of host-side outputs.  A ``run_async`` input
-that lies in any of them (an output of an earlier run fed back, a view into one, a parameter
-buffer passed for another parameter) would be read while the run overwrites it: the kernels of the
-run write the arena in place.  Such an input is *staged* at bind time: copied on the run's queue into
-the parameter's own buffer, which the run then reads instead.  The copy is ordered after the earlier
-run that produced the value and before every kernel of this run, on the eager and the graph path
-alike (a staged input always binds the same pointer, so a graph captured for it replays).
+``run`` uploads into); string (object) values live on the host and are not checked.  A
+``run_async`` input that lies in any of them (an output of an earlier run fed back, a view into one,
+a parameter buffer passed for another parameter) could be overwritten before the run has read it:
+the kernels of the run write the arena, and staging writes parameter buffers.  Such an input is
+*staged* at bind time: copied on the run's queue into the parameter's own buffer, which the run then
+reads instead.  The copy is ordered after the earlier run that produced the value and before every
+kernel of this run, on the eager and the graph path alike (a staged input always binds the same
+pointer, so a graph captured for it replays).
 
 An input that is exactly its parameter's own buffer (``program.param_buffer(name)``) is never
 staged; neither is memory the program does not own, e.g. a KV cache the caller bound with
@@ -60,12 +61,6 @@ class InputStaging:
             param_hi = max(param_hi, ptr(buf) + buf.nbytes)
         param_range = (ex.param_area, param_hi)
         ranges.append(param_range)
-        for s in ex.out_slots:  # host buffers of host-side outputs (ref): not in the arena
-            v = ex.env[s]
-            if v is not None and not isinstance(v, tuple) and ctx.is_device_array(v) and v.dtype != object:
-                p = ptr(v)
-                if not any(lo <= p < hi for lo, hi in ranges):
-                    ranges.append((p, p + v.nbytes))
         return cls(ctx, ranges, own, param_range)
 
     def overlaps(self, a) -> bool:
