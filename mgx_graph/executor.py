@@ -20,6 +20,7 @@ from .operators.base import HOST
 from .operators.dynamic import SpecializationMiss
 from .passes.hip_graph import launch_count
 from .passes.memory import linear_order, on_host, param_bindings
+from .staging import InputStaging
 
 
 class Executor:
@@ -36,6 +37,7 @@ class Executor:
         self.last_launches = 0
         self._closed = False
         self._finalize()
+        self.staging = InputStaging.for_executor(self)
 
     # -- finalize --------------------------------------------------------------------------------
     def _finalize(self) -> None:
@@ -310,8 +312,10 @@ class Executor:
                     guard(label)
                 step(env, queue)
 
-    def bind(self, params: dict, device: bool) -> None:
-        """Validate and bind parameters (raises ParameterError before touching any state)."""
+    def bind(self, params: dict, device: bool, queue=None) -> None:
+        """Validate and bind parameters (raises ParameterError before touching any state).  Device inputs
+        that overlap the program's own memory are staged into their parameter buffers on ``queue``
+        (see :mod:`mgx_graph.staging`)."""
         ctx = self.ctx
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
@@ -342,9 +346,12 @@ class Executor:
             if device and not a.flags.c_contiguous:
                 raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides})")
             values.append((s, a))
+        staged = self.staging.check(values) if device else ()
         env = self.env
         for s, a in values:
             env[s] = a
+        if staged:
+            self.staging.stage(ctx.queue if queue is None else queue, staged, env)
         cache = self._bound_views
         for bs, ps, layout in self.bound:
             a = env[ps]
@@ -360,7 +367,7 @@ class Executor:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
-            self.bind(params, device=True)
+            self.bind(params, device=True, queue=q)
             return self._run(q)
 
     def _run(self, q) -> list:
@@ -377,11 +384,14 @@ class Executor:
         """Validate host ``params`` and copy them into the program's parameter buffers on queue ``q``."""
         self.bind(params, device=False)
         dev = {}
-        for name, _, _ in self.param_specs:
+        srcs = [np.asarray(params[name], order="C") for name, _, _ in self.param_specs]
+        # a host array in the program's memory (ref) may be another parameter's buffer: read it first
+        srcs = [a.copy() if self.ctx.is_device_array(a) and self.staging.overlaps(a) else a for a in srcs]
+        for (name, _, _), src in zip(self.param_specs, srcs):
             buf = self.param_buffers[name]
-            self.ctx.copy_from_host(buf, np.asarray(params[name], order="C"), q)
+            self.ctx.copy_from_host(buf, src, q)
             dev[name] = buf
-        self.bind(dev, device=True)
+        self.bind(dev, device=True, queue=q)
 
     def run(self, params: dict) -> list[np.ndarray]:
         with self.lock:
@@ -443,6 +453,7 @@ class Executor:
             for r in self.regions:
                 r.release()
             self.env = []
+            self.staging.clear()
             self.ctx.close()
 
 

@@ -7,6 +7,12 @@ cache never moves, no copy is made, and one captured graph serves every token.
 
 The binding is legal only when nothing reads the parameter after the instruction that writes it;
 otherwise :class:`CompileError` names the reader.  ``alias`` maps output names to parameter names.
+
+The pass also gives every other output a standard-layout buffer of its own in the scratch arena
+(:func:`copy_outputs`): an output that is a literal, a parameter, a view of either, a view into a
+parameter written in place, a non-standard view or memory already returned as another output gets
+a ``contiguous`` copy, so ``run_async`` never hands out a literal, the caller's input or a strided
+view, and a graph capture records the copy like any other kernel.
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import json
 import re
 
 from ..errors import CompileError
+from ..operators import make_op
+from ..shape import Shape
+from .memory import value_root
 
 _PATTERNS = [
     (re.compile(r"^present\.(.+)$"), r"past_key_values.\1"),
@@ -75,6 +84,7 @@ class BindOutputs:
         m = program.get_main_module()
         ret = m.get_return()
         names = m.output_names
+        copy_outputs(m, skip=set(self.alias))  # before binding: the readers they add are checked
         order = {id(i): n for n, i in enumerate(m.instructions)}
         taken = set()
         for out_name, pname in self.alias.items():
@@ -85,6 +95,7 @@ class BindOutputs:
                 if self.strict:
                     raise
                 self.skipped[out_name] = str(e)
+        copy_outputs(m, skip=set(self.bound))
         program.alias = dict(self.bound)
 
     def _bind(self, m, ret, names, order, out_name, pname, taken):
@@ -179,3 +190,50 @@ def _relayout(m, w, layout):
 
 def program_bound(m):
     return [i.meta["bind_param"] for i in m.instructions if "bind_param" in i.meta]
+
+
+def copy_outputs(m, skip=()) -> None:
+    """Insert a ``contiguous`` copy for each output of module ``m`` (names in ``skip`` left as they are)
+    whose memory is not a standard-layout arena buffer of its own: a literal, a parameter or a view of
+    one, a value written in place into a parameter (``bind_param``), a non-standard view, or a buffer
+    already returned by another output (the outputs in ``skip`` count as returned first).  The copy
+    goes right after the value, so it reads the value before anything later overwrites it.
+
+    Raises CompileError when an output views a parameter that an earlier instruction already
+    overwrote in place (the value returned would not be the parameter's input value)."""
+    ret = m.get_return()
+    names = list(m.output_names)
+    outs = list(ret.inputs)
+    seen = {_root_key(o) for n, o in zip(names, outs) if n in skip and isinstance(o.shape, Shape)}
+    for k, (name, o) in enumerate(zip(names, outs)):
+        if name in skip or not isinstance(o.shape, Shape):
+            continue
+        root, key = value_root(o), _root_key(o)
+        borrowed = root[0].op.name in ("@param", "@literal") or "bind_param" in root[0].meta
+        if not (borrowed or key in seen or not o.shape.standard()):
+            seen.add(key)
+            continue
+        pos = m.instructions.index(o) + 1
+        while m.instructions[pos].op.name == "@param":
+            pos += 1
+        if root[0].op.name == "@param":
+            _check_not_overwritten(m, name, root[0], pos)
+        c = m.insert_instruction(m.instructions[pos], make_op("contiguous"), [o])
+        ret.inputs[k] = c
+        c.outputs.append(ret)
+        drop = next(j for j, x in enumerate(o.outputs) if x is ret)
+        del o.outputs[drop]
+        seen.add(_root_key(c))
+
+
+def _root_key(o):
+    root, idx = value_root(o)
+    return id(root), idx
+
+
+def _check_not_overwritten(m, out_name, p, pos) -> None:
+    for w in m.instructions[:pos]:
+        if w.meta.get("bind_param") == p.op.parameter:
+            raise CompileError(f"output '{out_name}' is a view of parameter '{p.op.parameter}', which {w.op.name} "
+                               f"overwrites in place before the view is read; return it before the in-place "
+                               f"write or drop the alias")
