@@ -35,6 +35,7 @@ class Executor:
         self.runs = 0
         self.last_launches = 0
         self._closed = False
+        self.queues: set[int] = set()  # queues given to run_async (released with the context)
         self._finalize()
 
     # -- finalize --------------------------------------------------------------------------------
@@ -360,6 +361,7 @@ class Executor:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
+            self.queues.add(q)
             self.bind(params, device=True)
             return self._run(q)
 
@@ -436,14 +438,9 @@ class Executor:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self.ctx.synchronize(self.ctx.queue)
-            except Exception:
-                pass
-            for r in self.regions:
-                r.release()
-            self.env = []
-            self.ctx.close()
+            regions, self.env = self.regions, []
+            # the context synchronizes, then graph execs go, then memory: later if a capture is open
+            self.ctx.close(self.queues, before=lambda: [r.release() for r in regions])
 
 
 def _host_value(shape):

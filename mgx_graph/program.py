@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from . import env
-from .errors import CompileError, MgxError
+from .errors import CompileError, DeviceError, MgxError
 from .executor import Executor
 from .ir import Program
 from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
@@ -53,7 +53,8 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         a mismatch disables the key (``MIGRAPHX_HIP_GRAPH_VALIDATE``).
     gate_slower: time the first replays against the warmups and stop using a graph that is slower.
 
-    Raises CompileError (unknown/unusable target, impossible alias) or ShapeError.
+    Raises CompileError (unknown/unusable target, impossible alias, or more memory than the device
+    has: the message names the largest parameters / instructions and their bytes) or ShapeError.
     """
     if self._compiled is not None:
         raise CompileError("program is already compiled")
@@ -74,18 +75,57 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     self.alias = {}
     run_passes(self, passes)
     self.alias_skipped = binder.skipped
-    ctx = make_context(tname)
     if budget is None:
         from .graph_launch import GraphBudget, GraphOptions
 
         budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
                                                    max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
                                                    validate=validate, gate_slower=gate_slower))
-    self._compiled = Executor(self, ctx, budget=budget, label=_label)
+    ctx = make_context(tname)
+    try:  # a failed finalize leaves nothing allocated and no queue open
+        _check_memory(self, ctx)
+        try:
+            self._compiled = Executor(self, ctx, budget=budget, label=_label)
+        except DeviceError as e:
+            if e.code != "hipErrorOutOfMemory":
+                raise
+            raise CompileError(_memory_message(self, ctx, str(e))) from e
+    except BaseException:
+        ctx.close()
+        raise
     self.target = tname
     self.hip_graph = hip_graph
     self.fp16 = fp16
     return self
+
+
+def memory_demand(self: Program) -> tuple[int, dict, list]:
+    """Device bytes a compiled (planned) program allocates at finalize: ``(total, {"scratch arena": n,
+    "literals": n, "parameters": n}, [(bytes, what)] of the largest buffers, largest first)``."""
+    plan = self.memory_plan
+    params = [i for i in self.get_main_module().instructions if i.op.name == "@param"]
+    pbytes = sum((p.shape.bytes() + 255) // 256 * 256 for p in params if p.shape.dtype != "object")
+    parts = {"scratch arena": plan.arena_bytes, "literals": plan.literal_bytes, "parameters": pbytes}
+    largest = [(p.shape.bytes(), f"parameter '{p.op.parameter}' {p.shape.brief()}") for p in params
+               if p.shape.dtype != "object"] + list(plan.largest)
+    largest.sort(key=lambda t: -t[0])
+    return sum(parts.values()), parts, largest[:3]
+
+
+def _memory_message(self: Program, ctx, detail: str) -> str:
+    need, parts, largest = memory_demand(self)
+    split = ", ".join(f"{k} {v}" for k, v in parts.items())
+    big = "; ".join(f"{what}: {n} bytes" for n, what in largest)
+    return f"the program needs {need} bytes of {ctx.name} memory ({split}): {detail}; largest: {big}"
+
+
+def _check_memory(self: Program, ctx) -> None:
+    """CompileError (naming the largest parameters / instructions) when the program needs more bytes than
+    the device has in all (``hipMemGetInfo`` total; the host's physical memory on ``ref``)."""
+    need = memory_demand(self)[0]
+    total = ctx.runtime.hipMemGetInfo()[1]
+    if need > total:
+        raise CompileError(_memory_message(self, ctx, f"the device has {total} bytes in all"))
 
 
 def _executor(self: Program) -> Executor:
