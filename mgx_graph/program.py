@@ -131,8 +131,11 @@ def _check_memory(self: Program, ctx) -> None:
 def _executor(self: Program) -> Executor:
     if self._compiled is None:
         d = getattr(self, "_dispatch", None)
-        if d is not None and d.last() is not None:
-            return d.last()._compiled
+        last = d.last() if d is not None else None
+        if last is not None:
+            return last._compiled
+        if d is not None and d.released:
+            raise MgxError("the program was released")
         raise MgxError("program is not compiled: call compile() first" if d is None else
                        "program is specialized at its first run (its shapes depend on run-time values)")
     return self._compiled
@@ -153,7 +156,10 @@ def _run(self: Program, params: dict) -> list:
 def _run_async(self: Program, params: dict, queue=None) -> list:
     """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
     default: the context's queue) without synchronizing.  Returns device arrays that alias the
-    program's output buffers: they are valid until the next run (copy them to keep them)."""
+    program's output buffers: they are valid until the next run (copy them to keep them).
+
+    A queue given here must outlive the program (its release synchronizes it); a release while a
+    capture is open on it frees nothing until that capture ends."""
     d = getattr(self, "_dispatch", None)
     if d is not None:
         return d.run(params, device=True, queue=queue)
@@ -170,7 +176,9 @@ def _stats(self: Program) -> dict:
 
 
 def _release(self: Program) -> None:
-    """Synchronize, destroy graphs, free device memory.  Safe to call more than once."""
+    """Synchronize, destroy graphs, free device memory.  Safe to call more than once; later runs raise
+    MgxError.  While a capture is open on a queue the program used (its own, or one given to
+    ``run_async``), the frees wait until that capture ends (``hipFree`` would invalidate it)."""
     d = getattr(self, "_dispatch", None)
     if d is not None:
         d.release()
@@ -236,6 +244,8 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
         prog = parse_onnx(proto, input_dims=input_dims, **parse_kw)
     except NeedsValue:
         prog = None
+    except MemoryError as e:  # e.g. a huge constant folded on the host
+        raise CompileError(f"out of host memory while parsing the model ({e})") from None
     symbolic = symbolic_inputs(proto, input_dims)
     if dim_params:
         symbolic = {}  # every symbolic dim is given a value
