@@ -15,6 +15,8 @@ Threads: one dispatcher serves any number of threads.  Selection and bookkeeping
 different specializations proceed in parallel (a specialization's own executor serializes its runs);
 compiles (and prefix runs) are serialized by a second lock.  Every run holds a reference on its
 specialization, so an evicted one is released when its last run in flight returns, never under it.
+The outputs of ``run_async`` alias the specialization's buffers: with several threads, another
+thread's call may evict it right after, so copy them before (``run`` returns host copies).
 A released dispatcher refuses every run (``MgxError: the program was released``).
 
 Outputs bound in place (``alias``) are not allowed here: a re-dispatched run must have no side effects.

@@ -365,3 +365,21 @@ def test_host_malloc_beyond_memory_is_typed():
     with pytest.raises(DeviceError, match=r"hipErrorOutOfMemory: 1152921504606846976 bytes requested"):
         rt.hipMalloc(2 ** 60)
     assert rt.counters() == before
+
+
+def test_held_release_runs_when_the_capture_ends_by_stream_destroy():
+    from mgx_graph.runtime import host_runtime, hipStreamCaptureModeThreadLocal
+
+    rt = host_runtime()
+    before = rt.counters()
+    q = rt.hipStreamCreate()
+    ptr = rt.hipMalloc(1000)
+    rt.hipStreamBeginCapture(q, hipStreamCaptureModeThreadLocal)
+    done = []
+    assert not rt.release_after_capture([q], lambda: (rt.hipFree(ptr), done.append(1)))
+    assert done == [] and rt.counters()["held_releases"] == before["held_releases"] + 1
+    assert rt.run_held_releases() == before["held_releases"] + 1  # still capturing: still held
+    rt.hipStreamDestroy(q)  # ends the capture (as CUDA): the held release runs, nothing is invalidated
+    assert done == [1]
+    assert rt.counters() == before
+    assert not rt.queue_alive(q) and rt.capturing([q]) == []
