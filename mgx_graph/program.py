@@ -22,6 +22,9 @@ from .passes.alias import detect_alias
 from .targets import make_context, resolve_target
 
 
+OUT_OF_MEMORY = ("hipErrorOutOfMemory", "hipErrorMemoryAllocation")  # HIP's name; CUDA's, renamed by check()
+
+
 def hip_graph_from_env() -> bool:
     """``MIGRAPHX_HIP_GRAPH`` as read once by MIGraphX-style env handling."""
     return env.enabled("MIGRAPHX_HIP_GRAPH")
@@ -87,7 +90,7 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         try:
             self._compiled = Executor(self, ctx, budget=budget, label=_label)
         except DeviceError as e:
-            if e.code != "hipErrorOutOfMemory":
+            if e.code not in OUT_OF_MEMORY:
                 raise
             raise CompileError(_memory_message(self, ctx, str(e))) from e
     except BaseException:
