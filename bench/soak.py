@@ -7,8 +7,18 @@ churn: ``--churn`` calls (1,000) where the inputs live in a freshly allocated bu
        device pointer, so a new graph key each call) next to an eager program fed the same tokens; the
        logits are compared every call, and captures / exec updates are counted: captures stay at or
        under the cap (``max_graphs``) and most calls are served by updating an exec.
+dynamic: ``--shapes`` calls (1,000) of two dynamic programs, each call with shapes no other call has
+       (at most 1,000 elements): symbolic dims (``x: float32[A, B]``, 40 x 25 pairs) and a
+       value-dependent shape (``ConstantOfShape(ReduceMax(n)) + x``, ``n: int64[A]`` with largest value B,
+       so every call needs a new prefix program and a new specialization).  Outputs are compared with
+       onnxruntime every call; live queues, bytes allocated through the runtime, process RSS, and the
+       specializations, prefix programs and shape hints kept are sampled before, every 100 calls and
+       after release: they must stay within what ``max_specializations`` (``--dyn-cap``) programs hold
+       (bytes: that many times what one call's programs hold at the largest shapes), and come back to
+       the start on release.
 
     python bench/soak.py --out bench/results/soak_h200.json [--model smollm2|llama] [--target gpu]
+    python bench/soak.py --out bench/results/soak_dynamic_ref.json --parts dynamic --target ref
 """
 from __future__ import annotations
 
@@ -101,6 +111,121 @@ def churn(info, target, calls, cap):
             "captures_within_cap": st["captures"] <= cap, "most_calls_updated": st["updates"] > calls // 2}
 
 
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _books(rt, prog=None) -> dict:
+    import gc
+
+    gc.collect()
+    c = rt.counters()
+    d = {"live_queues": c["live_queues"], "allocated_bytes": c["allocated_bytes"],
+         "held_releases": c["held_releases"], "rss_bytes": _rss_bytes()}
+    if prog is not None:
+        st = prog.stats()
+        d.update({k: st[k] for k in ("specializations", "prefix_programs", "shape_hints",
+                                     "specialization_compiles", "specialization_evictions", "prefix_evictions")})
+    return d
+
+
+def dynamic_models():
+    """(name, model, feeds for call i, feeds of the largest call) of the two programs of the dynamic soak:
+    call i < 1000 has shapes no other call has, of at most 1,000 elements."""
+    from onnx import TensorProto, helper
+
+    r = np.random.default_rng(7)
+
+    def model(nodes, inputs):
+        g = helper.make_graph(nodes, "soak", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        m.ir_version = 8
+        return m
+
+    def dims(i):  # (a, b): 40 x 25 distinct pairs
+        return 1 + i % 40, 1 + (i // 40) % 25
+
+    batch = model([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("ReduceSum", ["t"], ["y"], keepdims=1)],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["A", "B"])])
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])
+    value = model([helper.make_node("ReduceMax", ["n"], ["k"], keepdims=1),
+                   helper.make_node("ConstantOfShape", ["k"], ["c"], value=fill), helper.make_node("Add", ["c", "x"], ["y"])],
+                  [helper.make_tensor_value_info("n", TensorProto.INT64, ["L"]),
+                   helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])])
+
+    def batch_feeds(i):
+        return {"x": r.normal(size=dims(i)).astype(np.float32)}
+
+    def value_feeds(i):  # n has a elements, its largest is b: the output has b elements
+        a, b = dims(i)
+        n = r.integers(1, b + 1, size=a).astype(np.int64)
+        n[r.integers(a)] = b
+        return {"n": n, "x": r.normal(size=1).astype(np.float32)}
+
+    largest = 40 * 25 - 1
+    return [("symbolic_batch", batch, batch_feeds, batch_feeds(largest)),
+            ("value_dependent_shape", value, value_feeds, value_feeds(largest))]
+
+
+def _one_call_bytes(model, feeds, target) -> int:
+    """Bytes a fresh dynamic program holds after one call with ``feeds`` (all its programs)."""
+    rt = _runtime(target)
+    before = rt.counters()["allocated_bytes"]
+    prog = mgx_graph.compile(model, target=target, hip_graph=False)
+    prog.run(feeds)
+    held = rt.counters()["allocated_bytes"] - before
+    prog.release()
+    return held
+
+
+def dynamic_soak(name, model, feeds_for, largest, target, calls, cap, every=100):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    bytes_bound = cap * _one_call_bytes(model, largest, target)
+    rt = _runtime(target)
+    before = _books(rt)
+    prog = mgx_graph.compile(model, target=target, hip_graph=False, max_specializations=cap)
+    samples, mismatches, worst, shapes = [], 0, 0.0, set()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        feeds = feeds_for(i)
+        got, want = prog.run(feeds)[0], sess.run(None, feeds)[0]
+        shapes.add(tuple((k, v.shape) for k, v in feeds.items()) + (want.shape,))
+        err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
+        worst = max(worst, err)
+        mismatches += got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6)
+        if (i + 1) % every == 0:
+            samples.append({"calls": i + 1, **_books(rt, prog)})
+    wall = time.perf_counter() - t0
+    prog.release()
+    after = _books(rt)
+    peak = {k: max(s[k] for s in samples) for k in ("live_queues", "allocated_bytes", "specializations",
+                                                     "prefix_programs", "shape_hints")}
+    bounded = (peak["specializations"] <= cap and peak["prefix_programs"] <= cap and peak["shape_hints"] <= 8 * cap
+               and peak["live_queues"] - before["live_queues"] <= 2 * cap
+               and peak["allocated_bytes"] - before["allocated_bytes"] <= bytes_bound)
+    return {"model": name, "calls": calls, "distinct_shapes": len(shapes), "max_specializations": cap,
+            "wall_s": round(wall, 2), "mismatches_vs_onnxruntime": int(mismatches), "max_abs_error": worst,
+            "allocated_bytes_bound": bytes_bound, "before": before, "samples": samples, "after_release": after,
+            "peak": peak, "bounded": bool(bounded),
+            "released_to_start": after["live_queues"] == before["live_queues"] and
+            after["allocated_bytes"] == before["allocated_bytes"] and after["held_releases"] == 0,
+            "rss_growth_after_first_sample_bytes": samples[-1]["rss_bytes"] - samples[0]["rss_bytes"]}
+
+
+def _runtime(target):
+    from mgx_graph.runtime import device_runtime, host_runtime
+
+    return host_runtime() if target == "ref" else device_runtime()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -110,15 +235,28 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=1000)
     ap.add_argument("--churn", type=int, default=1000)
     ap.add_argument("--cap", type=int, default=8)
+    ap.add_argument("--shapes", type=int, default=1000, help="calls (each a new shape) of the dynamic soak")
+    ap.add_argument("--dyn-cap", type=int, default=8, help="max_specializations of the dynamic soak")
+    ap.add_argument("--parts", default="soak,churn,dynamic", help="comma-separated: soak, churn, dynamic")
     args = ap.parse_args(argv)
-    from mgx_graph.models import build
-
-    info = build(args.model) if args.model == "smollm2" else build("llama", max_cache_len=64)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     res = {"model": args.model, "target": args.target}
-    res["soak"] = soak(info, args.target, args.steps, args.every)
-    print(json.dumps(res["soak"]), flush=True)
-    res["churn"] = churn(info, args.target, args.churn, args.cap)
-    print(json.dumps(res["churn"]), flush=True)
+    if parts & {"soak", "churn"}:
+        from mgx_graph.models import build
+
+        info = build(args.model) if args.model == "smollm2" else build("llama", max_cache_len=64)
+        if "soak" in parts:
+            res["soak"] = soak(info, args.target, args.steps, args.every)
+            print(json.dumps(res["soak"]), flush=True)
+        if "churn" in parts:
+            res["churn"] = churn(info, args.target, args.churn, args.cap)
+            print(json.dumps(res["churn"]), flush=True)
+    if "dynamic" in parts:
+        res["dynamic"] = [dynamic_soak(name, model, feeds, largest, args.target, args.shapes, args.dyn_cap)
+                          for name, model, feeds, largest in dynamic_models()]
+        for d in res["dynamic"]:
+            print(json.dumps({k: d[k] for k in ("model", "wall_s", "mismatches_vs_onnxruntime", "bounded",
+                                                "released_to_start", "before", "peak", "after_release")}), flush=True)
     res["machine"] = machine_info()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -6,27 +6,105 @@ shapes plus the run-time values the frontend needed (``known``).  On each call t
 the specialization for the given input shapes (most recently used first); a ``guard`` inside it
 re-checks every specialized value, and a mismatch (``SpecializationMiss``) abandons that run and
 re-dispatches with the observed value.  A value needed before any specialization exists is computed
-by a *prefix program*: the model pruned to the nodes that produce it.  Specializations are capped
-(LRU, released on eviction); every event is traced when ``MIGRAPHX_HIP_GRAPH_DEBUG`` is on.
+by a *prefix program*: the model pruned to the nodes that produce it.  Specializations and prefix
+programs are each capped at ``max_specializations`` (LRU, released on eviction), and so are the value
+hints kept per input shapes (``HINTS_PER_SPECIALIZATION`` times that); every event is traced when
+``MIGRAPHX_HIP_GRAPH_DEBUG`` is on.
+
+Threads: one dispatcher serves any number of threads.  Selection and bookkeeping take a lock; runs of
+different specializations proceed in parallel (a specialization's own executor serializes its runs);
+compiles (and prefix runs) are serialized by a second lock.  Every run holds a reference on its
+specialization, so an evicted one is released when its last run in flight returns, never under it.
+The outputs of ``run_async`` alias the specialization's buffers: with several threads, another
+thread's call may evict it right after, so copy them before (``run`` returns host copies).
+A released dispatcher refuses every run (``MgxError: the program was released``).
 
 Outputs bound in place (``alias``) are not allowed here: a re-dispatched run must have no side effects.
 """
 from __future__ import annotations
 
 import sys
+import threading
 from collections import OrderedDict
 
 import numpy as np
 
 from . import env
-from .errors import MgxError, ParameterError
+from .errors import CompileError, MgxError, ParameterError
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
 
 MAX_ATTEMPTS = 16
+HINTS_PER_SPECIALIZATION = 8
 
 
 def _freeze(known: dict) -> tuple:
     return tuple(sorted((k, np.asarray(v).tobytes(), np.asarray(v).shape) for k, v in known.items()))
+
+
+class _Entry:
+    """A compiled program held by a :class:`ProgramCache`, and the runs in flight on it."""
+
+    __slots__ = ("prog", "users", "evicted")
+
+    def __init__(self, prog, users: int):
+        self.prog, self.users, self.evicted = prog, users, False
+
+
+class ProgramCache:
+    """Compiled programs by key, least recently used first, at most ``cap`` of them (at least 1).
+
+    Not locked itself: the dispatcher's lock guards every call.  :meth:`acquire` and ``insert(use=True)``
+    count one user (a run in flight); an entry pushed out while it has users is only marked ``evicted``,
+    and :meth:`done` reports when its last user returns, so that user releases it then.
+    """
+
+    def __init__(self, cap: int):
+        self.cap = max(int(cap), 1)
+        self.items: OrderedDict = OrderedDict()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def acquire(self, key) -> _Entry | None:
+        """The entry under ``key`` (now the most recently used) with one more user, or None."""
+        e = self.items.get(key)
+        if e is not None:
+            self.items.move_to_end(key)
+            e.users += 1
+        return e
+
+    def insert(self, key, prog, use: bool) -> tuple[_Entry, int, list]:
+        """Add ``prog`` under a new ``key``; returns its entry, how many entries were pushed out, and the
+        programs among them to release now (no run in flight on them)."""
+        e = self.items[key] = _Entry(prog, int(use))
+        pushed, free = 0, []
+        while len(self.items) > self.cap:
+            _, old = self.items.popitem(last=False)
+            old.evicted = True
+            pushed += 1
+            if old.users == 0:
+                free.append(old.prog)
+        self.evictions += pushed
+        return e, pushed, free
+
+    def done(self, e: _Entry) -> bool:
+        """One user of ``e`` returned; True when ``e`` is evicted and that was its last user."""
+        e.users -= 1
+        return e.evicted and e.users == 0
+
+    def clear(self) -> list:
+        """Drop every entry; returns the programs to release now (the others go with their last run)."""
+        free = []
+        for e in self.items.values():
+            e.evicted = True
+            if e.users == 0:
+                free.append(e.prog)
+        self.items.clear()
+        return free
+
+    def programs(self) -> list:
+        return [e.prog for e in self.items.values()]
 
 
 class Dispatcher:
@@ -36,29 +114,44 @@ class Dispatcher:
         self.parse_kw = dict(parse_kw)
         self.compile_kw = dict(compile_kw)
         self.target = target
-        self.cap = int(max_specializations)
+        self.cap = max(int(max_specializations), 1)
         self.debug = debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
-        self.specs: OrderedDict = OrderedDict()  # (shapes, frozen known) -> Program
-        self.known_by_shapes: dict = {}
-        self.prefixes: dict = {}
+        self.lock = threading.RLock()  # selection, caches, hints, counters
+        self.compile_lock = threading.RLock()  # one compile (and its prefix runs) at a time
+        self.specs = ProgramCache(self.cap)  # (shapes, frozen known) -> Program
+        self.prefixes = ProgramCache(self.cap)  # (tensor, fn, shapes, frozen known) -> prefix Program
+        self.hints: OrderedDict = OrderedDict()  # shapes -> values of their latest specialization
+        self.max_hints = HINTS_PER_SPECIALIZATION * self.cap
+        self.released = False
         self.misses = 0
         self.compiles = 0
-        self.evictions = 0
         self.budget = compile_kw.get("budget")
         self._retired = {k: 0 for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs", "updates",
                                          "evictions", "validations", "validation_mismatches")}
+
+    @property
+    def evictions(self) -> int:
+        return self.specs.evictions
 
     def trace(self, event: str, detail: str) -> None:
         if self.debug:
             print(f"[mgx_graph] {event:<8} {detail}", file=sys.stderr, flush=True)
 
+    def _check_open(self) -> None:
+        if self.released:
+            raise MgxError("the program was released")
+
     # -- specializations -------------------------------------------------------------------------
-    def _compile(self, shapes: tuple, known: dict, params, device: bool, ctx_hint=None):
+    def _compile(self, shapes: tuple, known: dict, params, device: bool):
         from .onnx import parse_onnx
 
         for _ in range(MAX_ATTEMPTS):
             try:
                 prog = parse_onnx(self.model, input_dims=dict(shapes), known_values=known, **self.parse_kw)
+            except MemoryError as e:  # e.g. a constant of a run-time shape folded on the host
+                raise CompileError(f"specializing for shapes {_fmt_shapes(shapes)}" +
+                                   (f" values {_fmt_known(known)}" if known else "") +
+                                   f": out of host memory while parsing ({e})") from None
             except NeedsValue as nv:
                 if nv.guess is not None:
                     known[nv.key] = np.asarray(nv.guess, np.int64)
@@ -79,8 +172,10 @@ class Dispatcher:
     def _prefix_value(self, nv: NeedsValue, shapes, known, params, device):
         """Run the program parsed up to the node that needs the value (it ends in the tensor)."""
         pkey = (nv.tensor, nv.fn, shapes, _freeze(known))
-        prog = self.prefixes.get(pkey)
-        if prog is None:
+        with self.lock:
+            self._check_open()
+            entry = self.prefixes.acquire(pkey)
+        if entry is None:
             prog = nv.program
             main = prog.get_main_module()
             if nv.ins.module is not main:
@@ -88,12 +183,22 @@ class Dispatcher:
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
             prog.compile(self.target, hip_graph=False, alias=None)
-            self.prefixes[pkey] = prog
+            with self.lock:
+                entry, pushed, free = self.prefixes.insert(pkey, prog, use=True)
+            self._retire(free, fold=False)
+            if pushed:
+                self.trace("PRUNE", f"prefix program cap {self.cap} reached: released the least recently used")
             self.trace("PREFIX", f"computing {nv.fn}({nv.tensor}) needed by node '{nv.node}'")
-        names = prog.get_parameter_names()
-        sub = {n: params[n] for n in names}
-        outs = prog.run_async(sub) if device else prog.run(sub)
-        val = prog.context.to_host(outs[0], prog.queue) if device else outs[0]
+        try:
+            prog = entry.prog
+            sub = {n: params[n] for n in prog.get_parameter_names()}
+            outs = prog.run_async(sub) if device else prog.run(sub)
+            val = prog.context.to_host(outs[0], prog.queue) if device else outs[0]
+        finally:
+            with self.lock:
+                last = self.prefixes.done(entry)
+            if last:
+                self._retire([entry.prog], fold=False)
         return reduce_for_key(nv.fn, val)
 
     def _prefix_eval(self, nv: NeedsValue, shapes, known, params, device) -> dict:
@@ -105,27 +210,74 @@ class Dispatcher:
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
         prog.compile(self.target, hip_graph=False, alias=None)
-        self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
-        sub = {n: params[n] for n in prog.get_parameter_names()}
-        outs = prog.run_async(sub) if device else prog.run(sub)
-        vals = [prog.context.to_host(o, prog.queue) for o in outs] if device else outs
-        prog.release()
+        try:
+            self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
+            sub = {n: params[n] for n in prog.get_parameter_names()}
+            outs = prog.run_async(sub) if device else prog.run(sub)
+            vals = [prog.context.to_host(o, prog.queue) for o in outs] if device else outs
+        finally:
+            prog.release()
         return nv.evaluate(vals)
 
-    def _lookup(self, shapes: tuple, known: dict):
-        return self.specs.get((shapes, _freeze(known)))
-
-    def _insert(self, shapes, known, prog):
-        self.specs[(shapes, _freeze(known))] = prog
-        self.known_by_shapes[shapes] = dict(known)
-        while len(self.specs) > self.cap:
-            _, old = self.specs.popitem(last=False)
-            st = old._compiled.stats()
-            for k in self._retired:
-                self._retired[k] += st.get(k, 0)
-            old._compiled.close()
-            self.evictions += 1
+    def _insert(self, shapes, known, prog, use: bool = False) -> _Entry:
+        """Cache ``prog`` as the specialization for ``shapes`` and ``known`` (with a run counted on it when
+        ``use``); pushes out the least recently used beyond the cap.  A specialization already cached under
+        the same key (the values settled on one compiled before) is used instead and ``prog`` released."""
+        key = (shapes, _freeze(known))
+        entry, stale, pushed, free = None, None, 0, []
+        with self.lock:
+            if not self.released:
+                if key in self.specs.items:
+                    stale = prog
+                    entry = self.specs.acquire(key) if use else self.specs.items[key]
+                else:
+                    entry, pushed, free = self.specs.insert(key, prog, use)
+                self.hints[shapes] = dict(known)
+                self.hints.move_to_end(shapes)
+                while len(self.hints) > self.max_hints:
+                    self.hints.popitem(last=False)
+        if entry is None:
+            prog._compiled.close()
+            raise MgxError("the program was released")
+        if stale is not None:
+            stale._compiled.close()
+        for _ in range(pushed):
             self.trace("EVICT", f"specialization cap {self.cap} reached: released the least recently used")
+        self._retire(free)
+        return entry
+
+    def _retire(self, progs, fold: bool = True) -> None:
+        """Release programs no run holds any more, adding their graph counters to the retired totals."""
+        for prog in progs:
+            if fold:
+                st = prog._compiled.stats()
+                with self.lock:
+                    for k in self._retired:
+                        self._retired[k] += st.get(k, 0)
+            prog._compiled.close()
+
+    def _select(self, shapes, known, params, device) -> _Entry:
+        """The specialization for ``shapes`` and ``known`` with this run counted on it (compiled if new)."""
+        key = (shapes, _freeze(known))
+        with self.lock:
+            self._check_open()
+            entry = self.specs.acquire(key)
+        if entry is not None:
+            return entry
+        with self.compile_lock:
+            with self.lock:
+                self._check_open()
+                entry = self.specs.acquire(key)  # compiled by another thread meanwhile
+            if entry is not None:
+                return entry
+            prog = self._compile(shapes, known, params, device)
+            return self._insert(shapes, known, prog, use=True)
+
+    def _done(self, entry: _Entry) -> None:
+        with self.lock:
+            last = self.specs.done(entry)
+        if last:
+            self._retire([entry.prog])
 
     # -- running ---------------------------------------------------------------------------------
     def _validate(self, params: dict) -> None:
@@ -150,54 +302,66 @@ class Dispatcher:
                                          f"got {given} (shape {list(shape)})")
 
     def run(self, params: dict, device: bool, queue=None):
+        """Run the specialization for ``params``' shapes (and run-time values); see :mod:`mgx_graph.dynamic`.
+
+        Raises ParameterError (before anything runs), MgxError once released, and what compiling a new
+        specialization or running it raises; the dispatcher stays usable after any of them."""
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
+        self._check_open()
         self._validate(params)
         shapes = tuple(sorted((n, tuple(int(d) for d in np.shape(a))) for n, a in params.items()))
-        known = dict(self.known_by_shapes.get(shapes, {}))
+        with self.lock:
+            known = dict(self.hints.get(shapes, {}))
         for _ in range(MAX_ATTEMPTS):
-            prog = self._lookup(shapes, known)
-            if prog is None:
-                prog = self._compile(shapes, known, params, device)
-                self._insert(shapes, known, prog)
-            else:
-                self.specs.move_to_end((shapes, _freeze(known)))
+            entry = self._select(shapes, known, params, device)
             try:
-                return prog._compiled.run_async(params, queue) if device else prog._compiled.run(params)
+                exe = entry.prog._compiled
+                return exe.run_async(params, queue) if device else exe.run(params)
             except SpecializationMiss as miss:
-                self.misses += 1
+                with self.lock:
+                    self.misses += 1
                 self.trace("RESPECIALIZE", f"{miss}")
                 known[miss.key] = miss.observed
+            finally:
+                self._done(entry)
         raise MgxError(f"run-time values keep changing under the program (last known {list(known)})")
 
     def last(self):
-        return next(reversed(self.specs.values())) if self.specs else None
+        with self.lock:
+            return next(reversed(self.specs.items.values())).prog if self.specs.items else None
 
     def stats(self) -> dict:
-        agg = dict(self._retired)
+        with self.lock:
+            agg = dict(self._retired)
+            progs = self.specs.programs()
+            n_prefixes, n_hints = len(self.prefixes), len(self.hints)
         regions = []
-        launches = eager = 0
-        for prog in self.specs.values():
+        for prog in progs:
             st = prog._compiled.stats()
             for k in agg:
                 agg[k] += st.get(k, 0)
             regions += st["regions"]
-        last = self.last()
-        if last is not None:
-            st = last._compiled.stats()
-            launches, eager = st["launches_per_run"], st["launches_per_run_eager"]
-        return {"target": self.target, "regions": regions, **agg, "launches_per_run": launches,
-                "launches_per_run_eager": eager, "specializations": len(self.specs),
-                "specialization_compiles": self.compiles, "specialization_misses": self.misses,
-                "specialization_evictions": self.evictions,
-                "scratch_bytes": last._compiled.stats()["scratch_bytes"] if last else 0,
-                "literal_bytes": last._compiled.stats()["literal_bytes"] if last else 0}
+        last = progs[-1]._compiled.stats() if progs else None
+        return {"target": self.target, "regions": regions, **agg,
+                "launches_per_run": last["launches_per_run"] if last else 0,
+                "launches_per_run_eager": last["launches_per_run_eager"] if last else 0,
+                "specializations": len(progs), "specialization_compiles": self.compiles,
+                "specialization_misses": self.misses, "specialization_evictions": self.evictions,
+                "prefix_programs": n_prefixes, "prefix_evictions": self.prefixes.evictions,
+                "shape_hints": n_hints,
+                "scratch_bytes": last["scratch_bytes"] if last else 0,
+                "literal_bytes": last["literal_bytes"] if last else 0}
 
     def release(self) -> None:
-        for p in list(self.specs.values()) + list(self.prefixes.values()):
-            p._compiled.close()
-        self.specs.clear()
-        self.prefixes.clear()
+        """Release every specialization and prefix program (one still running goes when its run
+        returns); later runs raise MgxError.  Safe to call more than once."""
+        with self.lock:
+            self.released = True
+            specs, prefixes = self.specs.clear(), self.prefixes.clear()
+            self.hints.clear()
+        self._retire(specs)
+        self._retire(prefixes, fold=False)
 
 
 def _fmt_shapes(shapes) -> str:

@@ -36,6 +36,7 @@ class Executor:
         self.runs = 0
         self.last_launches = 0
         self._closed = False
+        self.queues: set[int] = set()  # queues given to run_async (released with the context)
         self._finalize()
         self.staging = InputStaging.for_executor(self)
 
@@ -367,6 +368,7 @@ class Executor:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
+            self.queues.add(q)
             self.bind(params, device=True, queue=q)
             return self._run(q)
 
@@ -446,15 +448,10 @@ class Executor:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self.ctx.synchronize(self.ctx.queue)
-            except Exception:
-                pass
-            for r in self.regions:
-                r.release()
-            self.env = []
+            regions, self.env = self.regions, []
             self.staging.clear()
-            self.ctx.close()
+            # the context synchronizes, then graph execs go, then memory: later if a capture is open
+            self.ctx.close(self.queues, before=lambda: [r.release() for r in regions])
 
 
 def _host_value(shape):

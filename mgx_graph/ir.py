@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ShapeError
 from .operators.base import Operation
-from .shape import Shape
+from .shape import Shape, check_size
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,6 +144,8 @@ class Module:
             except ShapeError as e:
                 desc = ", ".join(s.brief() if isinstance(s, Shape) else "tuple" for s in in_shapes)
                 raise ShapeError(f"{e} [instruction {op} in module '{self.name}', inputs ({desc})]") from None
+        check_size(shape, f"parameter '{op.parameter}'" if op.name == "@param" else
+                   f"instruction {op.name} in module '{self.name}'")
         ins = Instruction(op, inputs, list(module_inputs), shape, self)
         for i in inputs:
             i.outputs.append(ins)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 
 from . import env
-from .errors import CompileError, MgxError
+from .errors import CompileError, DeviceError, MgxError
 from .executor import Executor
 from .ir import Program
 from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
                      PropagateConstant, QuantizeFp16, SimplifyReshapes, run_passes)
 from .passes.alias import detect_alias
 from .targets import make_context, resolve_target
+
+
+OUT_OF_MEMORY = ("hipErrorOutOfMemory", "hipErrorMemoryAllocation")  # HIP's name; CUDA's, renamed by check()
 
 
 def hip_graph_from_env() -> bool:
@@ -53,7 +56,8 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         a mismatch disables the key (``MIGRAPHX_HIP_GRAPH_VALIDATE``).
     gate_slower: time the first replays against the warmups and stop using a graph that is slower.
 
-    Raises CompileError (unknown/unusable target, impossible alias) or ShapeError.
+    Raises CompileError (unknown/unusable target, impossible alias, or more memory than the device
+    has: the message names the largest parameters / instructions and their bytes) or ShapeError.
     """
     if self._compiled is not None:
         raise CompileError("program is already compiled")
@@ -74,25 +78,67 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
     self.alias = {}
     run_passes(self, passes)
     self.alias_skipped = binder.skipped
-    ctx = make_context(tname)
     if budget is None:
         from .graph_launch import GraphBudget, GraphOptions
 
         budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
                                                    max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
                                                    validate=validate, gate_slower=gate_slower))
-    self._compiled = Executor(self, ctx, budget=budget, label=_label)
+    ctx = make_context(tname)
+    try:  # a failed finalize leaves nothing allocated and no queue open
+        _check_memory(self, ctx)
+        try:
+            self._compiled = Executor(self, ctx, budget=budget, label=_label)
+        except DeviceError as e:
+            if e.code not in OUT_OF_MEMORY:
+                raise
+            raise CompileError(_memory_message(self, ctx, str(e))) from e
+    except BaseException:
+        ctx.close()
+        raise
     self.target = tname
     self.hip_graph = hip_graph
     self.fp16 = fp16
     return self
 
 
+def memory_demand(self: Program) -> tuple[int, dict, list]:
+    """Device bytes a compiled (planned) program allocates at finalize: ``(total, {"scratch arena": n,
+    "literals": n, "parameters": n}, [(bytes, what)] of the largest buffers, largest first)``."""
+    plan = self.memory_plan
+    params = [i for i in self.get_main_module().instructions if i.op.name == "@param"]
+    pbytes = sum((p.shape.bytes() + 255) // 256 * 256 for p in params if p.shape.dtype != "object")
+    parts = {"scratch arena": plan.arena_bytes, "literals": plan.literal_bytes, "parameters": pbytes}
+    largest = [(p.shape.bytes(), f"parameter '{p.op.parameter}' {p.shape.brief()}") for p in params
+               if p.shape.dtype != "object"] + list(plan.largest)
+    largest.sort(key=lambda t: -t[0])
+    return sum(parts.values()), parts, largest[:3]
+
+
+def _memory_message(self: Program, ctx, detail: str) -> str:
+    need, parts, largest = memory_demand(self)
+    split = ", ".join(f"{k} {v}" for k, v in parts.items())
+    big = "; ".join(f"{what}: {n} bytes" for n, what in largest)
+    return f"the program needs {need} bytes of {ctx.name} memory ({split}): {detail}; largest: {big}"
+
+
+def _check_memory(self: Program, ctx) -> None:
+    """CompileError (naming the largest parameters / instructions) when the program needs more bytes than
+    the device has in all (``hipMemGetInfo`` total; the host's physical memory on ``ref``)."""
+    need = memory_demand(self)[0]
+    total = ctx.runtime.hipMemGetInfo()[1]
+    if need > total:
+        raise CompileError(_memory_message(self, ctx, f"the device has {total} bytes in all"))
+
+
 def _executor(self: Program) -> Executor:
     if self._compiled is None:
         d = getattr(self, "_dispatch", None)
-        if d is not None and d.last() is not None:
-            return d.last()._compiled
+        last = d.last() if d is not None else None
+        if last is not None:
+            return last._compiled
+        if d is not None and d.released:
+            raise MgxError("the program was released")
         raise MgxError("program is not compiled: call compile() first" if d is None else
                        "program is specialized at its first run (its shapes depend on run-time values)")
     return self._compiled
@@ -113,7 +159,10 @@ def _run(self: Program, params: dict) -> list:
 def _run_async(self: Program, params: dict, queue=None) -> list:
     """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
     default: the context's queue) without synchronizing.  Returns device arrays that alias the
-    program's output buffers: they are valid until the next run (copy them to keep them)."""
+    program's output buffers: they are valid until the next run (copy them to keep them).
+
+    A queue given here must outlive the program (its release synchronizes it); a release while a
+    capture is open on it frees nothing until that capture ends."""
     d = getattr(self, "_dispatch", None)
     if d is not None:
         return d.run(params, device=True, queue=queue)
@@ -130,7 +179,9 @@ def _stats(self: Program) -> dict:
 
 
 def _release(self: Program) -> None:
-    """Synchronize, destroy graphs, free device memory.  Safe to call more than once."""
+    """Synchronize, destroy graphs, free device memory.  Safe to call more than once; later runs raise
+    MgxError.  While a capture is open on a queue the program used (its own, or one given to
+    ``run_async``), the frees wait until that capture ends (``hipFree`` would invalidate it)."""
     d = getattr(self, "_dispatch", None)
     if d is not None:
         d.release()
@@ -196,6 +247,8 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
         prog = parse_onnx(proto, input_dims=input_dims, **parse_kw)
     except NeedsValue:
         prog = None
+    except MemoryError as e:  # e.g. a huge constant folded on the host
+        raise CompileError(f"out of host memory while parsing the model ({e})") from None
     symbolic = symbolic_inputs(proto, input_dims)
     if dim_params:
         symbolic = {}  # every symbolic dim is given a value

@@ -151,6 +151,22 @@ class Shape:
         return f"{self.dtype}[{','.join(str(d) for d in self.lens)}]"
 
 
+MAX_TENSOR_BYTES = (1 << 63) - 1  # byte offsets and element counts are int64 (ONNX dims, numpy, CUDA sizes)
+
+
+def check_size(shape, what: str) -> None:
+    """ShapeError naming ``what`` (a parameter, an instruction) when ``shape`` (or an element of a tuple
+    of shapes) has more elements, or spans more bytes, than an int64 can count (2^63 - 1): no tensor
+    that large can be indexed, sized (``Size``) or allocated."""
+    for s in (shape if isinstance(shape, tuple) else (shape,)):
+        if not isinstance(s, Shape):
+            continue
+        n = s.elements()
+        if n > MAX_TENSOR_BYTES or s.bytes() > MAX_TENSOR_BYTES:
+            raise ShapeError(f"{what}: shape {s.brief()} has {n} elements ({s.bytes()} bytes of {s.dtype}), more "
+                             f"than the {MAX_TENSOR_BYTES} an int64 can count")
+
+
 def broadcast_lens(*lens_list, where: str = "") -> tuple[int, ...]:
     """Numpy/ONNX multidirectional broadcast of several lens tuples; ShapeError if incompatible."""
     rank = max((len(l) for l in lens_list), default=0)

@@ -40,6 +40,7 @@ class MemoryPlan:
     arena_bytes: int = 0
     literal_offsets: dict = field(default_factory=dict)  # id(ins) -> offset
     literal_bytes: int = 0
+    largest: list = field(default_factory=list)  # [(bytes, "instruction main:@3 relu float32[...]")], largest first
 
     @property
     def peak_bytes(self) -> int:
@@ -159,6 +160,22 @@ def plan_buffers(buffers: list[Buffer]) -> int:
     return total
 
 
+def describe(ins, shape=None) -> str:
+    """``instruction main:@3 relu float32[2,3]``: where an instruction is and what it holds."""
+    m = ins.module
+    where = f"{m.name}:{m.label_of(ins)}" if m is not None else "?"
+    shape = ins.shape if shape is None else shape
+    return f"instruction {where} {ins.op.name} {shape.brief() if hasattr(shape, 'brief') else 'tuple'}"
+
+
+def _keep_largest(largest: list, nbytes: int, ins, shape, what: str = "", n: int = 3) -> list:
+    """The ``n`` largest ``(bytes, instruction, shape, what)`` seen so far, largest first."""
+    if len(largest) >= n and nbytes <= largest[-1][0]:
+        return largest
+    largest = sorted(largest + [(nbytes, ins, shape, what)], key=lambda t: -t[0])
+    return largest[:n]
+
+
 class MemoryColoring:
     name = "memory_coloring"
 
@@ -188,12 +205,14 @@ class MemoryColoring:
                     mark(b, pos[id(ins)])
         live: dict = {}
         buffers = []
+        largest = []
         for ins in order:
             for key, shape in owned_buffers(ins):
                 start = span_start.get(id(ins), pos[id(ins)])
                 b = Buffer(key, max(shape.bytes(), 1), start, pos[id(ins)])
                 live[key] = b
                 buffers.append(b)
+                largest = _keep_largest(largest, b.size, ins, shape)
         for ins in order:
             p = pos[id(ins)]
             use = p
@@ -216,8 +235,9 @@ class MemoryColoring:
                 p = pos[id(ins)]
                 b = Buffer((ins, j), max(s.bytes(), 1), p, max(p, enclosing.get(id(ins), p)))
                 buffers.append(b)
+                largest = _keep_largest(largest, b.size, ins, s, f" workspace {j}")
                 ws_bufs.setdefault(id(ins), []).append(b)
-        plan = MemoryPlan(buffers=buffers)
+        plan = MemoryPlan(buffers=buffers, largest=[(b, describe(i, s) + w) for b, i, s, w in largest])
         plan.arena_bytes = plan_buffers(buffers)
         for b in buffers:
             if isinstance(b.key[0], int):

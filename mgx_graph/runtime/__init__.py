@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import OrderedDict
 
 from ..errors import DeviceError
 
@@ -30,16 +31,110 @@ hipStreamCaptureStatusActive = 1
 hipStreamCaptureStatusInvalidated = 2
 
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
+DEAD_KEPT = 4096  # destroyed queue handles remembered (see Runtime.queue_alive)
 
 
 class Runtime:
-    """Interface every backend implements (HIP names, results returned, errors raised)."""
+    """Interface every backend implements (HIP names, results returned, errors raised).
+
+    The base class also keeps the books every backend shares: bytes allocated through ``hipMalloc``,
+    queues created through ``hipStreamCreate`` and not yet destroyed (:meth:`counters`), and releases
+    held back while a capture is open on a queue they depend on (:meth:`release_after_capture`).
+    """
 
     platform = "?"
     has_graph_node_count = True
 
+    def __init__(self):
+        self._books = threading.Lock()
+        self._sizes: dict[int, int] = {}
+        self._queues: set[int] = set()
+        self._dead: OrderedDict = OrderedDict()  # queues destroyed through this runtime (the latest DEAD_KEPT)
+        self._held: list = []
+
     def __repr__(self):
         return f"<mgx_graph runtime '{self.platform}'>"
+
+    # -- books -----------------------------------------------------------------------------------
+    def _note_malloc(self, ptr: int, nbytes: int) -> None:
+        with self._books:
+            self._sizes[int(ptr)] = int(nbytes)
+
+    def _note_free(self, ptr: int) -> None:
+        with self._books:
+            self._sizes.pop(int(ptr), None)
+
+    def _note_queue(self, s: int, live: bool) -> None:
+        s = int(s)
+        with self._books:
+            if live:
+                self._queues.add(s)
+                self._dead.pop(s, None)  # a handle the driver hands out again
+            else:
+                self._queues.discard(s)
+                self._dead[s] = None
+                if len(self._dead) > DEAD_KEPT:
+                    self._dead.popitem(last=False)
+
+    def queue_alive(self, s) -> bool:
+        """False for a queue destroyed through this runtime: asking a destroyed CUDA/HIP stream anything
+        is undefined, so held releases and teardown skip it.  Queues created elsewhere count as alive
+        (their owner keeps them alive while a program that ran on them is not released)."""
+        with self._books:
+            return int(s) not in self._dead
+
+    def counters(self) -> dict:
+        """``allocated_bytes`` / ``allocations``: what ``hipMalloc`` handed out and ``hipFree`` has not
+        taken back (bytes as requested, at least 1 per allocation); ``live_queues``: streams created and
+        not destroyed; ``held_releases``: program releases waiting for a capture to end."""
+        with self._books:
+            return {"allocated_bytes": sum(self._sizes.values()), "allocations": len(self._sizes),
+                    "live_queues": len(self._queues), "held_releases": len(self._held)}
+
+    # -- releases held back during a capture -----------------------------------------------------
+    def capturing(self, queues) -> list[int]:
+        """The queues among ``queues`` with a capture open (active or invalidated, not yet ended);
+        a queue that no longer exists captures nothing."""
+        out = []
+        for q in queues:
+            if not self.queue_alive(q):
+                continue
+            try:
+                if self.hipStreamIsCapturing(int(q)) != hipStreamCaptureStatusNone:
+                    out.append(int(q))
+            except DeviceError:
+                continue
+        return out
+
+    def release_after_capture(self, queues, release) -> bool:
+        """Call ``release()`` (frees, stream and handle destruction) now, unless one of ``queues`` has a
+        capture open: ``hipFree`` or a sync then would invalidate that capture (CUDA/HIP capture rules),
+        so the call is held and made once none of them captures any more (checked when a capture ends
+        through this runtime, or by :meth:`run_held_releases`).  Returns True when it ran now."""
+        queues = tuple(int(q) for q in queues)
+        if not self.capturing(queues):
+            release()
+            return True
+        with self._books:
+            self._held.append((queues, release))
+        return False
+
+    def run_held_releases(self) -> int:
+        """Make the held releases whose queues no longer capture; returns how many stay held."""
+        with self._books:
+            held, self._held = self._held, []
+        keep = []
+        for queues, release in held:
+            if self.capturing(queues):
+                keep.append((queues, release))
+                continue
+            try:
+                release()
+            except Exception:  # a release swallows its own failures; never lose the others
+                pass
+        with self._books:
+            self._held = keep + self._held
+            return len(self._held)
 
 
 _lock = threading.Lock()

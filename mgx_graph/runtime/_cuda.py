@@ -22,6 +22,7 @@ class CudaRuntime(Runtime):
     platform = "cuda"
 
     def __init__(self):
+        super().__init__()
         self.rt = _rt
 
     # device
@@ -60,10 +61,12 @@ class CudaRuntime(Runtime):
     def hipMalloc(self, nbytes: int) -> int:
         err, ptr = _rt.cudaMalloc(max(int(nbytes), 1))
         check("hipMalloc", err)
+        self._note_malloc(int(ptr), max(int(nbytes), 1))
         return int(ptr)
 
     def hipFree(self, ptr: int) -> None:
         check("hipFree", _rt.cudaFree(int(ptr))[0])
+        self._note_free(ptr)
 
     def hipMemsetAsync(self, ptr: int, value: int, nbytes: int, s) -> None:
         check("hipMemsetAsync", _rt.cudaMemsetAsync(int(ptr), int(value), int(nbytes), _stream(s))[0])
@@ -72,10 +75,12 @@ class CudaRuntime(Runtime):
     def hipStreamCreate(self) -> int:
         err, s = _rt.cudaStreamCreateWithFlags(_rt.cudaStreamNonBlocking)
         check("hipStreamCreate", err)
+        self._note_queue(int(s), True)
         return int(s)
 
     def hipStreamDestroy(self, s) -> None:
         check("hipStreamDestroy", _rt.cudaStreamDestroy(_stream(s))[0])
+        self._note_queue(int(s), False)
 
     def hipStreamSynchronize(self, s) -> None:
         check("hipStreamSynchronize", _rt.cudaStreamSynchronize(_stream(s))[0])
@@ -87,6 +92,8 @@ class CudaRuntime(Runtime):
         err, graph = _rt.cudaStreamEndCapture(_stream(s))
         if int(err) != 0 and graph is not None and int(graph) != 0:
             _rt.cudaGraphDestroy(graph)
+        if self._held:  # releases held back while this capture was open
+            self.run_held_releases()
         check("hipStreamEndCapture", err)
         return graph
 

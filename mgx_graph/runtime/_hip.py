@@ -32,6 +32,7 @@ class HipRuntime(Runtime):
     has_graph_node_count = False
 
     def __init__(self, module=None):
+        super().__init__()
         self.hip = module if module is not None else _import_hip()
 
     def _s(self, s):
@@ -72,10 +73,12 @@ class HipRuntime(Runtime):
     def hipMalloc(self, nbytes: int) -> int:
         err, ptr = self.hip.hipMalloc(max(int(nbytes), 1))
         check("hipMalloc", err)
+        self._note_malloc(int(ptr), max(int(nbytes), 1))
         return int(ptr)
 
     def hipFree(self, ptr: int) -> None:
         check("hipFree", self.hip.hipFree(int(ptr))[0])
+        self._note_free(ptr)
 
     def hipMemsetAsync(self, ptr: int, value: int, nbytes: int, s) -> None:
         check("hipMemsetAsync", self.hip.hipMemsetAsync(int(ptr), int(value), int(nbytes), self._s(s))[0])
@@ -84,10 +87,12 @@ class HipRuntime(Runtime):
     def hipStreamCreate(self) -> int:
         err, s = self.hip.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking)
         check("hipStreamCreate", err)
+        self._note_queue(int(s), True)
         return int(s)
 
     def hipStreamDestroy(self, s) -> None:
         check("hipStreamDestroy", self.hip.hipStreamDestroy(self._s(s))[0])
+        self._note_queue(int(s), False)
 
     def hipStreamSynchronize(self, s) -> None:
         check("hipStreamSynchronize", self.hip.hipStreamSynchronize(self._s(s))[0])
@@ -98,6 +103,8 @@ class HipRuntime(Runtime):
 
     def hipStreamEndCapture(self, s):
         err, graph = self.hip.hipStreamEndCapture(self._s(s))
+        if self._held:  # releases held back while this capture was open
+            self.run_held_releases()
         check("hipStreamEndCapture", err)
         return graph
 

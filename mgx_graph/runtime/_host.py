@@ -16,12 +16,21 @@ instead, into a graph that can be instantiated and launched; the rules follow CU
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 
 import numpy as np
 
 from ..errors import DeviceError
 from . import Runtime, hipStreamCaptureModeGlobal, hipStreamCaptureModeRelaxed, hipStreamCaptureModeThreadLocal
+
+
+def _physical_memory() -> int:
+    """Bytes of physical memory of the host (64 GiB where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return 64 << 30
 
 
 class _Capture:
@@ -66,6 +75,7 @@ class HostRuntime(Runtime):
     platform = "host"
 
     def __init__(self):
+        super().__init__()
         self._lock = threading.RLock()
         self._streams: dict[int, _Stream] = {}
         self._handles = itertools.count(0x1000, 0x10)
@@ -73,7 +83,7 @@ class HostRuntime(Runtime):
         self._mem: dict[int, np.ndarray] = {}
         self._tls = threading.local()
         self.allocated_bytes = 0
-        self.total_bytes = 64 << 30
+        self.total_bytes = _physical_memory()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _stream(self, s) -> _Stream:
@@ -122,15 +132,26 @@ class HostRuntime(Runtime):
 
     # -- memory ----------------------------------------------------------------------------------
     def hipMalloc(self, nbytes: int) -> int:
+        """``nbytes`` (at least 1) of 64-byte aligned host memory; DeviceError ``hipErrorOutOfMemory``
+        when the request exceeds the memory of the host or numpy cannot allocate it."""
+        n = max(int(nbytes), 1)
         with self._lock:
             self._unsafe_call("hipMalloc")
-            buf = np.zeros(max(int(nbytes), 1) + 64, dtype=np.uint8)
+            if n > self.total_bytes - self.allocated_bytes:
+                raise DeviceError("hipMalloc", "hipErrorOutOfMemory",
+                                  f"{n} bytes requested, {self.total_bytes - self.allocated_bytes} of "
+                                  f"{self.total_bytes} bytes free")
+            try:
+                buf = np.zeros(n + 64, dtype=np.uint8)
+            except (MemoryError, ValueError) as e:
+                raise DeviceError("hipMalloc", "hipErrorOutOfMemory", f"{n} bytes requested: {e}") from None
             ptr = buf.ctypes.data
             pad = (-ptr) % 64
-            buf = buf[pad:pad + max(int(nbytes), 1)]
+            buf = buf[pad:pad + n]
             ptr = buf.ctypes.data
             self._mem[ptr] = buf
             self.allocated_bytes += buf.nbytes
+            self._note_malloc(ptr, buf.nbytes)
             return ptr
 
     def hipFree(self, ptr: int) -> None:
@@ -140,6 +161,7 @@ class HostRuntime(Runtime):
             if buf is None:
                 raise DeviceError("hipFree", "hipErrorInvalidValue", f"{ptr:#x} was not allocated")
             self.allocated_bytes -= buf.nbytes
+            self._note_free(ptr)
 
     def host_buffer(self, ptr: int) -> np.ndarray:
         """The uint8 numpy array behind an allocation (host backend only)."""
@@ -154,16 +176,21 @@ class HostRuntime(Runtime):
         with self._lock:
             h = next(self._handles)
             self._streams[h] = _Stream(h)
+            self._note_queue(h, True)
             return h
 
     def hipStreamDestroy(self, s) -> None:
         with self._lock:
             st = self._stream(s)
-            if st.capture is not None:
+            ended = st.capture is not None
+            if ended:
                 # as CUDA: destroying a capturing stream ends its capture (the graph is dropped)
                 st.capture = None
             st.destroyed = True
             del self._streams[st.handle]
+            self._note_queue(st.handle, False)
+        if ended and self._held:
+            self.run_held_releases()
 
     def hipStreamSynchronize(self, s) -> None:
         st = self._stream(s)
@@ -199,6 +226,13 @@ class HostRuntime(Runtime):
             st.capture = _Capture(next(self._capture_ids), int(mode), threading.get_ident())
 
     def hipStreamEndCapture(self, s) -> HostGraph:
+        try:
+            return self._end_capture(s)
+        finally:
+            if self._held:  # releases held back while this capture was open
+                self.run_held_releases()
+
+    def _end_capture(self, s) -> HostGraph:
         with self._lock:
             st = self._stream(s)
             c = st.capture

@@ -176,12 +176,27 @@ class GpuContext:
         d["cupy"] = self.cupy.__version__
         return d
 
-    def close(self) -> None:
+    def close(self, queues=(), before=None) -> None:
+        """Synchronize the queue and ``queues`` (other queues the program ran on), call ``before()``
+        (e.g. graph exec teardown), destroy the BLAS handles, free every buffer and destroy the queue.
+
+        While a capture is open on any of those queues, nothing is synchronized or freed yet (either
+        would invalidate the capture): the runtime holds the release and makes it when those captures
+        end (:meth:`Runtime.release_after_capture`)."""
+        watch = {self.queue, *queues}
+        self.runtime.release_after_capture(watch, lambda: self._release(watch, before))
+
+    def _release(self, queues, before) -> None:
         rt = self.runtime
-        try:
-            rt.hipStreamSynchronize(self.queue)
-        except Exception:
-            pass
+        for q in queues:
+            if not rt.queue_alive(q):
+                continue
+            try:
+                rt.hipStreamSynchronize(q)
+            except Exception:
+                pass
+        if before is not None:
+            before()
         for b in self._blas.values():
             b.close()
         self._blas = {}
