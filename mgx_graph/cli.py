@@ -177,7 +177,10 @@ class _Session:
             said = ", ".join(f"{d.name}[{d.axis}]" for d in self.plan.defaulted)
             _warn(f"symbolic dims set to 1: {said}; set them with --input-dim (an error will say how)")
         _fp16_warnings(args.fp16, self.target, self.proto)
-        self.feeds = self.plan.feeds()
+        self.feeds = self.plan.feeds()  # in the model's dtypes (onnxruntime's inputs)
+        # quantize_fp16 turns every float32 parameter into a float16 one: the program takes half inputs
+        self.prog_feeds = {n: a.astype(np.float16) if args.fp16 and a.dtype == np.float32 else a
+                           for n, a in self.feeds.items()}
 
     @contextlib.contextmanager
     def hinting(self):
@@ -204,7 +207,7 @@ class _Session:
         with self.hinting():
             out = None
             for _ in range(times):
-                out = prog.run(self.feeds)
+                out = prog.run(self.prog_feeds)
             return out
 
     def label(self, hip_graph=None) -> str:
@@ -292,9 +295,13 @@ def _errors(a, b):
 
 
 def _compare(k: int, name: str, g, w, label: str, rtol: float, atol: float):
-    """One output against one oracle: (passed, report dict, text line)."""
+    """One output against one oracle: (passed, report dict, text line).  A float16 output of a
+    program run with --fp16 is compared with a float32 oracle in float32."""
     w = np.asarray(w)
     doc = {"output": name, "against": label, "dtype": str(g.dtype), "shape": list(g.shape)}
+    what = f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}"
+    if g.dtype == np.float16 and w.dtype == np.float32:
+        g = g.astype(np.float32)
     if g.shape != w.shape or g.dtype != w.dtype:
         doc.update(passed=False, expected_dtype=str(w.dtype), expected_shape=list(w.shape))
         return False, doc, (f"output {k} '{name}': {g.dtype}{list(g.shape)} vs {label} "
@@ -303,12 +310,11 @@ def _compare(k: int, name: str, g, w, label: str, rtol: float, atol: float):
         absd, rel, rms, nf = _errors(g, w)
         good = bool(nf and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
         doc.update(passed=good, max_abs_error=absd, max_rel_error=rel, rms_error=rms)
-        return good, doc, (f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}: max abs error {absd:.3g}, "
-                           f"max rel error {rel:.3g}, rms error {rms:.3g}: {'PASSED' if good else 'FAILED'}")
+        return good, doc, (f"{what}: max abs error {absd:.3g}, max rel error {rel:.3g}, rms error {rms:.3g}: "
+                           f"{'PASSED' if good else 'FAILED'}")
     good = bool(np.array_equal(g, w))
     doc.update(passed=good, identical=good)
-    return good, doc, (f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}: "
-                       f"{'identical' if good else 'different'}: {'PASSED' if good else 'FAILED'}")
+    return good, doc, f"{what}: {'identical' if good else 'different'}: {'PASSED' if good else 'FAILED'}"
 
 
 def _onnxruntime(path: str, feeds: dict) -> list:
@@ -380,7 +386,7 @@ def cmd_perf(args) -> int:
     s = _Session(args)
     prog = s.compile(hip_graph=False)
     with s.hinting():
-        rep = measure(prog, s.feeds, args.iterations, offload=args.enable_offload_copy,
+        rep = measure(prog, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
                       progress=not args.no_progress)
     rep["launches_per_run"] = prog.stats()["launches_per_run"]
     prog.release()
@@ -389,7 +395,7 @@ def cmd_perf(args) -> int:
     if s.hip_graph:
         g = s.compile(hip_graph=True)
         with s.hinting():
-            gr = measure_graphs(g, s.feeds, args.iterations, offload=args.enable_offload_copy,
+            gr = measure_graphs(g, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
                                 progress=not args.no_progress)
         g.release()
         doc["graph"] = gr
@@ -523,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--no-progress", action="store_true",
                            help="no progress bar on stderr (default: shown)")
     return ap
+
+
+def help_texts() -> dict:
+    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as README.md shows them)."""
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return {"mgx-graph --help": ap.format_help(),
+            **{f"mgx-graph {name} --help": p.format_help() for name, p in sub.choices.items()}}
 
 
 def main(argv=None) -> int:

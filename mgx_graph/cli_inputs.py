@@ -358,9 +358,12 @@ def _literal(name: str, text: str, inp: ModelInput) -> np.ndarray:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         raise UsageError(f"{where}: neither a file nor a literal (a number such as 16000, or a list such as "
                          f"[[1, 2], [3, 4]])") from None
+    dt = inp.dtype
+    if raw.dtype == object and dt.kind in "iu" and all(type(v) is int for v in raw.ravel()):
+        info = np.iinfo(dt)  # Python ints beyond int64 / uint64
+        raise UsageError(f"{where}: out of the range of {dt.name} ({info.min}..{info.max})")
     if raw.dtype.kind not in "biuf":
         raise UsageError(f"{where}: a literal must hold numbers or booleans, got {raw.dtype.name}")
-    dt = inp.dtype
     if dt.kind == "b":
         if not np.isin(raw, (0, 1)).all():
             raise UsageError(f"{where}: input '{name}' is bool; values must be 0/1 or true/false")

@@ -87,7 +87,7 @@ class Dispatcher:
                 raise MgxError(f"node '{nv.node}': {nv.fn}({nv.tensor}) is needed inside a subgraph; "
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
-            prog.compile(self.target, hip_graph=False, alias=None)
+            prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
             self.prefixes[pkey] = prog
             self.trace("PREFIX", f"computing {nv.fn}({nv.tensor}) needed by node '{nv.node}'")
         names = prog.get_parameter_names()
@@ -104,7 +104,7 @@ class Dispatcher:
             raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
-        prog.compile(self.target, hip_graph=False, alias=None)
+        prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
         self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
         sub = {n: params[n] for n in prog.get_parameter_names()}
         outs = prog.run_async(sub) if device else prog.run(sub)
