@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from .cli_inputs import UsageError, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public helper)
+from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 
 
 def _article(word: str) -> str:
@@ -167,6 +167,7 @@ class _Session:
         from .targets import resolve_target
 
         self.args = args
+        parse_input_dims(args.input_dim)  # malformed flags are reported before the model is read
         self.path = _model_path(args.model)
         self.proto = load_model(self.path)
         self.plan = plan_inputs(self.proto, args.input_dim, args.input, args.fill0, args.fill1, args.seed)

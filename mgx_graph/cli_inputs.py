@@ -106,10 +106,11 @@ def _compared_constant(g, name: str, consts: dict):
     return None
 
 
-def parse_input_dims(groups, inputs: dict) -> dict:
+def parse_input_dims(groups, inputs: dict | None = None) -> dict:
     """``--input-dim`` values (a list per flag, e.g. ``['@input', '1', '512', '@state', '2', '1', '128']``)
     -> ``{name: [ints]}``.  Raises UsageError for a missing ``@name``, a non-integer or negative dim, an
-    input named twice, a name the model does not declare, or a rank or fixed dim that differs."""
+    input named twice and, given the model's ``inputs``, a name the model does not declare or a rank or
+    fixed dim that differs."""
     dims: dict = {}
     for tokens in groups or []:
         if not tokens or not tokens[0].startswith("@") or len(tokens[0]) < 2:
@@ -134,11 +135,12 @@ def _add_dims(dims: dict, name: str, lens: list, inputs: dict) -> None:
         raise UsageError("--input-dim: '@' must be followed by an input name")
     if name in dims:
         raise UsageError(f"--input-dim names '@{name}' twice")
-    if name not in inputs:
-        raise UsageError(f"{flag}: the model has no input '{name}' (inputs: {', '.join(inputs) or 'none'})")
     if any(d < 0 for d in lens):
         raise UsageError(f"{flag}: dims must be 0 or more")
-    _check_against_model(flag, inputs[name], lens)
+    if inputs is not None:
+        if name not in inputs:
+            raise UsageError(f"{flag}: the model has no input '{name}' (inputs: {', '.join(inputs) or 'none'})")
+        _check_against_model(flag, inputs[name], lens)
     dims[name] = lens
 
 
@@ -293,7 +295,7 @@ def _plan_fills(plan: InputPlan, fill0, fill1) -> None:
     for flag, names, value in (("--fill0", fill0, 0), ("--fill1", fill1, 1)):
         if names is None:
             continue
-        for n in names:
+        for n in dict.fromkeys(names):
             if n not in plan.inputs:
                 raise UsageError(f"{flag} names '{n}', which is not an input of the model "
                                  f"(inputs: {', '.join(plan.inputs) or 'none'})")
