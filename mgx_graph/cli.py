@@ -3,28 +3,34 @@
 commands:
   generate MODEL --prompt TEXT   greedy text generation with a decoder (smollm2, gpt2, llama, or a folder)
   compile MODEL.onnx             print the compiled program, its graph_launch regions and scratch size
-  verify MODEL.onnx              compare the target with ref and onnxruntime on random inputs (PASS/FAIL)
+  verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
   run MODEL.onnx                 one run with random or given inputs; save the outputs
   perf MODEL.onnx                per-instruction times and a summary, like migraphx-driver perf
 
+Inputs (compile, verify, run, perf): --input-dim sets shapes, --input / --fill0 / --fill1 set values,
+the others are seeded random. Models whose shapes depend on run-time values (silero-vad's sr, a
+Reshape fed by a computed shape) are specialized for those inputs at their first run.
 MIGRAPHX_HIP_GRAPH=1 turns graphs on as --hip-graph does.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
 import numpy as np
 
-
-class UsageError(Exception):
-    pass
+from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 
 
 def _article(word: str) -> str:
     return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
+def _warn(msg: str) -> None:
+    print(f"mgx-graph: warning: {msg}", file=sys.stderr)
 
 
 def _load_model(name: str, progress: bool = True):
@@ -39,22 +45,34 @@ def _load_model(name: str, progress: bool = True):
     return build(name, progress=progress)
 
 
-def _input_dims(values) -> dict:
-    dims = {}
-    for group in values or []:
-        if not group or not group[0].startswith("@") or len(group[0]) < 2:
-            raise UsageError("--input-dim expects @name d1 d2 ...")
-        try:
-            dims[group[0][1:]] = [int(d) for d in group[1:]]
-        except ValueError:
-            raise UsageError(f"--input-dim {' '.join(group)}: dims must be integers") from None
-    return dims
+FP16_ON_REF = ("--fp16 on the ref target: numpy emulates float16 arithmetic, so this runs slower than "
+               "float32 (use it to check half-precision results, not for speed)")
+FP16_NO_EFFECT = ("--fp16 has no effect on this model: it has no float32 inputs, and quantize_fp16 converts "
+                  "only what is computed from a float32 parameter (integer inputs such as token ids, and the "
+                  "weights they index, stay float32)")
+
+
+def _fp16_warnings(fp16: bool, target: str, proto=None) -> None:
+    """Warn where --fp16 cannot help: on ``ref`` (slower), on a model with no float32 input (no effect)."""
+    if not fp16:
+        return
+    if target == "ref":
+        _warn(FP16_ON_REF)
+    if proto is None:
+        return
+    from .cli_inputs import model_inputs
+
+    float_in = any(i.dtype == np.float32 for i in model_inputs(proto).values())
+    subgraphs = any(a.type in (5, 10) for n in proto.graph.node for a in n.attribute)  # GRAPH, GRAPHS
+    if not float_in and not subgraphs:  # quantize_fp16 then leaves every instruction as it is
+        _warn(FP16_NO_EFFECT)
 
 
 def cmd_generate(args) -> int:
     import mgx_graph
     from .generate import Decoder, generate
     from .models.oracle import chat_prompt_ids, decode_tokens
+    from .targets import resolve_target
 
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
@@ -68,21 +86,11 @@ def cmd_generate(args) -> int:
         kind = _article(info.config.get("kind") or "non-decoder")
         raise UsageError(f"model '{info.name}' is {kind} model, not a decoder: 'generate' needs "
                          f"a decode step with a KV cache; use 'run' or 'verify' instead")
-    if info.tokenizer_dir:
-        ids = chat_prompt_ids(info, args.prompt)
-    else:
-        try:  # models without a tokenizer (gpt2, llama: random weights) take token ids
-            ids = [int(t) for t in args.prompt.split()]
-        except ValueError:
-            raise UsageError(f"model '{info.name}' has no tokenizer: --prompt must be space-separated token ids "
-                             f"(0..{info.config['vocab_size'] - 1 if info.config.get('vocab_size') else '?'})") from None
-        vocab = info.config.get("vocab_size")
-        bad = [t for t in ids if vocab and not 0 <= t < vocab]
-        if bad or not ids:
-            raise UsageError(f"token ids must be in 0..{vocab - 1 if vocab else '?'}; got {bad or 'none'}")
+    ids = _prompt_ids(info, args.prompt, chat_prompt_ids)
     cache = info.config.get("max_cache_len")
     if cache and len(ids) >= cache:
         raise UsageError(f"the prompt has {len(ids)} tokens; the model's KV cache holds {cache}")
+    _fp16_warnings(args.fp16, resolve_target(args.target))
     hip_graph = True if args.hip_graph else None
     prog = mgx_graph.compile(str(info.onnx_path), target=args.target, hip_graph=hip_graph, fp16=args.fp16)
     dec = Decoder(prog)
@@ -104,9 +112,30 @@ def cmd_generate(args) -> int:
     sys.stdout.write("\n")
     if len(res.tokens) < args.max_new_tokens and (not res.tokens or res.tokens[-1] not in set(eos)):
         print(f"(stopped: the KV cache is full at {dec.max_len} positions)")
+    _print_generation(info, prog, res, args.fp16)
+    prog.release()
+    return 0
+
+
+def _prompt_ids(info, prompt: str, chat_prompt_ids) -> list:
+    if info.tokenizer_dir:
+        return chat_prompt_ids(info, prompt)
+    vocab = info.config.get("vocab_size")
+    try:  # models without a tokenizer (gpt2, llama: random weights) take token ids
+        ids = [int(t) for t in prompt.split()]
+    except ValueError:
+        raise UsageError(f"model '{info.name}' has no tokenizer: --prompt must be space-separated token ids "
+                         f"(0..{vocab - 1 if vocab else '?'})") from None
+    bad = [t for t in ids if vocab and not 0 <= t < vocab]
+    if bad or not ids:
+        raise UsageError(f"token ids must be in 0..{vocab - 1 if vocab else '?'}; got {bad or 'none'}")
+    return ids
+
+
+def _print_generation(info, prog, res, fp16: bool) -> None:
     st = res.stats
     launches = st["launches_per_run"]
-    print(f"--- {info.name} on {prog.target} ({'fp16' if args.fp16 else 'fp32'}), graphs "
+    print(f"--- {info.name} on {prog.target} ({'fp16' if fp16 else 'fp32'}), graphs "
           f"{'on' if prog.hip_graph else 'off'}")
     print(f"prompt tokens: {res.prompt_tokens}, generated: {len(res.tokens)}, prefill {res.prefill_s * 1e3:.1f} ms")
     speed = (f"ms/token: {res.ms_per_token:.3f}  tokens/s: {res.tokens_per_s:.1f}" if len(res.tokens) >= 2
@@ -119,10 +148,9 @@ def cmd_generate(args) -> int:
         print(f"  region {r['region']}: {r['instructions']} instructions, {r['launches_eager']} launches eager, "
               f"graph nodes {r['graph_nodes']}, captures {r['captures']}, replays {r['replays']}, "
               f"fallbacks {r['fallbacks']}" + (f", failed: {r['failed_keys']}" if r['failed_keys'] else ""))
-    prog.release()
-    return 0
 
 
+# -- the model commands -----------------------------------------------------------------------------
 def _model_path(name: str) -> str:
     """An .onnx path, or a registry name / built model folder (its model.onnx)."""
     if os.path.isfile(name) or name.endswith(".onnx"):
@@ -130,75 +158,128 @@ def _model_path(name: str) -> str:
     return str(_load_model(name).onnx_path)
 
 
-def _compile(args, target=None, hip_graph=None):
-    import mgx_graph
+class _Session:
+    """One model command: the model file, its inputs as the flags set them, the resolved target."""
 
-    hg = hip_graph if hip_graph is not None else (True if getattr(args, "hip_graph", False) else None)
-    return mgx_graph.compile(_model_path(args.model), target=target or args.target, hip_graph=hg,
-                             input_dims=_input_dims(getattr(args, "input_dim", None)),
-                             fp16=getattr(args, "fp16", False), alias=None)
+    def __init__(self, args):
+        from .onnx import load_model
+        from .program import hip_graph_from_env
+        from .targets import resolve_target
+
+        self.args = args
+        parse_input_dims(args.input_dim)  # malformed flags are reported before the model is read
+        self.path = _model_path(args.model)
+        self.proto = load_model(self.path)
+        self.plan = plan_inputs(self.proto, args.input_dim, args.input, args.fill0, args.fill1, args.seed)
+        self.target = resolve_target(args.target)
+        self.hip_graph = bool(args.hip_graph) or hip_graph_from_env()
+        self.output_names = [o.name for o in self.proto.graph.output]
+        if self.plan.defaulted:
+            said = ", ".join(f"{d.name}[{d.axis}]" for d in self.plan.defaulted)
+            _warn(f"symbolic dims set to 1: {said}; set them with --input-dim (an error will say how)")
+        _fp16_warnings(args.fp16, self.target, self.proto)
+        self.feeds = self.plan.feeds()  # in the model's dtypes (onnxruntime's inputs)
+        # quantize_fp16 turns every float32 parameter into a float16 one: the program takes half inputs
+        self.prog_feeds = {n: a.astype(np.float16) if args.fp16 and a.dtype == np.float32 else a
+                           for n, a in self.feeds.items()}
+
+    @contextlib.contextmanager
+    def hinting(self):
+        """Errors while dims were set to 1 get a note naming those dims and how to set them."""
+        from .errors import MgxError
+
+        try:
+            yield
+        except MgxError as e:
+            note = self.plan.defaulted_note()
+            if not note:
+                raise
+            raise UsageError(f"{type(e).__name__}: {e}\n  note: {note}") from e
+
+    def compile(self, target=None, hip_graph=None):
+        import mgx_graph
+
+        hg = self.hip_graph if hip_graph is None else hip_graph
+        with self.hinting():
+            return mgx_graph.compile(self.proto, target=target or self.target, hip_graph=hg,
+                                     input_dims=self.plan.dims, fp16=self.args.fp16, alias=None)
+
+    def run(self, prog, times: int = 1) -> list:
+        with self.hinting():
+            out = None
+            for _ in range(times):
+                out = prog.run(self.prog_feeds)
+            return out
+
+    def label(self, hip_graph=None) -> str:
+        hg = self.hip_graph if hip_graph is None else hip_graph
+        return f"{self.target}{' + graph_launch' if hg else ''}"
+
+
+def _emit(args, doc: dict, text_lines) -> None:
+    if args.json:
+        print(json.dumps(doc, indent=2, default=_json_default))
+    else:
+        for line in text_lines:
+            print(line)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _specialized(prog):
+    """The compiled program that ran: ``prog`` itself, or a dynamic program's last specialization."""
+    if prog.is_compiled():
+        return prog
+    d = getattr(prog, "_dispatch", None)
+    return d.last() if d is not None else None
 
 
 def cmd_compile(args) -> int:
-    prog = _compile(args)
-    d = getattr(prog, "_dispatch", None)
-    if d is not None and prog._compiled is None:
-        print("the program's shapes depend on run-time values: it is specialized at its first run")
-        return 0
-    if args.print:
-        print(prog.print())
-    regions = [m for m in prog.modules if ":graph_launch" in m]
-    print(f"graph_launch regions: {len(regions)}")
-    for name in regions:
-        n = sum(1 for i in prog.modules[name].instructions if not i.op.builtin)
-        print(f"  {name}: {n} instructions")
+    s = _Session(args)
+    prog = s.compile()
+    dynamic = not prog.is_compiled()
+    if dynamic:
+        s.run(prog)  # shapes depend on run-time values: specialize for the given inputs
+    spec = _specialized(prog)
+    regions = [m for m in spec.modules if ":graph_launch" in m]
     st = prog.stats()
-    print(f"peak scratch bytes: {st['scratch_bytes']}")
-    print(f"literal bytes: {st['literal_bytes']}")
+    doc = {"model": s.path, "target": s.target, "hip_graph": s.hip_graph, "inputs": _inputs_doc(s),
+           "specialized": dynamic, "values": _known_values(prog) if dynamic else {},
+           "regions": [{"module": m, "instructions": _n_instructions(spec.modules[m])} for m in regions],
+           "scratch_bytes": st["scratch_bytes"], "literal_bytes": st["literal_bytes"]}
+    lines = [f"Compiled [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"]
+    if dynamic:
+        vals = ", ".join(f"{k}={v}" for k, v in doc["values"].items())
+        lines.append("shapes depend on run-time values: specialized for these inputs" +
+                     (f" ({vals})" if vals else ""))
+    if args.print:
+        lines.append(spec.print().rstrip("\n"))
+        doc["program"] = spec.print()
+    lines.append(f"graph_launch regions: {len(regions)}")
+    lines += [f"  {r['module']}: {r['instructions']} instructions" for r in doc["regions"]]
+    lines += [f"peak scratch bytes: {st['scratch_bytes']}", f"literal bytes: {st['literal_bytes']}"]
+    _emit(args, doc, lines)
     prog.release()
     return 0
 
 
-def random_inputs(prog_or_shapes, seed: int = 0) -> dict:
-    """Seeded random inputs for every parameter: floats in [-1, 1), ints in {0, 1} (valid indices for
-    any table with two rows or more, e.g. token_type_ids), bools. Give real values with --input."""
-    shapes = prog_or_shapes.get_parameter_shapes() if hasattr(prog_or_shapes, "get_parameter_shapes") \
-        else prog_or_shapes
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, s in sorted(shapes.items()):
-        dt = np.dtype(s.dtype)
-        if dt.kind == "f":
-            out[name] = rng.uniform(-1, 1, size=s.lens).astype(dt)
-        elif dt.kind in "iu":
-            out[name] = rng.integers(0, 2, size=s.lens).astype(dt)
-        elif dt.kind == "b":
-            out[name] = rng.random(size=s.lens) > 0.5
-        else:
-            raise UsageError(f"parameter '{name}': cannot generate random {s.dtype} values; give it with --input")
-    return out
+def _n_instructions(module) -> int:
+    return sum(1 for i in module.instructions if not i.op.builtin)
 
 
-def _load_inputs(specs, prog) -> dict:
-    """``name=file`` (.npy or ONNX TensorProto .pb) for some inputs; the others random."""
-    feeds = random_inputs(prog)
-    for spec in specs or []:
-        if "=" not in spec:
-            raise UsageError(f"--input expects name=file.npy|file.pb, got '{spec}'")
-        name, path = spec.split("=", 1)
-        if name not in feeds:
-            raise UsageError(f"--input names '{name}', which is not a parameter ({', '.join(sorted(feeds))})")
-        if path.endswith(".pb"):
-            import onnx
-            from onnx import numpy_helper
+def _known_values(prog) -> dict:
+    known = prog._dispatch.last_known()
+    return {k: np.asarray(v).tolist() for k, v in sorted(known.items())}
 
-            t = onnx.TensorProto()
-            with open(path, "rb") as f:
-                t.ParseFromString(f.read())
-            feeds[name] = numpy_helper.to_array(t)
-        else:
-            feeds[name] = np.load(path)
-    return feeds
+
+def _inputs_doc(s) -> dict:
+    return {n: {"dtype": s.plan.inputs[n].dtype.name, "shape": s.plan.dims[n]} for n in s.plan.inputs}
 
 
 def _errors(a, b):
@@ -213,177 +294,249 @@ def _errors(a, b):
     return absd, rel, rms, same_nonfinite
 
 
-def cmd_verify(args) -> int:
+def _compare(k: int, name: str, g, w, label: str, rtol: float, atol: float):
+    """One output against one oracle: (passed, report dict, text line).  A float16 output of a
+    program run with --fp16 is compared with a float32 oracle in float32."""
+    w = np.asarray(w)
+    doc = {"output": name, "against": label, "dtype": str(g.dtype), "shape": list(g.shape)}
+    what = f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}"
+    if g.dtype == np.float16 and w.dtype == np.float32:
+        g = g.astype(np.float32)
+    if g.shape != w.shape or g.dtype != w.dtype:
+        doc.update(passed=False, expected_dtype=str(w.dtype), expected_shape=list(w.shape))
+        return False, doc, (f"output {k} '{name}': {g.dtype}{list(g.shape)} vs {label} "
+                            f"{w.dtype}{list(w.shape)}: FAILED")
+    if g.dtype.kind in "fc":
+        absd, rel, rms, nf = _errors(g, w)
+        good = bool(nf and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+        doc.update(passed=good, max_abs_error=absd, max_rel_error=rel, rms_error=rms)
+        return good, doc, (f"{what}: max abs error {absd:.3g}, max rel error {rel:.3g}, rms error {rms:.3g}: "
+                           f"{'PASSED' if good else 'FAILED'}")
+    good = bool(np.array_equal(g, w))
+    doc.update(passed=good, identical=good)
+    return good, doc, f"{what}: {'identical' if good else 'different'}: {'PASSED' if good else 'FAILED'}"
+
+
+def _onnxruntime(path: str, feeds: dict) -> list:
     import onnxruntime as ort
 
-    path = _model_path(args.model)
-    target = _compile(args)
-    ref = _compile(args, target="ref", hip_graph=False)
-    feeds = _load_inputs(args.input, ref)
-    print(f"Running [ {target.target}{' + graph_launch' if target.hip_graph else ''} ]: {path}")
-    runs = 4 if target.hip_graph else 1
-    for _ in range(runs):  # warmup, warmup, capture, replay: the compared outputs come from a replay
-        got = target.run(feeds)
-    print("Running [ ref ]")
-    want_ref = ref.run(feeds)
-    print("Running [ onnxruntime CPU ]")
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    want_ort = sess.run(None, feeds)
-    names = target.get_output_names() or [f"output_{k}" for k in range(len(got))]
-    ok = True
+    try:
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        return sess.run(None, feeds)
+    except Exception as e:  # the oracle itself refuses these inputs
+        raise UsageError(f"onnxruntime CPU cannot run the model on these inputs ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:300]}); give real values with --input") from None
+
+
+def cmd_verify(args) -> int:
+    s = _Session(args)
+    target = s.compile()
+    ref = s.compile(target="ref", hip_graph=False)
+    lines = [f"Running [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"]
+    got = s.run(target, 4 if s.hip_graph else 1)  # warmup, warmup, capture, replay: compare a replay
+    lines.append("Running [ ref ]")
+    want_ref = s.run(ref)
+    lines.append("Running [ onnxruntime CPU ]")
+    want_ort = _onnxruntime(s.path, s.feeds)
+    names = s.output_names or [f"output_{k}" for k in range(len(got))]
+    ok, reports = True, []
     for k, (name, g, r, o) in enumerate(zip(names, got, want_ref, want_ort)):
         for label, w in (("onnxruntime", o), ("ref", r)):
-            w = np.asarray(w)
-            if g.shape != w.shape or g.dtype != w.dtype:
-                print(f"output {k} '{name}': {g.dtype}{list(g.shape)} vs {label} {w.dtype}{list(w.shape)}: FAILED")
-                ok = False
-                continue
-            if g.dtype.kind in "fc":
-                absd, rel, rms, nf = _errors(g, w)
-                good = nf and np.allclose(g, w, rtol=args.rtol, atol=args.atol, equal_nan=True)
-                print(f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}: max abs error {absd:.3g}, "
-                      f"max rel error {rel:.3g}, rms error {rms:.3g}: {'PASSED' if good else 'FAILED'}")
-            else:
-                good = np.array_equal(g, w)
-                print(f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}: "
-                      f"{'identical' if good else 'different'}: {'PASSED' if good else 'FAILED'}")
+            good, doc, line = _compare(k, name, g, w, label, args.rtol, args.atol)
             ok = ok and good
+            reports.append(doc)
+            lines.append(line)
     st = target.stats()
-    if target.hip_graph:
-        print(f"graph: captures {st['captures']}, replays {st['replays']}, fallbacks {st['fallbacks']}")
-    print("PASSED" if ok else "FAILED")
+    if s.hip_graph:
+        lines.append(f"graph: captures {st['captures']}, replays {st['replays']}, fallbacks {st['fallbacks']}")
+    lines.append("PASSED" if ok else "FAILED")
+    doc = {"model": s.path, "target": s.target, "hip_graph": s.hip_graph, "inputs": _inputs_doc(s),
+           "rtol": args.rtol, "atol": args.atol, "outputs": reports, "passed": ok,
+           "graph": {k: st[k] for k in ("captures", "replays", "fallbacks")}}
+    _emit(args, doc, lines)
     target.release()
     ref.release()
     return 0 if ok else 1
 
 
 def cmd_run(args) -> int:
-    prog = _compile(args)
-    feeds = _load_inputs(args.input, prog)
-    outs = prog.run(feeds)
-    names = prog.get_output_names() or [f"output_{k}" for k in range(len(outs))]
+    s = _Session(args)
+    prog = s.compile()
+    outs = s.run(prog)
+    names = s.output_names or [f"output_{k}" for k in range(len(outs))]
     os.makedirs(args.output_dir, exist_ok=True)
+    lines, saved = [f"Running [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"], []
     for name, o in zip(names, outs):
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
         path = os.path.join(args.output_dir, f"{safe}.npy")
         np.save(path, o)
-        print(f"{name}: {o.dtype}{list(o.shape)} -> {path}")
+        saved.append({"output": name, "dtype": str(o.dtype), "shape": list(o.shape), "path": path})
+        lines.append(f"{name}: {o.dtype}{list(o.shape)} -> {path}")
+    _emit(args, {"model": s.path, "target": s.target, "hip_graph": s.hip_graph, "inputs": _inputs_doc(s),
+                 "outputs": saved}, lines)
     prog.release()
     return 0
-
-
-def _hip_graph_env() -> bool:
-    from .program import hip_graph_from_env
-
-    return hip_graph_from_env()
-
-
-def _common_average(v):
-    """Mean without the top and bottom quartiles (MIGraphX's common_average)."""
-    v = sorted(v)
-    n = len(v)
-    q = n // 4
-    mid = v[q:n - q] or v
-    return sum(mid) / len(mid)
 
 
 def cmd_perf(args) -> int:
-    import time
+    from .cli_perf import format_report, measure, measure_graphs
 
-    prog = _compile(args, hip_graph=False)
-    feeds = _load_inputs(args.input, prog)
-    prog.run(feeds)
-    rows = prog._compiled.profile(feeds, runs=args.iterations)
-    totals = []
-    for _ in range(args.iterations):
-        t0 = time.perf_counter()
-        prog.run(feeds)
-        totals.append((time.perf_counter() - t0) * 1e3)
-    eager_launches = prog.stats()["launches_per_run"]
-    per_ins = [(lab, op, _common_average(t)) for lab, op, t in rows]
-    total_ins = sum(t for _, _, t in per_ins)
-    for lab, op, t in per_ins:
-        print(f"{lab}: {t:.5f}ms, {100 * t / max(total_ins, 1e-12):.2f}%")
-    print()
-    print("Summary:")
-    groups = {}
-    for _, op, t in per_ins:
-        groups.setdefault(op, []).append(t)
-    for op, ts in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{op}: {sum(ts):.5f}ms / {len(ts)} = {sum(ts) / len(ts):.5f}ms, {100 * sum(ts) / max(total_ins, 1e-12):.2f}%")
-    print()
-    mean = sum(totals) / len(totals)
-    avg = _common_average(totals)
-    s = sorted(totals)
-
-    def pct(p):
-        return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-    batch = 1
-    print(f"Batch size: {batch}")
-    print(f"Rate: {1000.0 / avg * batch:.3f} inferences/sec")
-    print(f"Total time: {avg:.5f}ms (Min: {s[0]:.5f}ms, Max: {s[-1]:.5f}ms, Mean: {mean:.5f}ms, "
-          f"Median: {s[len(s) // 2]:.5f}ms)")
-    print(f"Percentiles (90%, 95%, 99%): ({pct(90):.5f}ms, {pct(95):.5f}ms, {pct(99):.5f}ms)")
-    print(f"Total instructions time: {total_ins:.5f}ms")
-    print(f"Overhead time: {max(avg - total_ins, 0):.5f}ms")
-    print(f"Overhead: {100 * max(avg - total_ins, 0) / avg:.2f}%")
-    print(f"Launches per run: {eager_launches}")
+    if args.iterations < 1:
+        raise UsageError("-n/--iterations must be at least 1")
+    s = _Session(args)
+    prog = s.compile(hip_graph=False)
+    with s.hinting():
+        rep = measure(prog, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
+                      progress=not args.no_progress)
+    rep["launches_per_run"] = prog.stats()["launches_per_run"]
     prog.release()
-    if args.hip_graph or _hip_graph_env():
-        g = _compile(args, hip_graph=True)
-        for _ in range(3):
-            g.run(feeds)
-        gt = []
-        for _ in range(args.iterations):
-            t0 = time.perf_counter()
-            g.run(feeds)
-            gt.append((time.perf_counter() - t0) * 1e3)
-        st = g.stats()
-        ga = _common_average(gt)
-        print(f"Graph (graph_launch) total time: {ga:.5f}ms vs eager {avg:.5f}ms ({avg / ga:.2f}x); "
-              f"launches per run: {st['launches_per_run']} vs {eager_launches}; regions: {len(st['regions'])}, "
-              f"captures {st['captures']}, replays {st['replays']}, fallbacks {st['fallbacks']}")
+    doc = {"model": s.path, "target": s.target, "inputs": _inputs_doc(s), **rep}
+    lines = [format_report(rep), f"Launches per run: {rep['launches_per_run']}"]
+    if s.hip_graph:
+        g = s.compile(hip_graph=True)
+        with s.hinting():
+            gr = measure_graphs(g, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
+                                progress=not args.no_progress)
         g.release()
+        doc["graph"] = gr
+        eager = rep["total_time_ms"]
+        lines.append(f"Graph (graph_launch) total time: {gr['total_time_ms']:.6g}ms vs eager {eager:.6g}ms "
+                     f"({eager / gr['total_time_ms']:.2f}x); launches per run: {gr['launches_per_run']} vs "
+                     f"{rep['launches_per_run']}; regions: {gr['regions']}, captures {gr['captures']}, "
+                     f"replays {gr['replays']}, fallbacks {gr['fallbacks']}")
+    _emit(args, doc, lines)
     return 0
 
 
+# -- the parser -------------------------------------------------------------------------------------
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Raw description, a fixed width, every option's default, and options shown as in Python 3.11
+    (``-n N, --iterations N``) on every Python version, so the help texts in README.md stay exact."""
+
+    def __init__(self, prog):
+        super().__init__(prog, width=100, max_help_position=32)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "default" in text or not action.option_strings or d is None or d is False or d == argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        if action.nargs == 0:
+            return ", ".join(action.option_strings)
+        args = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return ", ".join(f"{o} {args}" for o in action.option_strings)
+
+
+def _parser_kw() -> dict:
+    kw = {"formatter_class": _HelpFormatter}
+    if sys.version_info >= (3, 14):
+        kw["color"] = False
+    return kw
+
+
+PERF_HELP = """\
+Times the program as migraphx-driver perf does and prints its report. All times are in ms.
+  Total time               whole runs, the queue synchronized after each; inputs are device arrays made
+                           once (no host copies), unless --enable-offload-copy. Common average: the mean
+                           without the top and bottom quartiles; percentiles are sorted[floor(p*(n-1))].
+  Total instructions time  each instruction of main timed alone, the queue synchronized after it, over n
+                           profiled runs: the sum of the instructions' common averages.
+  Overhead time  A, B      A: dry run, runs with no instruction executed (binding the parameters, walking
+                           the instructions, collecting the outputs); B: the profiled runs' time outside
+                           their instructions (run time minus instruction time, as means). Both are
+                           measured, never negative. Overhead percent: A of Total time, B of the
+                           profiled run time. (migraphx-driver's second figure is Total time minus Total
+                           instructions time, negative whenever the instructions timed alone add up to
+                           more than a pipelined run.)
+With --hip-graph, also the time of whole runs replayed as graphs, next to eager."""
+
+
+def _model_options(c) -> None:
+    c.add_argument("model", help="an .onnx file, a registry name or a built model folder")
+    c.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"],
+                   help="where to run; auto: gpu if one is usable, else ref")
+    c.add_argument("--hip-graph", action="store_true",
+                   help="wrap capturable runs in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
+    c.add_argument("--fp16", action="store_true", help="run in half precision (quantize_fp16) (default: off)")
+    c.add_argument("--input-dim", nargs="+", action="append", metavar="@name d",
+                   help="shapes of inputs, several in one flag: @input 1 512 @state 2 1 128; repeatable "
+                        "(default: the model's dims; a symbolic dim is 1, or the size the same dim_param "
+                        "has on another input)")
+    c.add_argument("--input", action="append", metavar="name=file|value",
+                   help="an input's value: a .npy / .pb file, or a literal in the input's dtype (sr=16000, "
+                        "x=[[1,2]]; a number fills a whole tensor); repeatable (default: random)")
+    c.add_argument("--fill0", nargs="*", metavar="name",
+                   help="fill the named inputs, or all others when no name is given, with 0 (default: random)")
+    c.add_argument("--fill1", nargs="*", metavar="name",
+                   help="fill the named inputs, or all others when no name is given, with 1 (default: random)")
+    c.add_argument("--seed", type=int, default=0,
+                   help="seed of the random inputs: floats in [-1, 1), integers in {0, 1}; a scalar integer "
+                        "the model compares with a constant takes that constant")
+    c.add_argument("--json", action="store_true", help="print the report as one JSON object (default: text)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="mgx-graph", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text with a decoder model (greedy)")
+    from . import __version__
+
+    ap = argparse.ArgumentParser(prog="mgx-graph", description=__doc__, **_parser_kw())
+    ap.add_argument("--version", action="version", version=f"mgx-graph {__version__}",
+                    help="print the version and exit")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf}")
+    g = sub.add_parser("generate", help="generate text with a decoder model (greedy)",
+                       description="Greedy text generation with a decoder and its KV cache.", **_parser_kw())
     g.add_argument("model", help="smollm2 (real, with a tokenizer), gpt2 or llama (random weights: the prompt is "
                                  "token ids), or a built model folder")
-    g.add_argument("--prompt", required=True, help="text (smollm2) or space-separated token ids")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    g.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"], help="default: gpu if usable")
-    g.add_argument("--hip-graph", action="store_true", help="wrap the step in graph_launch (or MIGRAPHX_HIP_GRAPH=1)")
-    g.add_argument("--fp16", action="store_true", help="run in half precision")
+    g.add_argument("--prompt", required=True, help="text (smollm2) or space-separated token ids (required)")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
+    g.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"],
+                   help="where to run; auto: gpu if one is usable, else ref")
+    g.add_argument("--hip-graph", action="store_true",
+                   help="wrap the step in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
+    g.add_argument("--fp16", action="store_true", help="run in half precision (default: off)")
     g.set_defaults(fn=cmd_generate)
-
-    def model_cmd(name, help_, fn):
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("model", help="an .onnx file, a registry name or a built model folder")
-        c.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"])
-        c.add_argument("--hip-graph", action="store_true", help="wrap capturable runs in graph_launch")
-        c.add_argument("--fp16", action="store_true")
-        c.add_argument("--input-dim", nargs="+", action="append", metavar="@name d", help="@name d1 d2 ...")
+    commands = (
+        ("compile", "compile a model and print the program's graph_launch regions",
+         "Compiles the model; a model whose shapes depend on run-time values is specialized for the given\n"
+         "inputs (one run). Prints the regions, scratch and literal bytes, and with --print the program.",
+         cmd_compile),
+        ("verify", "compare the target with ref and onnxruntime CPU on the same inputs",
+         "Runs the target (with graphs: until a replay), ref and onnxruntime CPU on the same inputs and\n"
+         "compares every output; exits 0 when all pass, 1 otherwise.", cmd_verify),
+        ("run", "one run; outputs saved as .npy", "Runs the model once and saves every output as .npy.", cmd_run),
+        ("perf", "per-instruction times and a summary (migraphx-driver perf layout)", PERF_HELP, cmd_perf),
+    )
+    for name, help_, desc, fn in commands:
+        c = sub.add_parser(name, help=help_, description=desc, **_parser_kw())
+        _model_options(c)
         c.set_defaults(fn=fn)
-        return c
-
-    c = model_cmd("compile", "compile an ONNX model and print the program", cmd_compile)
-    c.add_argument("--print", action="store_true", help="print every module")
-    v = model_cmd("verify", "compare the target with ref and onnxruntime (seeded random inputs)", cmd_verify)
-    v.add_argument("--rtol", type=float, default=1e-3)
-    v.add_argument("--atol", type=float, default=1e-4)
-    v.add_argument("--input", action="append", metavar="name=file", help=".npy or .pb for an input")
-    r = model_cmd("run", "one run; outputs saved as .npy", cmd_run)
-    r.add_argument("--input", action="append", metavar="name=file", help=".npy or .pb for an input")
-    r.add_argument("--output-dir", default="mgx_outputs")
-    p = model_cmd("perf", "per-instruction times and a summary (migraphx-driver perf layout)", cmd_perf)
-    p.add_argument("-n", "--iterations", type=int, default=100)
-    p.add_argument("--input", action="append", metavar="name=file", help=".npy or .pb for an input")
+        if name == "compile":
+            c.add_argument("--print", action="store_true", help="print every module (default: off)")
+        elif name == "verify":
+            c.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of float outputs")
+            c.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of float outputs")
+        elif name == "run":
+            c.add_argument("--output-dir", default="mgx_outputs", help="folder for the outputs' .npy files")
+        elif name == "perf":
+            c.add_argument("-n", "--iterations", type=int, default=100, help="timed runs of each kind")
+            c.add_argument("--enable-offload-copy", action="store_true",
+                           help="copy the inputs in and the outputs out in every timed run (default: off: "
+                                "inputs stay on the device)")
+            c.add_argument("--no-progress", action="store_true",
+                           help="no progress bar on stderr (default: shown)")
     return ap
+
+
+def help_texts() -> dict:
+    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as README.md shows them)."""
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return {"mgx-graph --help": ap.format_help(),
+            **{f"mgx-graph {name} --help": p.format_help() for name, p in sub.choices.items()}}
 
 
 def main(argv=None) -> int:

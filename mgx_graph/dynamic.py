@@ -182,7 +182,7 @@ class Dispatcher:
                 raise MgxError(f"node '{nv.node}': {nv.fn}({nv.tensor}) is needed inside a subgraph; "
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
-            prog.compile(self.target, hip_graph=False, alias=None)
+            prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
             with self.lock:
                 entry, pushed, free = self.prefixes.insert(pkey, prog, use=True)
             self._retire(free, fold=False)
@@ -209,7 +209,7 @@ class Dispatcher:
             raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
-        prog.compile(self.target, hip_graph=False, alias=None)
+        prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
         try:
             self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
             sub = {n: params[n] for n in prog.get_parameter_names()}
@@ -330,6 +330,11 @@ class Dispatcher:
     def last(self):
         with self.lock:
             return next(reversed(self.specs.items.values())).prog if self.specs.items else None
+
+    def last_known(self) -> dict:
+        """The run-time values (``{name: array}``) the most recently used specialization was compiled for."""
+        with self.lock:
+            return dict(next(reversed(self.hints.values()))) if self.hints else {}
 
     def stats(self) -> dict:
         with self.lock:

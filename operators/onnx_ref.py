@@ -101,7 +101,8 @@ class OnnxOp(Operation):
         if [tuple(s) for s in shapes] != want:
             if self.attrs["_key"]:
                 raise SpecializationMiss(self.attrs["_key"], encode_shapes(shapes), encode_shapes(want))
-            raise ShapeError(f"{node.op_type}: reference output shapes {shapes} != compiled {want}")
+            raise ShapeError(f"node '{node.name or node.op_type}' ({node.op_type}): reference output shapes "
+                             f"{shapes} != compiled {want}")
         for o, g in zip(outs, got):
             o[...] = g.astype(o.dtype, copy=False)
 
