@@ -18,7 +18,7 @@ from .executor import Executor
 from .ir import Program
 from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
                      PropagateConstant, QuantizeFp16, SimplifyReshapes, run_passes)
-from .passes.alias import detect_alias
+from .passes.bind_outputs import detect_alias
 from .targets import make_context, resolve_target
 
 

@@ -22,15 +22,15 @@ def run_passes(program, passes, trace: bool | None = None) -> None:
             print(program.print(), file=sys.stderr)
 
 
-from .dce import EliminateDeadCode  # noqa: E402
-from .constant import PropagateConstant  # noqa: E402
-from .quantize import QuantizeFp16  # noqa: E402
-from .fuse import FuseNorms  # noqa: E402
-from .simplify import SimplifyReshapes  # noqa: E402
-from .alias import BindOutputs  # noqa: E402
+from .eliminate_dead_code import EliminateDeadCode  # noqa: E402
+from .propagate_constant import PropagateConstant  # noqa: E402
+from .quantize_fp16 import QuantizeFp16  # noqa: E402
+from .fuse_norms import FuseNorms  # noqa: E402
+from .simplify_reshapes import SimplifyReshapes  # noqa: E402
+from .bind_outputs import BindOutputs  # noqa: E402
 from .lowering import Lowering  # noqa: E402
 from .hip_graph import HipGraph  # noqa: E402
-from .memory import MemoryColoring  # noqa: E402
+from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["run_passes", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16", "FuseNorms", "SimplifyReshapes", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]
