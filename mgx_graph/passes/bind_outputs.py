@@ -14,6 +14,7 @@ import json
 import re
 
 from ..errors import CompileError
+from .pass_manager import Pass
 
 _PATTERNS = [
     (re.compile(r"^present\.(.+)$"), r"past_key_values.\1"),
@@ -62,7 +63,11 @@ def _readers(param):
     return out
 
 
-class BindOutputs:
+class BindOutputs(Pass):
+    """Bind ``alias`` pairs (output name -> parameter name) in place; with ``strict`` a pair that
+    cannot be bound raises CompileError, otherwise it is recorded in ``skipped`` with the reason.
+    Sets ``program.alias`` to the pairs bound."""
+
     name = "bind_outputs"
 
     def __init__(self, alias: dict[str, str], strict: bool = True):
@@ -71,7 +76,7 @@ class BindOutputs:
         self.bound: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
 
-    def __call__(self, program) -> None:
+    def apply(self, program, ctx=None) -> None:
         m = program.get_main_module()
         ret = m.get_return()
         names = m.output_names

@@ -1,12 +1,15 @@
 """eliminate_dead_code: remove instructions whose value nobody uses (parameters stay: they are the
-program's interface)."""
+program's interface; instructions with side effects, such as ``guard``, stay too), then drop the
+modules no instruction runs any more."""
 from __future__ import annotations
 
+from .pass_manager import Pass
 
-class EliminateDeadCode:
+
+class EliminateDeadCode(Pass):
     name = "eliminate_dead_code"
 
-    def __call__(self, program) -> None:
+    def apply(self, program, ctx=None) -> None:
         for m in program.module_order():
             changed = True
             while changed:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir import Literal, Param
 from ..operators import make_op
+from .pass_manager import ModulePass
 
 F32 = "float32"
 
@@ -23,14 +24,10 @@ def _is_float32(ins) -> bool:
     return not isinstance(ins.shape, tuple) and ins.shape.dtype == F32
 
 
-class QuantizeFp16:
+class QuantizeFp16(ModulePass):
     name = "quantize_fp16"
 
-    def __call__(self, program) -> None:
-        for m in program.module_order():
-            self._module(m)
-
-    def _module(self, m) -> None:
+    def apply_module(self, m, ctx=None) -> None:
         act = set()
         for ins in m.instructions:
             op = ins.op
@@ -65,9 +62,5 @@ class QuantizeFp16:
                 else:  # float32 index arithmetic meets the activations
                     c = m.insert_instruction(ins, make_op("convert", target_type="float16"), [i])
                     new_inputs.append(c)
-            for old, new in zip(ins.inputs, new_inputs):
-                if old is not new:
-                    old.outputs = [o for o in old.outputs if o is not ins]
-                    new.outputs.append(ins)
-            ins.inputs = new_inputs
+            m.set_inputs(ins, new_inputs)
         m.recompute_shapes()

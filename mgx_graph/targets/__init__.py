@@ -30,3 +30,17 @@ def make_context(name: str, **options):
     from .gpu import GpuContext
 
     return GpuContext(**options)
+
+
+def pipeline(name: str, options):
+    """The pass pipeline of target ``name`` (``ref`` or ``gpu``) for ``options`` (a
+    :class:`mgx_graph.passes.PipelineOptions`): a list of :class:`mgx_graph.passes.PassGroup`."""
+    if name == "ref":
+        from .ref import pipeline as ref_pipeline
+
+        return ref_pipeline(options)
+    if name == "gpu":
+        from .gpu import pipeline as gpu_pipeline
+
+        return gpu_pipeline(options)
+    raise CompileError(f"unknown target '{name}' (expected ref or gpu)")
