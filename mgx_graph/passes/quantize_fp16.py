@@ -8,6 +8,7 @@ literals (positions, rotary-embedding angles, masks) are index arithmetic: they 
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
 ``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
 compiled program that were float32 become float16 (a KV cache bound in place stays in half).
+Shapes are recomputed bodies first, so an ``if`` / ``loop`` takes the half results of its bodies.
 """
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def _is_float32(ins) -> bool:
 
 class QuantizeFp16(ModulePass):
     name = "quantize_fp16"
+
+    def apply(self, program, ctx=None) -> None:
+        super().apply(program, ctx)
+        # a control-flow instruction's shape comes from its bodies, quantized after its module:
+        # recompute bodies first, then the modules that run them
+        for m in reversed(program.module_order()):
+            m.recompute_shapes()
 
     def apply_module(self, m, ctx=None) -> None:
         act = set()

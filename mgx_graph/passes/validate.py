@@ -9,7 +9,8 @@
 * every input of an instruction is live (not removed) and defined before it: earlier in the same
   module, or in an enclosing module before the instruction that runs this one (a subgraph reads
   outer values directly; a module run from several places must see the value from each of them);
-* consumer lists agree with input lists both ways (no dangling consumer);
+* consumer lists agree with input lists both ways (no dangling consumer; a consumer in a module that
+  no instruction runs, garbage that ``eliminate_dead_code`` drops, is not checked);
 * every shape is what ``compute_shape`` gives for the inputs (a literal: its value's shape; an
   instruction bound into a parameter's layout: that layout, ``meta["bind_layout"]``).
 
@@ -55,9 +56,7 @@ def validate_program(program, memo: dict | None = None) -> None:
     ``memo``: a dict kept between validations of the same program to skip re-checking shapes of
     unchanged instructions (see the module docstring)."""
     order, entries = _reachable(program)
-    pos = {}
-    for m in list(program.modules.values()) + order:
-        pos[id(m)] = {id(i): k for k, i in enumerate(m.instructions)}
+    pos = {id(m): {id(i): k for k, i in enumerate(m.instructions)} for m in order}
     for m in order:
         _check_module(m, pos, entries, memo)
 
@@ -103,6 +102,8 @@ def _check_module(m, pos, entries, memo) -> None:
         for v in ins.inputs:
             _check_input(m, ins, k, v, pos, entries)
         for c in ins.outputs:
+            if c.module is not None and id(c.module) not in pos:
+                continue  # in a module no instruction runs: garbage eliminate_dead_code drops
             cpos = pos.get(id(c.module)) if c.module is not None else None
             if cpos is None or id(c) not in cpos or ins not in c.inputs:  # identity: no Instruction.__eq__
                 raise InvalidProgram(f"lists {c.op} as a consumer, which " +
@@ -114,7 +115,8 @@ def _check_module(m, pos, entries, memo) -> None:
 def _check_input(m, ins, k, v, pos, entries) -> None:
     vpos = pos.get(id(v.module)) if v.module is not None else None
     if vpos is None or id(v) not in vpos:
-        raise InvalidProgram(f"reads {v.op}, which was removed from its module", m.name, _label(ins, k))
+        raise InvalidProgram(f"reads {v.op}, which was removed (it is in no module run from main)", m.name,
+                             _label(ins, k))
     if v.module is m:
         if vpos[id(v)] >= k:
             raise InvalidProgram(f"reads {m.label_of(v)} ({v.op}), which is defined after it", m.name, _label(ins, k))
