@@ -40,7 +40,8 @@ class SimplifyReshapes(ModulePass):
         if isinstance(x.shape, tuple) or "bind_layout" in ins.meta:
             return False
         op = ins.op.name
-        if op in ("transpose",) + _RESHAPE_LIKE and _same_layout(ins.shape, x.shape) and ins.shape.dtype == x.shape.dtype:
+        if op in ("transpose",) + _RESHAPE_LIKE and _same_layout(ins.shape, x.shape) \
+                and ins.shape.dtype == x.shape.dtype:
             m.replace_instruction(ins, x, remove=True)
             return True
         if op == "transpose" and x.op.name == "transpose" and len(x.outputs) == 1:
