@@ -157,9 +157,9 @@ class PassManager:
         if self.validate:
             validate_s += self._validate(program, None, memo)
         if self.trace or self.timing:
-            for group, p in self.skipped():
+            for _, p in self.skipped():
                 print(f"Pass {p.name}: skipped (MIGRAPHX_DISABLE_PASSES)", file=sys.stderr)
-        for group, p in self.scheduled():
+        for _, p in self.scheduled():
             t0 = time.perf_counter()
             p.apply(program, self.ctx)
             if self.timing:

@@ -1,5 +1,6 @@
 """Targets: ``ref`` (numpy on the CPU, host queue) and ``gpu`` (CuPy + vendor BLAS on a GPU
-stream, NVIDIA through CUDA or AMD through HIP).  ``auto`` picks ``gpu`` when one is usable."""
+stream, NVIDIA through CUDA or AMD through HIP).  ``auto`` picks ``gpu`` when one is usable.
+Each target declares its compile pipeline (``pipeline()`` in ``ref.py`` / ``gpu.py``)."""
 from __future__ import annotations
 
 from ..errors import CompileError
