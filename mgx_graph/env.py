@@ -6,17 +6,24 @@ use, and cached; changing it later in the same process has no effect.  ``enabled
 
 Variables used by mgx_graph:
 
-=================================  ==========================================================
-``MIGRAPHX_HIP_GRAPH``             turn the graph_launch pass on when ``compile(hip_graph=None)``
-``MIGRAPHX_HIP_GRAPH_DEBUG``       print one line per WARMUP / CAPTURE / UPDATE / REPLAY / FALLBACK /
-                                   EAGER / EVICT / VALIDATE event to stderr
-``MIGRAPHX_HIP_GRAPH_MAX``         graph execs per region and captures per region over its life (8)
-``MIGRAPHX_HIP_GRAPH_MAX_BYTES``   device memory of all graph execs of a program (1 GiB)
-``MIGRAPHX_HIP_GRAPH_VALIDATE``    run eager next to early replays and compare (validation mode)
-``MIGRAPHX_TRACE_COMPILE``         print the program after each compiler pass
-``MIGRAPHX_TIME_PASSES``           print the time each compiler pass takes
-``MIGRAPHX_TRACE_EVAL``            force eager runs of every region (graphs are not used)
-=================================  ==========================================================
+====================================  ==========================================================
+``MIGRAPHX_HIP_GRAPH``                turn the graph_launch pass on when ``compile(hip_graph=None)``
+``MIGRAPHX_HIP_GRAPH_DEBUG``          print one line per WARMUP / CAPTURE / UPDATE / REPLAY / FALLBACK /
+                                      EAGER / EVICT / VALIDATE event to stderr
+``MIGRAPHX_HIP_GRAPH_MAX``            graph execs per region and captures per region over its life (8)
+``MIGRAPHX_HIP_GRAPH_MAX_BYTES``      device memory of all graph execs of a program (1 GiB)
+``MIGRAPHX_HIP_GRAPH_VALIDATE``       run eager next to early replays and compare (validation mode)
+``MIGRAPHX_TRACE_COMPILE``            print the program after each compiler pass
+``MIGRAPHX_TIME_PASSES``              print the time each compiler pass takes, then the time all
+                                      validations between passes took
+``MIGRAPHX_DISABLE_PASSES``           comma-separated pass or group names the pass manager skips (A/B
+                                      runs), e.g. ``fuse_norms`` or ``graph``; ``lowering`` and
+                                      ``memory_coloring`` cannot be skipped; an unknown name is a
+                                      CompileError
+``MIGRAPHX_DISABLE_VALIDATE_PASSES``  do not validate the program after each pass (validation is on
+                                      by default)
+``MIGRAPHX_TRACE_EVAL``               force eager runs of every region (graphs are not used)
+====================================  ==========================================================
 """
 from __future__ import annotations
 

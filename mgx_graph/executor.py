@@ -19,7 +19,7 @@ from .graph_launch import GraphBudget, GraphLaunchState, GraphOptions, Validator
 from .operators.base import HOST
 from .operators.dynamic import SpecializationMiss
 from .passes.hip_graph import launch_count
-from .passes.memory import linear_order, on_host, param_bindings
+from .passes.memory_coloring import linear_order, on_host, param_bindings
 from .staging import InputStaging
 
 

@@ -201,14 +201,39 @@ class Module:
         return ins
 
     # -- rewriting -------------------------------------------------------------------------------
-    def replace_instruction(self, old: Instruction, new: Instruction) -> None:
-        """Make every consumer of ``old`` use ``new`` instead (``old`` stays until DCE)."""
+    def replace_instruction(self, old: Instruction, new: Instruction, *, remove: bool = False) -> Instruction:
+        """Make every consumer of ``old`` read ``new`` instead, as MIGraphX's ``replace_instruction``.
+
+        Consumers anywhere follow (this module, submodules reading ``old`` as an outer value,
+        ``@return``), except ``new`` itself, so ``new`` may be built over ``old`` (a copy of it).
+        ``old`` stays until dead-code elimination, or is removed here with ``remove=True`` (ShapeError
+        when ``new`` still reads it).  Returns ``new``.
+        """
         if old is new:
-            return
+            return new
+        kept = []
         for c in list(old.outputs):
+            if c is new:
+                kept.append(c)
+                continue
             c.inputs = [new if i is old else i for i in c.inputs]
             new.outputs.append(c)
-        old.outputs = []
+        old.outputs = kept
+        if remove:
+            self.remove_instruction(old)
+        return new
+
+    def set_inputs(self, ins: Instruction, inputs: Iterable[Instruction]) -> None:
+        """Give ``ins`` the arguments ``inputs`` (position by position), keeping every changed
+        argument's consumer list consistent; the output shape is not recomputed."""
+        inputs = list(inputs)
+        for k, old in enumerate(ins.inputs):
+            if k >= len(inputs) or inputs[k] is not old:
+                _drop_one(old.outputs, ins)
+        for k, new in enumerate(inputs):
+            if k >= len(ins.inputs) or ins.inputs[k] is not new:
+                new.outputs.append(ins)
+        ins.inputs = inputs
 
     def replace_argument(self, consumer: Instruction, old: Instruction, new: Instruction) -> None:
         consumer.inputs = [new if i is old else i for i in consumer.inputs]
@@ -237,6 +262,69 @@ class Module:
                 ins.shape = ins.meta["bind_layout"]
                 continue
             ins.shape = ins.op.compute_shape([i.shape for i in ins.inputs], ins.module_inputs)
+
+    # -- runs and submodules ---------------------------------------------------------------------
+    def run_io(self, run: list[Instruction]) -> tuple[list[Instruction], list[Instruction]]:
+        """Inputs and outputs of ``run`` (instructions of this module): the values its members read
+        that are not members (first-use order, each once), and the members read by something that is
+        not a member (run order), be it an instruction of this module, of a submodule, or ``@return``."""
+        members = {id(i) for i in run}
+        inputs, seen = [], set()
+        for ins in run:
+            for v in ins.inputs:
+                if id(v) not in members and id(v) not in seen:
+                    seen.add(id(v))
+                    inputs.append(v)
+        outputs = [i for i in run if any(id(c) not in members for c in i.outputs)]
+        return inputs, outputs
+
+    def move_to_submodule(self, run: list[Instruction], name: str, call_op: Operation,
+                          param_names: list[str] | None = None) -> tuple["Module", dict[str, Instruction]]:
+        """Outline ``run`` (instructions of this module, in order) into a new submodule ``name``
+        that one ``call_op`` instruction (``graph_launch``) runs from here.
+
+        The submodule gets a parameter per input of the run (``param_names``, default ``x0, x1, ...``
+        in first-use order) and returns the run's outputs.  The call takes the inputs in sorted
+        parameter-name order (how ``graph_launch`` binds them) and stands before the instruction that
+        followed the run's last member; consumers outside the run read the call itself (one output) or
+        a ``get_tuple_elem`` of it.  Returns ``(submodule, {parameter name: outer value bound to it})``.
+        Raises CompileError when the run has no output or the module belongs to no program.
+        """
+        from .errors import CompileError
+        from .operators import make_op
+
+        inputs, outputs = self.run_io(run)
+        if not outputs or self.program is None:
+            raise CompileError(f"module '{self.name}': cannot outline a run of {len(run)} instruction(s) "
+                               f"into '{name}': " + ("nothing reads its results" if not outputs else "no program"))
+        names = list(param_names) if param_names is not None else [f"x{k}" for k in range(len(inputs))]
+        sub = self.program.create_module(name)
+        bound = dict(zip(names, inputs))
+        pmap = {id(bound[n]): sub.add_parameter(n, bound[n].shape) for n in sorted(bound)}
+        last = self.instructions.index(run[-1])
+        anchor = self.instructions[last + 1] if last + 1 < len(self.instructions) else None
+        for ins in run:
+            self.instructions.remove(ins)
+            self.set_inputs(ins, [pmap.get(id(v), v) for v in ins.inputs])
+            ins.module = sub
+            sub.instructions.append(ins)
+        members = {id(i) for i in run}
+        outside = {id(o): [c for c in o.outputs if id(c) not in members] for o in outputs}
+        for o in outputs:
+            o.outputs = [c for c in o.outputs if id(c) in members]
+        sub.add_return(outputs)
+
+        def place(op, args, mods=()):
+            return self.add_instruction(op, args, mods) if anchor is None else \
+                self.insert_instruction(anchor, op, args, mods)
+
+        call = place(call_op, [bound[n] for n in sorted(bound)], [sub])
+        for idx, o in enumerate(outputs):
+            val = call if len(outputs) == 1 else place(make_op("get_tuple_elem", index=idx), [call])
+            for c in outside[id(o)]:
+                c.inputs = [val if i is o else i for i in c.inputs]
+                val.outputs.append(c)
+        return sub, bound
 
     # -- queries ---------------------------------------------------------------------------------
     def get_return(self) -> Instruction | None:
@@ -295,6 +383,14 @@ class Module:
 
     def __str__(self) -> str:
         return self.print()
+
+
+def _drop_one(lst: list, x) -> None:
+    """Remove the first element of ``lst`` that is ``x`` (by identity)."""
+    for k, v in enumerate(lst):
+        if v is x:
+            del lst[k]
+            return
 
 
 def _outer_label(ins) -> str:

@@ -3,7 +3,7 @@
 ``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
 
     eliminate_dead_code, propagate_constant, simplify_reshapes, fuse_norms, eliminate_dead_code,
-    [quantize_fp16, propagate_constant], bind_outputs, lowering, [hip_graph], memory_coloring
+    [quantize_fp16, propagate_constant], [bind_outputs], lowering, [hip_graph], memory_coloring
 
 ``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
 no ``graph_launch`` exists anywhere and execution is the plain eager path.
@@ -16,10 +16,9 @@ from . import env
 from .errors import CompileError, DeviceError, MgxError
 from .executor import Executor
 from .ir import Program
-from .passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring,
-                     PropagateConstant, QuantizeFp16, SimplifyReshapes, run_passes)
-from .passes.alias import detect_alias
-from .targets import make_context, resolve_target
+from .passes import PassContext, PassManager, PipelineOptions
+from .passes.bind_outputs import detect_alias
+from .targets import make_context, pipeline, resolve_target
 
 
 OUT_OF_MEMORY = ("hipErrorOutOfMemory", "hipErrorMemoryAllocation")  # HIP's name; CUDA's, renamed by check()
@@ -67,17 +66,13 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         alias_map, strict = detect_alias(self, getattr(self, "metadata", None)), False
     else:
         alias_map, strict = dict(alias or {}), True
-    passes = [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes(), FuseNorms(), EliminateDeadCode()]
-    if fp16:
-        passes += [QuantizeFp16(), PropagateConstant()]
-    binder = BindOutputs(alias_map, strict=strict)
-    passes += [binder, Lowering(tname, host_ops=host_ops)]
-    if hip_graph:
-        passes.append(HipGraph(min_partition_size))
-    passes.append(MemoryColoring())
+    options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
+                              host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
+    manager = PassManager(pipeline(tname, options), PassContext(tname))
     self.alias = {}
-    run_passes(self, passes)
-    self.alias_skipped = binder.skipped
+    manager.run(self)
+    binder = manager.find("bind_outputs")
+    self.alias_skipped = dict(binder.skipped) if binder is not None else {}
     if budget is None:
         from .graph_launch import GraphBudget, GraphOptions
 

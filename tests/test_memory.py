@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from onnx import helper
 
 import mgx_graph
-from mgx_graph.passes.memory import _align
+from mgx_graph.passes.memory_coloring import _align
 from util import make_model, ort_run
 
 

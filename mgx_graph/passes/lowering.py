@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import CompileError
+from .pass_manager import Pass
 
 
 @dataclass
@@ -31,29 +32,16 @@ def insert_host_fallback(m, ins) -> None:
         c = m.insert_instruction(ins, make_op("copy_from_gpu"), [v])
         c.meta["on_host"] = True
         new_inputs.append(c)
-    for old, new in zip(ins.inputs, new_inputs):
-        old.outputs = [o for o in old.outputs if o is not ins]
-        new.outputs.append(ins)
-    ins.inputs = new_inputs
+    m.set_inputs(ins, new_inputs)
     ins.meta["on_host"] = True
     nxt = m.instructions[m.instructions.index(ins) + 1]
     if isinstance(ins.shape, tuple):
         for g in [c for c in ins.outputs if c.op.name == "get_tuple_elem"]:
             g.meta["on_host"] = True
-            consumers = list(g.outputs)
             anchor = m.instructions[m.instructions.index(g) + 1]
-            up = m.insert_instruction(anchor, make_op("copy_to_gpu"), [g])
-            for c in consumers:
-                c.inputs = [up if i is g else i for i in c.inputs]
-                up.outputs.append(c)
-            g.outputs = [up]
+            m.replace_instruction(g, m.insert_instruction(anchor, make_op("copy_to_gpu"), [g]))
     else:
-        consumers = list(ins.outputs)
-        up = m.insert_instruction(nxt, make_op("copy_to_gpu"), [ins])
-        for c in consumers:
-            c.inputs = [up if i is ins else i for i in c.inputs]
-            up.outputs.append(c)
-        ins.outputs = [up]
+        m.replace_instruction(ins, m.insert_instruction(nxt, make_op("copy_to_gpu"), [ins]))
 
 
 def _has_strings(ins) -> bool:
@@ -62,35 +50,22 @@ def _has_strings(ins) -> bool:
     return any(getattr(s, "dtype", "") == "object" for s in shapes)
 
 
-class Lowering:
-    name = "lowering"
+class Lowering(Pass):
+    """Lower to ``target`` (``ref`` or ``gpu``; None: the pass context's target), running the ops
+    named in ``host_ops`` on the host.  Sets ``program.host_fallback_ops`` (sorted op names); warns
+    once on gpu listing the ops with no gpu kernel; raises CompileError for a string tensor off
+    ``ref`` or a kernel that cannot be chosen (naming the instruction's op)."""
 
-    def __init__(self, target: str, host_ops=()):
+    name = "lowering"
+    required = True
+
+    def __init__(self, target: str | None = None, host_ops=()):
         self.target = target
         self.host_ops = set(host_ops or ())
 
-    def __call__(self, program) -> None:
-        fallback = []
-        for m in program.module_order():
-            for ins in list(m.instructions):
-                op = ins.op
-                if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
-                    continue
-                if (self.target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
-                    insert_host_fallback(m, ins)
-                    fallback.append(op.name)
-        if fallback and self.target == "gpu":
-            import warnings
-
-            names = sorted(set(fallback))
-            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
-                          f"{', '.join(names)}", stacklevel=3)
-        program.host_fallback_ops = sorted(set(fallback))
-        strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
-        if strings and self.target != "ref":
-            raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
-        for ins in strings:
-            ins.meta["on_host"] = True
+    def apply(self, program, ctx=None) -> None:
+        target = self.target or (ctx.target if ctx is not None else "ref")
+        self._place_on_host(program, target)
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op
@@ -103,13 +78,40 @@ class Lowering:
                     continue
                 in_shapes = [i.shape for i in ins.inputs]
                 try:
-                    ins.meta["kernel"] = self.select(op, in_shapes, ins.shape, ins)
+                    ins.meta["kernel"] = self.select(op, in_shapes, ins.shape, ins, target)
                 except Exception as e:  # pragma: no cover - defensive: name the instruction
-                    raise CompileError(f"lowering {op} to '{self.target}' failed: {type(e).__name__}: {e}") from e
+                    raise CompileError(f"lowering {op} to '{target}' failed: {type(e).__name__}: {e}") from e
 
-    def select(self, op, in_shapes, out_shape, ins) -> Kernel:
+    def _place_on_host(self, program, target: str) -> None:
+        """Host fallback for ops without a kernel on ``target`` and for ``host_ops``; string tensors
+        run on the host (ref only)."""
+        fallback = []
+        for m in program.module_order():
+            for ins in list(m.instructions):
+                op = ins.op
+                if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
+                    continue
+                if (target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
+                    insert_host_fallback(m, ins)
+                    fallback.append(op.name)
+        if fallback and target == "gpu":
+            import warnings
+
+            names = sorted(set(fallback))
+            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
+                          f"{', '.join(names)}", stacklevel=4)
+        program.host_fallback_ops = sorted(set(fallback))
+        strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
+        if strings and target != "ref":
+            raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
+        for ins in strings:
+            ins.meta["on_host"] = True
+
+    def select(self, op, in_shapes, out_shape, ins, target: str | None = None) -> Kernel:
+        """The kernel of ``op`` on ``target`` (default: the pass's target)."""
+        target = target or self.target or "ref"
         capt = op.capturable and not op.host_only
-        if self.target == "ref":
+        if target == "ref":
             return Kernel(op.compute, 1, op.workspace(in_shapes, out_shape), capt, "host")
         from ..operators.gpu import select_gpu_kernel
 

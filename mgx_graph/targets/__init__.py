@@ -1,5 +1,6 @@
 """Targets: ``ref`` (numpy on the CPU, host queue) and ``gpu`` (CuPy + vendor BLAS on a GPU
-stream, NVIDIA through CUDA or AMD through HIP).  ``auto`` picks ``gpu`` when one is usable."""
+stream, NVIDIA through CUDA or AMD through HIP).  ``auto`` picks ``gpu`` when one is usable.
+Each target declares its compile pipeline (``pipeline()`` in ``ref.py`` / ``gpu.py``)."""
 from __future__ import annotations
 
 from ..errors import CompileError
@@ -30,3 +31,17 @@ def make_context(name: str, **options):
     from .gpu import GpuContext
 
     return GpuContext(**options)
+
+
+def pipeline(name: str, options):
+    """The pass pipeline of target ``name`` (``ref`` or ``gpu``) for ``options`` (a
+    :class:`mgx_graph.passes.PipelineOptions`): a list of :class:`mgx_graph.passes.PassGroup`."""
+    if name == "ref":
+        from .ref import pipeline as ref_pipeline
+
+        return ref_pipeline(options)
+    if name == "gpu":
+        from .gpu import pipeline as gpu_pipeline
+
+        return gpu_pipeline(options)
+    raise CompileError(f"unknown target '{name}' (expected ref or gpu)")

@@ -14,9 +14,29 @@ import threading
 import numpy as np
 
 from ..errors import CaptureError
+from ..passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring, PassGroup,
+                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
 from ..shape import Shape
+
+
+def pipeline(options: PipelineOptions) -> list[PassGroup]:
+    """The ``gpu`` compile pipeline, as named groups run in this order (``options`` selects them).
+
+    ``lower`` picks CuPy / vendor-BLAS kernels and runs the ops with no gpu kernel (and ``host_ops``)
+    on the host between ``copy_from_gpu`` / ``copy_to_gpu``; ``graph`` then cuts its regions there.
+    """
+    o = options
+    return [
+        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
+        PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
+        PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
+        PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
+        PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),
+        PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),
+        PassGroup("memory", [MemoryColoring()]),
+    ]
 
 
 class _Guard(threading.local):

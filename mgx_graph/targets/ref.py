@@ -10,8 +10,28 @@ import contextlib
 import numpy as np
 
 from ..operators.base import numpy_reduce
+from ..passes import (BindOutputs, EliminateDeadCode, FuseNorms, HipGraph, Lowering, MemoryColoring, PassGroup,
+                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
 from ..shape import Shape
+
+
+def pipeline(options: PipelineOptions) -> list[PassGroup]:
+    """The ``ref`` compile pipeline, as named groups run in this order (``options`` selects them).
+
+    ``graph`` runs on ``ref`` too: its kernels are host functions on a host queue, which capture and
+    replay as a GPU stream does.
+    """
+    o = options
+    return [
+        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
+        PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
+        PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
+        PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
+        PassGroup("lower", [Lowering("ref", host_ops=o.host_ops)]),
+        PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),
+        PassGroup("memory", [MemoryColoring()]),
+    ]
 
 
 class RefContext:

@@ -8,6 +8,7 @@ literals (positions, rotary-embedding angles, masks) are index arithmetic: they 
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
 ``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
 compiled program that were float32 become float16 (a KV cache bound in place stays in half).
+Shapes are recomputed bodies first, so an ``if`` / ``loop`` takes the half results of its bodies.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..ir import Literal, Param
 from ..operators import make_op
+from .pass_manager import ModulePass
 
 F32 = "float32"
 
@@ -23,14 +25,17 @@ def _is_float32(ins) -> bool:
     return not isinstance(ins.shape, tuple) and ins.shape.dtype == F32
 
 
-class QuantizeFp16:
+class QuantizeFp16(ModulePass):
     name = "quantize_fp16"
 
-    def __call__(self, program) -> None:
-        for m in program.module_order():
-            self._module(m)
+    def apply(self, program, ctx=None) -> None:
+        super().apply(program, ctx)
+        # a control-flow instruction's shape comes from its bodies, quantized after its module:
+        # recompute bodies first, then the modules that run them
+        for m in reversed(program.module_order()):
+            m.recompute_shapes()
 
-    def _module(self, m) -> None:
+    def apply_module(self, m, ctx=None) -> None:
         act = set()
         for ins in m.instructions:
             op = ins.op
@@ -65,9 +70,5 @@ class QuantizeFp16:
                 else:  # float32 index arithmetic meets the activations
                     c = m.insert_instruction(ins, make_op("convert", target_type="float16"), [i])
                     new_inputs.append(c)
-            for old, new in zip(ins.inputs, new_inputs):
-                if old is not new:
-                    old.outputs = [o for o in old.outputs if o is not ins]
-                    new.outputs.append(ins)
-            ins.inputs = new_inputs
+            m.set_inputs(ins, new_inputs)
         m.recompute_shapes()

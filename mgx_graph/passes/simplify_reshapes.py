@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..operators import make_op
 from ..operators.shape_ops import reshape_strides
+from .pass_manager import ModulePass
 
 _RESHAPE_LIKE = ("reshape", "squeeze", "unsqueeze")
 
@@ -21,28 +22,27 @@ def _same_layout(a, b) -> bool:
     return tuple(a.lens) == tuple(b.lens) and all(d == 1 or x == y for d, x, y in zip(a.lens, a.strides, b.strides))
 
 
-class SimplifyReshapes:
+class SimplifyReshapes(ModulePass):
     name = "simplify_reshapes"
 
-    def __call__(self, program) -> None:
-        for m in program.module_order():
-            changed = True
-            while changed:
-                changed = False
-                for ins in list(m.instructions):
-                    if ins.module is not m or not ins.op.is_view or ins.op.name in ("guard", "get_tuple_elem"):
-                        continue
-                    if self._simplify(m, ins):
-                        changed = True
+    def apply_module(self, m, ctx=None) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for ins in list(m.instructions):
+                if ins.module is not m or not ins.op.is_view or ins.op.name in ("guard", "get_tuple_elem"):
+                    continue
+                if self._simplify(m, ins):
+                    changed = True
 
     def _simplify(self, m, ins) -> bool:
         x = ins.inputs[0]
         if isinstance(x.shape, tuple) or "bind_layout" in ins.meta:
             return False
         op = ins.op.name
-        if op in ("transpose",) + _RESHAPE_LIKE and _same_layout(ins.shape, x.shape) and ins.shape.dtype == x.shape.dtype:
-            m.replace_instruction(ins, x)
-            m.remove_instruction(ins)
+        if op in ("transpose",) + _RESHAPE_LIKE and _same_layout(ins.shape, x.shape) \
+                and ins.shape.dtype == x.shape.dtype:
+            m.replace_instruction(ins, x, remove=True)
             return True
         if op == "transpose" and x.op.name == "transpose" and len(x.outputs) == 1:
             inner = x.op.permutation
@@ -52,8 +52,7 @@ class SimplifyReshapes:
                 new = src
             else:
                 new = m.insert_instruction(ins, make_op("transpose", permutation=perm), [src])
-            m.replace_instruction(ins, new)
-            m.remove_instruction(ins)
+            m.replace_instruction(ins, new, remove=True)
             m.remove_instruction(x)
             return True
         if op in _RESHAPE_LIKE and x.op.name in _RESHAPE_LIKE and len(x.outputs) == 1:
@@ -61,8 +60,7 @@ class SimplifyReshapes:
             if isinstance(src.shape, tuple) or reshape_strides(src.shape, ins.shape.lens) is None:
                 return False
             new = m.insert_instruction(ins, make_op("reshape", dims=list(ins.shape.lens)), [src])
-            m.replace_instruction(ins, new)
-            m.remove_instruction(ins)
+            m.replace_instruction(ins, new, remove=True)
             m.remove_instruction(x)
             return True
         return False

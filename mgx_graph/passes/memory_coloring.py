@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .pass_manager import Pass
+
 ALIGN = 256
 END = 1 << 60
 CONTROL = ("graph_launch", "if", "loop")
@@ -176,10 +178,13 @@ def _keep_largest(largest: list, nbytes: int, ins, shape, what: str = "", n: int
     return largest[:n]
 
 
-class MemoryColoring:
-    name = "memory_coloring"
+class MemoryColoring(Pass):
+    """Plan every buffer of the program (see the module docstring); sets ``program.memory_plan``."""
 
-    def __call__(self, program) -> None:
+    name = "memory_coloring"
+    required = True
+
+    def apply(self, program, ctx=None) -> None:
         main = program.get_main_module()
         order = linear_order(main)
         pos = {id(i): n for n, i in enumerate(order)}

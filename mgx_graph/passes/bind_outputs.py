@@ -22,7 +22,8 @@ import re
 from ..errors import CompileError
 from ..operators import make_op
 from ..shape import Shape
-from .memory import value_root
+from .memory_coloring import value_root
+from .pass_manager import Pass
 
 _PATTERNS = [
     (re.compile(r"^present\.(.+)$"), r"past_key_values.\1"),
@@ -71,8 +72,13 @@ def _readers(param):
     return out
 
 
-class BindOutputs:
+class BindOutputs(Pass):
+    """Bind ``alias`` pairs (output name -> parameter name) in place; with ``strict`` a pair that
+    cannot be bound raises CompileError, otherwise it is recorded in ``skipped`` with the reason.
+    Sets ``program.alias`` to the pairs bound."""
+
     name = "bind_outputs"
+    required = True  # it also copies outputs that would expose a literal or the caller's input
 
     def __init__(self, alias: dict[str, str], strict: bool = True):
         self.alias = dict(alias or {})
@@ -80,7 +86,7 @@ class BindOutputs:
         self.bound: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
 
-    def __call__(self, program) -> None:
+    def apply(self, program, ctx=None) -> None:
         m = program.get_main_module()
         ret = m.get_return()
         names = m.output_names

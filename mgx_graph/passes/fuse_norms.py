@@ -3,13 +3,16 @@
 Matches ``y = x * recip(sqrt(reduce_mean(pow(x, 2), last axis) + eps))`` (``div(1, .)`` and
 ``mul(x, x)`` accepted) and an optional elementwise weight ``y * w`` with ``w`` a literal over the last
 axis.  The fused op accumulates in float32 even for half inputs (so ``quantize_fp16`` cannot overflow
-in ``x**2``), and on the gpu target it is two kernels instead of seven.
+in ``x**2``), and on the gpu target it is two kernels instead of seven.  The ``rms_norm`` is
+inserted before the matched output and takes over its uses; the unfused instructions are left for the
+``eliminate_dead_code`` that follows in the pipeline.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..operators import make_op
+from .pass_manager import ModulePass
 
 
 def _lit_scalar(ins):
@@ -24,14 +27,13 @@ def _other(ins, x):
     return b if a is x else a if b is x else None
 
 
-class FuseNorms:
+class FuseNorms(ModulePass):
     name = "fuse_norms"
 
-    def __call__(self, program) -> None:
-        for m in program.module_order():
-            for ins in list(m.instructions):
-                if ins.module is m and ins.op.name == "reduce_mean":
-                    self._try(m, ins)
+    def apply_module(self, m, ctx=None) -> None:
+        for ins in list(m.instructions):
+            if ins.module is m and ins.op.name == "reduce_mean":
+                self._try(m, ins)
 
     def _try(self, m, rm) -> None:
         sq = rm.inputs[0]
