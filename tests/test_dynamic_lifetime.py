@@ -383,3 +383,24 @@ def test_held_release_runs_when_the_capture_ends_by_stream_destroy():
     assert done == [1]
     assert rt.counters() == before
     assert not rt.queue_alive(q) and rt.capturing([q]) == []
+
+
+def test_huge_static_constant_of_shape_is_refused_before_allocating(target):
+    """A ConstantOfShape whose literal shape is larger than the host's memory: a typed error naming the node,
+    raised before onnx's data propagation or numpy try to materialize it (an overcommitting host would kill
+    the process instead of raising)."""
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["c"], name="fill"), helper.make_node("Add", ["c", "x"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(np.array([10 ** 12], np.int64), "s")])
+    base = books(target)
+    with pytest.raises(CompileError, match=r"node 'fill' \(ConstantOfShape\): a float32\[1000000000000\] literal of "
+                                           r"4000000000000 bytes"):
+        mgx_graph.compile(model, target=target, hip_graph=False)
+    assert books(target) == base
+    x = np.array([2.0], np.float32)  # the process is intact: a small program still compiles and runs
+    small = _model([helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(np.array([3], np.int64), "s")])
+    np.testing.assert_array_equal(mgx_graph.compile(small, target=target).run({"x": x})[0], np.full(3, 2.0, np.float32))

@@ -9,6 +9,7 @@ shapes; onnx shape inference (with data propagation) cross-checks every statical
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -195,7 +196,7 @@ class OnnxParser:
                 for d in shapes[vi.name].lens:
                     tt.shape.dim.add().dim_value = d
         try:
-            inf = onnx.shape_inference.infer_shapes(stripped, data_prop=True)
+            inf = onnx.shape_inference.infer_shapes(stripped, data_prop=_propagation_is_bounded(stripped))
         except Exception as e:  # onnx's own inference can reject valid models; it is only a check
             warnings.warn(f"onnx shape inference failed ({type(e).__name__}); shapes are not cross-checked")
             return
@@ -365,3 +366,21 @@ def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int 
     prog.metadata = {p.key: p.value for p in m.metadata_props}
     prog.symbolic_inputs = symbolic_inputs(m, input_dims)
     return prog
+
+
+PROPAGATED_ELEMENTS = 1 << 26  # onnx's data propagation materializes ConstantOfShape values on the host
+
+
+def _propagation_is_bounded(model: onnx.ModelProto) -> bool:
+    """False when a ConstantOfShape of a literal shape is larger than onnx's data propagation should
+    materialize (it allocates the whole tensor, and an overcommitting host kills the process for it)."""
+    g = model.graph
+    lits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            lits[n.output[0]] = onnx.numpy_helper.to_array(n.attribute[0].t)
+    for n in g.node:
+        if n.op_type == "ConstantOfShape" and n.input and n.input[0] in lits:
+            if math.prod(int(d) for d in lits[n.input[0]].reshape(-1)) > PROPAGATED_ELEMENTS:
+                return False
+    return True

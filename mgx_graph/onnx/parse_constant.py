@@ -6,6 +6,9 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 from onnx import numpy_helper
 
@@ -30,11 +33,22 @@ def _parse_constant(p, m, node, ins):
     return p.lit(m, v)
 
 
+def _host_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
 @parser("ConstantOfShape")
 def _parse_constant_of_shape(p, m, node, ins):
     lens = ints(p.const(ins[0], "input"))
     t = attr(node, "value")
     v = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
+    nbytes = math.prod(int(d) for d in lens) * v.dtype.itemsize
+    if nbytes > _host_memory():  # refuse before numpy tries (an overcommitting host would kill the process)
+        raise MemoryError(f"node '{node.name}' (ConstantOfShape): a {v.dtype}{list(lens)} literal of {nbytes} "
+                          f"bytes is more than the host's {_host_memory()} bytes of memory")
     return p.lit(m, np.full(lens, v.reshape(-1)[0], dtype=v.dtype))
 
 
