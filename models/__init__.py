@@ -290,10 +290,9 @@ def build(
     if not force and (final / _INFO_FILE).is_file():
         return load_info(final)
 
-    from .errors import require_modules
     from .progress import Steps, quiet_third_party
 
-    require_modules(name, builder.requirements(opts))  # before any folder is made
+    builder.check_requirements(opts)  # before any folder is made
     models.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{digest}-", dir=models))
     os.chmod(tmp, 0o755)

@@ -160,8 +160,8 @@ OUTLINE = RANDOM.outline()
 #: Build into ``out_dir`` (``model.onnx`` + ``model.onnx.data``); see :meth:`.outline.BuildOutline.build_into`.
 build_into = OUTLINE.build_into
 
-#: The modules a build with given normalized options imports.
-requirements = OUTLINE.requirements
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def load_torch_model(info) -> Any:

@@ -410,8 +410,8 @@ OUTLINE = BuildOutline(NAME, load=_load, export=_export, verify=_verify_build, d
 #: Build into ``out_dir``; see :meth:`.outline.BuildOutline.build_into`.
 build_into = OUTLINE.build_into
 
-#: The modules a build with given normalized options imports.
-requirements = OUTLINE.requirements
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def load_torch_model(info) -> Any:

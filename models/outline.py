@@ -105,9 +105,13 @@ class BuildOutline:
     requires: tuple[str, ...] = EXPORT_MODULES
     verify_requires: tuple[str, ...] = ("onnxruntime",)
 
-    def requirements(self, opts: dict[str, Any]) -> tuple[str, ...]:
-        """The modules a build with the normalized options ``opts`` imports."""
-        return self.requires + (self.verify_requires if opts.get("verify") else ())
+    def check_requirements(self, opts: dict[str, Any]) -> None:
+        """Raise :class:`~.errors.MissingExtraError` if a module that a build with the
+        normalized options ``opts`` imports is missing (:attr:`requires`, plus
+        :attr:`verify_requires` when ``opts["verify"]``)."""
+        require_modules(self.name, self.requires)
+        if opts.get("verify"):
+            require_modules(self.name, self.verify_requires, "verifying the export (verify=False skips it)")
 
     def build_into(self, out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
         """Build into ``out_dir``: ``model.onnx`` + ``model.onnx.data`` (+ ``tokenizer/``).
@@ -117,7 +121,7 @@ class BuildOutline:
         :class:`~.errors.MissingExtraError` for a missing module, else :class:`~.errors.BuildError`
         / :class:`~.errors.VerificationError`.
         """
-        require_modules(self.name, self.requirements(opts))
+        self.check_requirements(opts)
         source = None
         if self.fetch is None:
             steps.skip("fetch weights", self.nothing_to_fetch)

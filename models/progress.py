@@ -4,13 +4,15 @@ On a terminal: one tqdm bar over the build steps (:data:`Steps.NAMES`); every no
 that other code prints while the build runs (the ONNX exporter's messages, warnings, log records)
 is written above the bar through ``tqdm.write``, so nothing overwrites the bar or is overwritten
 by it. When stderr is not a terminal (a log file, a pipe, a notebook): plain lines, one when each
-step starts and one per note, never a carriage return. transformers', huggingface_hub's and the
-GGUF loader's own progress bars are switched off during a build (:func:`quiet_third_party`).
+step starts and one per note, never a carriage return. Other tqdm bars (transformers' weight
+loading, the GGUF de-quantization loop, huggingface_hub) are created disabled during a build
+(:func:`quiet_third_party`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import re
@@ -241,58 +243,50 @@ class Steps:
 
 @contextlib.contextmanager
 def quiet_third_party(show_warnings: bool) -> Iterator[None]:
-    """Switch off the progress bars of transformers, huggingface_hub and transformers' GGUF
-    loader while the body runs; with ``show_warnings=False`` also transformers' warnings
-    (verbosity error). Everything is restored afterwards. A no-op without transformers."""
+    """While the body runs, every tqdm bar created (transformers' weight loading, the GGUF
+    de-quantization loop, huggingface_hub, any other library) is created disabled; with
+    ``show_warnings=False`` transformers' warnings are hidden too (verbosity error). Bars
+    made before (the build's own) are untouched; everything is restored afterwards."""
+    with _tqdm_disabled():
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            hf_logging = None
+        if hf_logging is None or show_warnings:
+            yield
+            return
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(verbosity)
+
+
+#: Index of ``disable`` among the positional parameters of ``tqdm.__init__``.
+_TQDM_DISABLE_POS = 10
+
+
+@contextlib.contextmanager
+def _tqdm_disabled() -> Iterator[None]:
+    """Make ``tqdm.std.tqdm.__init__`` (which every tqdm flavour runs) force ``disable=True``."""
     try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        hf_logging = None
-    if hf_logging is None:
+        from tqdm import std
+    except ImportError:  # pragma: no cover - tqdm is a core dependency
         yield
         return
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hub_bars_were_off = _hub_bars_disabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    if not show_warnings:
-        hf_logging.set_verbosity_error()
-    # The GGUF de-quantization loop uses a bare tqdm that the switch above does not reach.
-    gguf_utils, gguf_tqdm = None, None
-    try:
-        import functools
+    original = std.tqdm.__init__
 
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        if len(args) > _TQDM_DISABLE_POS:
+            args = args[:_TQDM_DISABLE_POS] + (True,) + args[_TQDM_DISABLE_POS + 1:]
+        else:
+            kwargs["disable"] = True
+        original(self, *args, **kwargs)
 
-        gguf_tqdm = gguf_utils.tqdm
-        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
-    except Exception:  # pragma: no cover - layout of transformers changed, or gguf missing
-        gguf_utils = None
+    std.tqdm.__init__ = init
     try:
         yield
     finally:
-        if gguf_utils is not None:
-            gguf_utils.tqdm = gguf_tqdm
-        hf_logging.set_verbosity(verbosity)
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
-            if hub_bars_were_off:
-                _disable_hub_bars()
-
-
-def _hub_bars_disabled() -> bool:
-    try:
-        from huggingface_hub.utils import are_progress_bars_disabled
-
-        return bool(are_progress_bars_disabled())
-    except Exception:  # pragma: no cover - huggingface_hub missing or changed
-        return False
-
-
-def _disable_hub_bars() -> None:
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    except Exception:  # pragma: no cover - huggingface_hub missing or changed
-        pass
+        std.tqdm.__init__ = original
