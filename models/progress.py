@@ -110,15 +110,17 @@ def _all_loggers() -> list[logging.Logger]:
     return found
 
 
-def _retarget_log_handlers(replace: dict[int, Any]) -> None:
+def _retarget_log_handlers(replace: dict[int, Any]) -> list[tuple[logging.StreamHandler, Any]]:
     """Point every logging StreamHandler (not file handlers) whose stream is a key of
-    ``replace`` (by ``id``) at the mapped stream."""
+    ``replace`` (by ``id``) at the mapped stream; returns the (handler, previous stream) pairs."""
+    changed = []
     for lg in _all_loggers():
         for handler in list(lg.handlers):
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 new = replace.get(id(handler.stream))
                 if new is not None:
-                    handler.setStream(new)
+                    changed.append((handler, handler.setStream(new)))
+    return changed
 
 
 class Steps:
@@ -175,6 +177,7 @@ class Steps:
             yield
         finally:
             self.seconds[name] = round(time.perf_counter() - t0, 3)
+        self._current = None
         if self._bar is not None:
             self._bar.update(1)
 
@@ -182,6 +185,7 @@ class Steps:
         """Mark step ``name`` as done without doing anything, saying ``why``."""
         self._begin(name, why)
         self.seconds[name] = 0.0
+        self._current = None
         if self._bar is not None:
             self._bar.update(1)
 
@@ -213,7 +217,7 @@ class Steps:
         to_writers = {id(saved_out): out_writer, id(saved_err): err_writer}
         if id(self.stream) not in to_writers:
             to_writers[id(self.stream)] = err_writer
-        _retarget_log_handlers(to_writers)
+        changed = _retarget_log_handlers(to_writers)
         sys.stdout, sys.stderr = out_writer, err_writer
         try:
             yield
@@ -221,6 +225,10 @@ class Steps:
             sys.stdout, sys.stderr = saved_out, saved_err
             out_writer.detach_to_original()
             err_writer.detach_to_original()
+            for handler, previous in changed:
+                if handler.stream is out_writer or handler.stream is err_writer:
+                    handler.setStream(previous)
+            # Handlers made during the build on the then sys.stdout / sys.stderr.
             _retarget_log_handlers({id(out_writer): saved_out, id(err_writer): saved_err})
 
     def close(self, ok: bool = True) -> None:
@@ -237,7 +245,8 @@ class Steps:
                 times = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items() if k in self.NAMES)
                 self.write(f"[{self.model_name}] done: {self._count} steps in {total:.1f} s ({times})")
             else:
-                self.write(f"[{self.model_name}] failed in step {self._current or 'setup'} after {total:.1f} s")
+                where = f"in step {self._current}" if self._current else f"after {self._count} of {len(self.NAMES)} steps"
+                self.write(f"[{self.model_name}] failed {where}, {total:.1f} s after the start")
         self._closed = True
 
 

@@ -154,6 +154,27 @@ def test_one_bar_on_a_terminal(tmp_path, monkeypatch):
     assert sum(re.search(r"\d/5 steps", ln) is not None for ln in screen) == 1
 
 
+def test_failed_build_reports_the_step_and_restores_the_streams(tmp_path, capsys, monkeypatch):
+    from mgx_graph.models import BuildError, build, export
+
+    def broken(*args, **kwargs):
+        print("about to fail")
+        raise BuildError("the exporter broke")
+
+    monkeypatch.setattr(export, "export_onnx", broken)
+    stdout, stderr = sys.stdout, sys.stderr
+    with pytest.raises(BuildError, match="the exporter broke"):
+        build("gpt2", cache_dir=tmp_path, progress=True, **TINY)
+    assert sys.stdout is stdout and sys.stderr is stderr
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and "\r" not in err
+    assert lines[-2] == "about to fail"  # printed inside the build, routed to the display
+    assert re.fullmatch(r"\[gpt2\] failed in step export, \d+\.\d s after the start", lines[-1]), lines
+    assert [ln for ln in lines if "step 4/5" in ln or "step 5/5" in ln] == []
+    assert list((Path(tmp_path) / "models").iterdir()) == []  # the temp folder is gone
+
+
 @pytest.mark.parametrize("module", ["torch", "transformers", "onnxscript"])
 def test_missing_export_module_names_the_extra(tmp_path, monkeypatch, module):
     from mgx_graph.models import BuildError, MissingExtraError, build
