@@ -65,12 +65,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._common import ALIAS_METADATA_KEY, BuildError, VerificationError, cache_root
+from .cache import cache_root, dump_json
+from .errors import BuildError, MissingExtraError, VerificationError
+from .export import ALIAS_METADATA_KEY
 
 __all__ = [
     "BUILDER_VERSION",
     "ALIAS_METADATA_KEY",
     "BuildError",
+    "MissingExtraError",
     "VerificationError",
     "ModelInfo",
     "build",
@@ -260,8 +263,10 @@ def build(
         name: one of :func:`list_models`.
         cache_dir: cache root; defaults to ``$MGX_GRAPH_CACHE`` /
             ``$XDG_CACHE_HOME/mgx_graph`` / ``~/.cache/mgx_graph``.
-        progress: show a tqdm bar over the steps "fetch weights", "load", "export",
-            "verify", "save" (plus a few notes) on stderr.
+        progress: report the steps "fetch weights", "load", "export", "verify", "save"
+            (plus a few notes) on stderr: one tqdm bar on a terminal, with every other
+            line printed during the build written above it; plain lines without carriage
+            returns when stderr is not a terminal (see :mod:`.progress`).
         force: rebuild even if a cached build exists (it is replaced atomically).
         **options: model options (see the module docstring); unknown ones raise.
 
@@ -270,8 +275,11 @@ def build(
 
     Raises:
         ValueError: unknown model name or option, or a bad option value.
-        BuildError: a dependency is missing, the weights cannot be fetched, or the export
-            failed.
+        MissingExtraError: a BuildError (and an ImportError) naming a module of the
+            ``[export]`` extra (torch, transformers, onnxscript, gguf, accelerate) or, when
+            verifying, of the ``[test]`` extra (onnxruntime) that cannot be imported; raised
+            before any folder is made.
+        BuildError: the weights cannot be fetched, or the export failed.
         VerificationError: onnxruntime's logits differ from torch's by >= 1e-3 (the
             sentence embeddings by >= 1e-4 for minilm).
     """
@@ -282,8 +290,9 @@ def build(
     if not force and (final / _INFO_FILE).is_file():
         return load_info(final)
 
-    from ._common import Steps, dump_json, quiet_transformers, write_metadata
+    from .progress import Steps, quiet_third_party
 
+    builder.check_requirements(opts)  # before any folder is made
     models.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{digest}-", dir=models))
     os.chmod(tmp, 0o755)
@@ -291,30 +300,10 @@ def build(
     t0 = time.perf_counter()
     ok = False
     try:
-        with quiet_transformers(progress):
+        with steps.routed(), quiet_third_party(show_warnings=progress):
             fields = builder.build_into(tmp, opts, steps, root)
-        with steps.step("save"):
-            onnx_path = tmp / fields["onnx_path"]
-            write_metadata(onnx_path, {
-                ALIAS_METADATA_KEY: json.dumps(fields["alias"], sort_keys=False),
-                "mgx_graph.model": name,
-                "mgx_graph.builder_version": BUILDER_VERSION,
-            })
-            info = ModelInfo(
-                name=name,
-                onnx_path=onnx_path,
-                tokenizer_dir=(tmp / fields["tokenizer_dir"]) if fields["tokenizer_dir"] else None,
-                alias=fields["alias"],
-                inputs=fields["inputs"],
-                outputs=fields["outputs"],
-                config=fields["config"],
-                hf_dir_or_gguf=Path(fields["hf_dir_or_gguf"]) if fields["hf_dir_or_gguf"] else None,
-                options=opts,
-                directory=tmp,
-                build_seconds=dict(steps.seconds),
-            )
-            dump_json(tmp / _INFO_FILE, info.to_json())
-            installed = _install(tmp, final, replace=force)
+            with steps.step("save"):
+                installed = _save(name, fields, opts, steps, tmp, final, replace=force)
         steps.seconds["total"] = round(time.perf_counter() - t0, 3)
         info = load_info(final)
         if installed:
@@ -330,6 +319,34 @@ def build(
         steps.close(ok)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(name: str, fields: dict[str, Any], opts: dict[str, Any], steps, tmp: Path, final: Path, replace: bool) -> bool:
+    """The save step: metadata into the ONNX file, ``model.json``, then the folder moved into
+    place (:func:`_install`). Returns True if ``tmp`` became ``final``."""
+    from .export import write_metadata
+
+    onnx_path = tmp / fields["onnx_path"]
+    write_metadata(onnx_path, {
+        ALIAS_METADATA_KEY: json.dumps(fields["alias"], sort_keys=False),
+        "mgx_graph.model": name,
+        "mgx_graph.builder_version": BUILDER_VERSION,
+    })
+    info = ModelInfo(
+        name=name,
+        onnx_path=onnx_path,
+        tokenizer_dir=(tmp / fields["tokenizer_dir"]) if fields["tokenizer_dir"] else None,
+        alias=fields["alias"],
+        inputs=fields["inputs"],
+        outputs=fields["outputs"],
+        config=fields["config"],
+        hf_dir_or_gguf=Path(fields["hf_dir_or_gguf"]) if fields["hf_dir_or_gguf"] else None,
+        options=opts,
+        directory=tmp,
+        build_seconds=dict(steps.seconds),
+    )
+    dump_json(tmp / _INFO_FILE, info.to_json())
+    return _install(tmp, final, replace=replace)
 
 
 def _install(tmp: Path, final: Path, replace: bool) -> bool:

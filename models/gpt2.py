@@ -27,7 +27,8 @@ The weights are drawn from torch's RNG after ``torch.manual_seed(seed)`` (inside
 ``torch.random.fork_rng`` so the caller's RNG state is untouched). The construction
 arguments, the seed and a SHA-256 of the weights are written to ``model.json`` so an
 oracle can rebuild the same module (:func:`rebuild_from_info`). Those helpers are shared
-with :mod:`.llama` and live in :mod:`._common`.
+with :mod:`.llama` and live in :mod:`.random_weights`; the build steps follow
+:class:`.outline.BuildOutline`.
 """
 
 from __future__ import annotations
@@ -35,25 +36,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._common import (
-    BuildError,
-    VerificationError,
-    VERIFY_ATOL,
-    export_onnx,
-    export_static_step,
-    fill_options,
-    graph_io,
-    ort_session,
-    random_verify_tokens,
-    random_weights_record,
-    rebuild_random_model,
-    reference_logits,
-    rename_dim_params,
-    require_ints,
-    seeded_model,
-    verify_static_step,
-    weights_sha256,  # noqa: F401  (kept as gpt2.weights_sha256)
-)
+from .errors import BuildError, VerificationError
+from .export import export_onnx, graph_io, rename_dim_params
+from .options import fill_options, require_ints
+from .outline import DecoderShape, Loaded, export_static
+from .random_weights import RandomDecoder, weights_sha256  # noqa: F401  (kept as gpt2.weights_sha256)
+from .verify import VERIFY_ATOL, ort_session
 
 NAME = "gpt2"
 
@@ -107,15 +95,27 @@ def architecture(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shape(opts: dict[str, Any]) -> DecoderShape:
+    H, E = opts["n_head"], opts["n_embd"]
+    return DecoderShape(num_layers=opts["n_layer"], num_heads=H, num_kv_heads=H, head_dim=E // H, hidden_size=E,
+                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"])
+
+
+def _summary(opts: dict[str, Any], n_params: int) -> str:
+    return (f"GPT-2 n_layer={opts['n_layer']} n_embd={opts['n_embd']} n_head={opts['n_head']} "
+            f"vocab={opts['vocab_size']} n_positions={opts['max_cache_len']} seed={opts['seed']}: "
+            f"{n_params / 1e6:.2f} M params")
+
+
+RANDOM = RandomDecoder(NAME, "GPT-2", "GPT2Config", "GPT2LMHeadModel", architecture, _shape, _summary)
+
+
 def make_model(arch: dict[str, Any], seed: int):
     """Build ``GPT2LMHeadModel(GPT2Config(**arch))`` with weights drawn after ``manual_seed(seed)``.
 
     Returns the module in eval mode, float32, on CPU. The global RNG state is restored.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(**arch)
-    return seeded_model(lambda: GPT2LMHeadModel(config), seed)
+    return RANDOM.make_model(arch, seed)
 
 
 def rebuild_from_info(config: dict[str, Any]):
@@ -124,7 +124,7 @@ def rebuild_from_info(config: dict[str, Any]):
     Raises :class:`BuildError` if the rebuilt weights differ from the ones that were
     exported (for example under another torch/transformers version).
     """
-    return rebuild_random_model(config[NAME], make_model, "GPT-2")
+    return RANDOM.rebuild_from_info(config)
 
 
 # --------------------------------------------------------------------------------------
@@ -209,96 +209,58 @@ def _verify_dynamic(onnx_path: Path, model, opts, note) -> float:
     return worst
 
 
-def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
-    """Build the model into ``out_dir`` (``model.onnx`` + ``model.onnx.data``).
-
-    Returns the ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
-    Raises :class:`BuildError` / :class:`VerificationError`.
-    """
+def _export_dynamic(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> dict[str, str]:
+    """Export the growing-cache step (symbolic batch, seq, past); no alias."""
     import torch
+    from torch.export import Dim
 
-    L, H, E = opts["n_layer"], opts["n_head"], opts["n_embd"]
-    D = E // H
-    max_len = opts["max_cache_len"]
-    arch = architecture(opts)
+    L, H, D, max_len = opts["n_layer"], opts["n_head"], loaded.shape.head_dim, opts["max_cache_len"]
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+    in_names = ["input_ids", "attention_mask", *past_names]
+    out_names = ["logits", *[f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]]
+    module = _make_dynamic_module(loaded.model, L)
+    B, S, P = 2, 3, 5
+    if S + P > max_len:
+        S, P = 2, max(2, max_len - 2)
+    if S + P > max_len:
+        raise BuildError(f"gpt2 dynamic: max_cache_len={max_len} is too small to export (needs >= 4)")
+    args = (
+        torch.zeros((B, S), dtype=torch.long),
+        torch.ones((B, P + S), dtype=torch.long),
+        *[torch.zeros((B, H, P, D)) for _ in range(2 * L)],
+    )
+    batch, seq, past = Dim("batch", max=1024), Dim("seq", max=max_len), Dim("past", max=max_len)
+    dyn = (
+        {0: batch, 1: seq},
+        {0: batch, 1: Dim.AUTO},
+        tuple({0: batch, 2: past} for _ in range(2 * L)),
+    )
+    export_onnx(module, args, onnx_path, in_names, out_names, dynamic_shapes=dyn)
+    _name_dynamic_dims(onnx_path)
+    return {}
 
-    steps.skip("fetch weights", "random weights, nothing to fetch")
 
-    with steps.step("load"):
-        model = make_model(arch, opts["seed"])
-        record = random_weights_record(model, arch, opts["seed"])
-        digest, n_params = record["weights_sha256"], record["num_params"]
-        steps.note(f"GPT-2 n_layer={L} n_embd={E} n_head={H} vocab={opts['vocab_size']} "
-                   f"n_positions={max_len} seed={opts['seed']}: {n_params / 1e6:.2f} M params")
+def _export(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> dict[str, str]:
+    if opts["kind"] == "static":
+        return export_static(loaded, onnx_path, opts, note)
+    return _export_dynamic(loaded, onnx_path, opts, note)
 
-    onnx_path = out_dir / "model.onnx"
-    with steps.step("export"):
-        if opts["kind"] == "static":
-            alias = export_static_step(model, onnx_path, L, H, D, max_len)
-        else:
-            from torch.export import Dim
 
-            past_names = [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
-            in_names = ["input_ids", "attention_mask", *past_names]
-            out_names = ["logits", *[f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]]
-            alias = {}
-            module = _make_dynamic_module(model, L)
-            B, S, P = 2, 3, 5
-            if S + P > max_len:
-                S, P = 2, max(2, max_len - 2)
-            if S + P > max_len:
-                raise BuildError(f"gpt2 dynamic: max_cache_len={max_len} is too small to export (needs >= 4)")
-            args = (
-                torch.zeros((B, S), dtype=torch.long),
-                torch.ones((B, P + S), dtype=torch.long),
-                *[torch.zeros((B, H, P, D)) for _ in range(2 * L)],
-            )
-            batch, seq, past = Dim("batch", max=1024), Dim("seq", max=max_len), Dim("past", max=max_len)
-            dyn = (
-                {0: batch, 1: seq},
-                {0: batch, 1: Dim.AUTO},
-                tuple({0: batch, 2: past} for _ in range(2 * L)),
-            )
-            export_onnx(module, args, onnx_path, in_names, out_names, dynamic_shapes=dyn)
-            _name_dynamic_dims(onnx_path)
-
-    if opts["verify"]:
-        with steps.step("verify"):
-            rebuild_random_model(record, make_model, "GPT-2", error=VerificationError)
-            steps.note(f"verify: rebuilt with seed {opts['seed']}: identical weights (sha256 {digest[:16]})")
-            if opts["kind"] == "static":
-                toks = random_verify_tokens(opts["vocab_size"], max_len)
-                verify_static_step(onnx_path, reference_logits(model), toks, L, H, D, max_len, note=steps.note)
-            else:
-                _verify_dynamic(onnx_path, model, opts, steps.note)
+def _verify(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> None:
+    if opts["kind"] == "static":
+        RANDOM.verify_static(loaded, onnx_path, opts, note)
     else:
-        steps.skip("verify", "verify=False")
+        RANDOM.verify_rebuild(loaded, opts, note)
+        _verify_dynamic(onnx_path, loaded.model, opts, note)
 
-    inputs, outputs = graph_io(onnx_path)
-    special = arch["eos_token_id"]
-    return {
-        "onnx_path": "model.onnx",
-        "tokenizer_dir": None,
-        "alias": alias,
-        "inputs": inputs,
-        "outputs": outputs,
-        "hf_dir_or_gguf": None,
-        "config": {
-            "architecture": "gpt2",
-            "kind": opts["kind"],
-            "num_layers": L,
-            "num_kv_heads": H,
-            "num_heads": H,
-            "head_dim": D,
-            "hidden_size": E,
-            "max_cache_len": max_len,
-            "vocab_size": opts["vocab_size"],
-            "eos_token_ids": [special],
-            "bos": special,
-            "pad": special,
-            NAME: record,
-        },
-    }
+
+OUTLINE = RANDOM.outline(export=_export, verify=_verify)
+
+#: Build into ``out_dir`` (``model.onnx`` + ``model.onnx.data``); see :meth:`.outline.BuildOutline.build_into`.
+build_into = OUTLINE.build_into
+
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def load_torch_model(info) -> Any:

@@ -30,9 +30,10 @@ the residual that, through the tied embeddings, the argmax is almost always the 
 token: greedy decoding just repeats the last prompt token whatever the context, which
 makes a weak oracle check. At 0.2 the continuation depends on the whole prompt.
 
-The weights are drawn like GPT-2's (:func:`._common.seeded_model`); the construction
+The weights are drawn like GPT-2's (:func:`.random_weights.seeded_model`); the construction
 arguments, the seed and a SHA-256 of the weights go to ``model.json`` under ``"llama"``
-so the oracle rebuilds the same module (:func:`rebuild_from_info`).
+so the oracle rebuilds the same module (:func:`rebuild_from_info`). The build steps follow
+:class:`.outline.BuildOutline` through :class:`.random_weights.RandomDecoder`.
 """
 
 from __future__ import annotations
@@ -40,20 +41,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._common import (
-    BuildError,
-    VerificationError,
-    export_static_step,
-    fill_options,
-    graph_io,
-    random_verify_tokens,
-    random_weights_record,
-    rebuild_random_model,
-    reference_logits,
-    require_ints,
-    seeded_model,
-    verify_static_step,
-)
+from .errors import BuildError
+from .options import fill_options, require_ints
+from .outline import DecoderShape
+from .random_weights import RandomDecoder
 
 NAME = "llama"
 
@@ -127,15 +118,33 @@ def architecture(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shape(opts: dict[str, Any]) -> DecoderShape:
+    return DecoderShape(num_layers=opts["n_layer"], num_heads=opts["n_head"], num_kv_heads=opts["n_kv_head"],
+                        head_dim=opts["hidden_size"] // opts["n_head"], hidden_size=opts["hidden_size"],
+                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"])
+
+
+def _summary(opts: dict[str, Any], n_params: int) -> str:
+    return (f"LLaMA n_layer={opts['n_layer']} hidden={opts['hidden_size']} heads={opts['n_head']} "
+            f"kv_heads={opts['n_kv_head']} head_dim={opts['hidden_size'] // opts['n_head']} "
+            f"ffn={opts['intermediate_size']} vocab={opts['vocab_size']} max_pos={opts['max_cache_len']} "
+            f"seed={opts['seed']}: {n_params / 1e6:.3f} M params")
+
+
+def _check_tied(model) -> None:
+    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        raise BuildError("llama: lm_head is not tied to embed_tokens")
+
+
+RANDOM = RandomDecoder(NAME, "LLaMA", "LlamaConfig", "LlamaForCausalLM", architecture, _shape, _summary, _check_tied)
+
+
 def make_model(arch: dict[str, Any], seed: int):
     """Build ``LlamaForCausalLM(LlamaConfig(**arch))`` with weights drawn after ``manual_seed(seed)``.
 
     Returns the module in eval mode, float32, on CPU. The global RNG state is restored.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**arch)
-    return seeded_model(lambda: LlamaForCausalLM(config), seed)
+    return RANDOM.make_model(arch, seed)
 
 
 def rebuild_from_info(config: dict[str, Any]):
@@ -143,71 +152,16 @@ def rebuild_from_info(config: dict[str, Any]):
 
     Raises :class:`BuildError` if the rebuilt weights differ from the exported ones.
     """
-    return rebuild_random_model(config[NAME], make_model, "LLaMA")
+    return RANDOM.rebuild_from_info(config)
 
 
-def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
-    """Build the model into ``out_dir`` (``model.onnx`` + ``model.onnx.data``).
+OUTLINE = RANDOM.outline()
 
-    Returns the ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
-    Raises :class:`BuildError` / :class:`VerificationError`.
-    """
-    L, H, H_kv = opts["n_layer"], opts["n_head"], opts["n_kv_head"]
-    E = opts["hidden_size"]
-    D = E // H
-    M = opts["max_cache_len"]
-    arch = architecture(opts)
+#: Build into ``out_dir`` (``model.onnx`` + ``model.onnx.data``); see :meth:`.outline.BuildOutline.build_into`.
+build_into = OUTLINE.build_into
 
-    steps.skip("fetch weights", "random weights, nothing to fetch")
-
-    with steps.step("load"):
-        model = make_model(arch, opts["seed"])
-        if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-            raise BuildError("llama: lm_head is not tied to embed_tokens")
-        record = random_weights_record(model, arch, opts["seed"])
-        digest, n_params = record["weights_sha256"], record["num_params"]
-        steps.note(f"LLaMA n_layer={L} hidden={E} heads={H} kv_heads={H_kv} head_dim={D} "
-                   f"ffn={opts['intermediate_size']} vocab={opts['vocab_size']} max_pos={M} "
-                   f"seed={opts['seed']}: {n_params / 1e6:.3f} M params")
-
-    onnx_path = out_dir / "model.onnx"
-    with steps.step("export"):
-        alias = export_static_step(model, onnx_path, L, H_kv, D, M)
-
-    if opts["verify"]:
-        with steps.step("verify"):
-            rebuild_random_model(record, make_model, "LLaMA", error=VerificationError)
-            steps.note(f"verify: rebuilt with seed {opts['seed']}: identical weights (sha256 {digest[:16]})")
-            toks = random_verify_tokens(opts["vocab_size"], M)
-            verify_static_step(onnx_path, reference_logits(model), toks, L, H_kv, D, M, note=steps.note)
-    else:
-        steps.skip("verify", "verify=False")
-
-    inputs, outputs = graph_io(onnx_path)
-    special = arch["eos_token_id"]
-    return {
-        "onnx_path": "model.onnx",
-        "tokenizer_dir": None,
-        "alias": alias,
-        "inputs": inputs,
-        "outputs": outputs,
-        "hf_dir_or_gguf": None,
-        "config": {
-            "architecture": "llama",
-            "kind": "static",
-            "num_layers": L,
-            "num_kv_heads": H_kv,
-            "num_heads": H,
-            "head_dim": D,
-            "hidden_size": E,
-            "max_cache_len": M,
-            "vocab_size": opts["vocab_size"],
-            "eos_token_ids": [special],
-            "bos": special,
-            "pad": special,
-            NAME: record,
-        },
-    }
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def load_torch_model(info) -> Any:

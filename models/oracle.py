@@ -22,6 +22,7 @@ import importlib
 from typing import Any
 
 from . import ModelInfo
+from .errors import require_modules
 
 _MODELS: dict[tuple, Any] = {}
 _TOKENIZERS: dict[str, Any] = {}
@@ -42,15 +43,17 @@ def load_torch_model(info: ModelInfo):
     """The torch model (eval mode, float32, CPU) that ``info``'s ONNX was exported from: a
     causal LM, or the ``BertModel`` (without the pooling) for ``"minilm"``.
 
-    Raises ``BuildError`` (from :mod:`mgx_graph.models`) if it cannot be rebuilt exactly.
+    Raises ``BuildError`` (from :mod:`mgx_graph.models`) if it cannot be rebuilt exactly,
+    ``MissingExtraError`` (a BuildError) if torch or transformers are not installed.
     """
     key = _key(info)
     model = _MODELS.get(key)
     if model is None:
-        from ._common import quiet_transformers
+        from .progress import quiet_third_party
 
+        require_modules(info.name, ("torch", "transformers"), "the torch reference")
         builder = importlib.import_module(f".{info.name}", __package__)
-        with quiet_transformers(False):
+        with quiet_third_party(show_warnings=False):
             model = builder.load_torch_model(info)
         while len(_MODELS) >= _MAX_CACHED_MODELS:
             _MODELS.pop(next(iter(_MODELS)))
@@ -64,6 +67,7 @@ def _tokenizer(info: ModelInfo):
     key = str(info.tokenizer_dir)
     tok = _TOKENIZERS.get(key)
     if tok is None:
+        require_modules(info.name, ("transformers",), "the tokenizer")
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(key)
@@ -102,8 +106,9 @@ def hf_greedy_tokens(info: ModelInfo, prompt_ids: list[int], max_new_tokens: int
 
     Raises ``ValueError`` if the prompt is empty, has ids outside the vocabulary, or
     prompt + ``max_new_tokens`` exceeds ``max_cache_len`` (the exported graph could not
-    decode that far).
+    decode that far); ``MissingExtraError`` (a BuildError) without torch / transformers.
     """
+    require_modules(info.name, ("torch", "transformers"), "the torch reference")
     import torch
     from transformers import GenerationConfig
 
@@ -159,12 +164,12 @@ def ort_greedy_tokens(info: ModelInfo, prompt_ids: list[int], max_new_tokens: in
     """
     import numpy as np
 
-    from ._common import ort_session
+    from .verify import ort_session
 
     _check_length(info, prompt_ids, max_new_tokens)
     if max_new_tokens == 0:
         return []
-    sess = session if session is not None else ort_session(info.onnx_path)
+    sess = session if session is not None else ort_session(info.onnx_path, info.name)
     out_names = [o.name for o in sess.get_outputs()]
     eos = set(int(e) for e in info.config["eos_token_ids"])
     cfg = info.config

