@@ -1,0 +1,210 @@
+"""ONNX parsers for the spatial ops: pooling (MaxPool, AveragePool, LpPool, GlobalLpPool), ConvTranspose,
+Resize / Upsample, DepthToSpace / SpaceToDepth.
+
+Each parser resolves the node's attributes (``auto_pad``, ``ceil_mode``, ``output_shape``, scales or
+sizes ...) into a static geometry at parse time and emits native instructions (operators/pooling.py,
+operators/conv_transpose.py, operators/resize.py); attribute values the implementation does not cover
+raise :class:`UnsupportedOpError` naming the node and the value.  Output shapes follow onnxruntime (CPU)
+where it and the spec text differ only in wording; combinations where they disagree are refused.
+ONNX operator spec: https://onnx.ai/onnx/operators/
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import UnsupportedOpError
+from .onnx_frontend import _attr, _decode, parser
+from .operators.pooling import max_pool_index_maps, pool_divisor
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def _unsupported(p, node, detail):
+    return UnsupportedOpError(p.node_name, node.op_type, node.domain or "", p.opset, detail)
+
+
+def _spatial_attrs(p, node, x, kernel=None):
+    """(kernel, strides, dilations, pads, auto_pad) of a windowed op over ``x`` [N, C, *S], checked."""
+    nsp = x.shape.ndim - 2
+    if nsp < 1:
+        raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+    kernel = list(_attr(node, "kernel_shape") or kernel or [])
+    strides = list(_attr(node, "strides") or [1] * nsp)
+    dil = list(_attr(node, "dilations") or [1] * nsp)
+    pads = list(_attr(node, "pads") or [0] * (2 * nsp))
+    auto = _decode(_attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
+    if auto not in _AUTO_PADS:
+        raise p.err(f"auto_pad '{auto}' is not one of {', '.join(_AUTO_PADS)}")
+    for what, v, n in (("kernel_shape", kernel, nsp), ("strides", strides, nsp), ("dilations", dil, nsp),
+                       ("pads", pads, 2 * nsp)):
+        if len(v) != n:
+            raise p.err(f"{what} {v} has {len(v)} values, expected {n} for input {list(x.shape.lens)}")
+    if any(k < 1 for k in kernel) or any(s < 1 for s in strides) or any(d < 1 for d in dil):
+        raise p.err(f"kernel_shape {kernel}, strides {strides} and dilations {dil} must be >= 1")
+    if any(v < 0 for v in pads):
+        raise p.err(f"pads {pads} must be >= 0")
+    return kernel, strides, dil, pads, auto
+
+
+def _pool_geometry(p, node, x, kernel, strides, dil, pads, auto, ceil):
+    """(pads_begin, pads_end, out_lens) of a pooling op, as onnxruntime computes them (spec formulas;
+    with ``ceil_mode`` a last window starting inside the end pad is dropped)."""
+    nsp = x.shape.ndim - 2
+    pb, pe, out = [], [], []
+    for i in range(nsp):
+        size, k, s, d = x.shape.lens[2 + i], kernel[i], strides[i], dil[i]
+        keff = (k - 1) * d + 1
+        if auto == "VALID":
+            b = e = 0
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            if d != 1:
+                raise _unsupported(p, node, f"auto_pad {auto} with dilations {dil} (onnxruntime and the ONNX "
+                                            "shape inference disagree on its output shape)")
+            total = max(0, (-(-size // s) - 1) * s + keff - size)
+            b = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            e = total - b
+        else:
+            b, e = pads[i], pads[i + nsp]
+            if b >= k or e >= k:
+                raise p.err(f"pads {pads} must be smaller than kernel_shape {kernel} (as onnxruntime requires)")
+        num = size + b + e - keff
+        o = (-(-num // s) if ceil else num // s) + 1
+        if ceil and o > 0 and (o - 1) * s >= size + b:
+            o -= 1
+        pb.append(b)
+        pe.append(e)
+        out.append(o)
+    return pb, pe, out
+
+
+def _pool_common(p, node, x):
+    kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x)
+    if not kernel:
+        raise p.err("kernel_shape is required")
+    ceil = int(_attr(node, "ceil_mode", 0))
+    pb, pe, out = _pool_geometry(p, node, x, kernel, strides, dil, pads, auto, ceil)
+    return dict(kernel=kernel, stride=strides, dilation=dil, pads_begin=pb, out_lens=out), pe
+
+
+@parser("MaxPool")
+def _p_maxpool(p, m, node, ins):
+    x = ins[0]
+    if x.shape.dtype not in ("float16", "float32", "float64", "int8", "uint8"):
+        raise _unsupported(p, node, f"input type {x.shape.dtype}")
+    geo, _ = _pool_common(p, node, x)
+    order = int(_attr(node, "storage_order", 0))
+    if order not in (0, 1):
+        raise p.err(f"storage_order {order} must be 0 or 1")
+    want_indices = len(node.output) > 1 and bool(node.output[1])
+    if not want_indices:
+        return p.add(m, "pooling", [x], mode="max", **geo)
+    N, C = x.shape.lens[:2]
+    maps, nc = max_pool_index_maps(N, C, x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"],
+                                   geo["pads_begin"], geo["out_lens"], order == 1)
+    t = p.add(m, "pooling", [x, p.lit(m, maps), p.lit(m, nc)], mode="max", indices=True, **geo)
+    return [p.add(m, "get_tuple_elem", [t], index=0), p.add(m, "get_tuple_elem", [t], index=1)]
+
+
+@parser("AveragePool")
+def _p_avgpool(p, m, node, ins):
+    x = ins[0]
+    if x.shape.dtype not in ("float16", "float32", "float64"):
+        raise _unsupported(p, node, f"input type {x.shape.dtype}")
+    geo, pe = _pool_common(p, node, x)
+    include = int(_attr(node, "count_include_pad", 0))
+    div = pool_divisor(x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"], geo["pads_begin"], pe,
+                       geo["out_lens"], include, x.shape.dtype)
+    return p.add(m, "pooling", [x, p.lit(m, div)], mode="average", **geo)
+
+
+def _lp_p(p, node):
+    pv = _attr(node, "p", 2)
+    if pv is None or not math.isfinite(pv) or pv <= 0:
+        raise p.err(f"p {pv} must be a positive finite number")
+    return float(pv)
+
+
+@parser("LpPool")
+def _p_lppool(p, m, node, ins):
+    x = ins[0]
+    if x.shape.dtype not in ("float16", "float32", "float64"):
+        raise _unsupported(p, node, f"input type {x.shape.dtype}")
+    geo, _ = _pool_common(p, node, x)
+    return p.add(m, "pooling", [x], mode="lp", p=_lp_p(p, node), **geo)
+
+
+@parser("GlobalLpPool")
+def _p_global_lppool(p, m, node, ins):
+    """(sum over the spatial dims of |x|^p)^(1/p), keepdims: abs, pow, one reduction, pow."""
+    x = ins[0]
+    if x.shape.ndim < 3:
+        raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+    pv = _lp_p(p, node)
+    dt = x.shape.dtype
+    y = p.add(m, "abs", [x])
+    if pv != 1.0:
+        y = p.add(m, "pow", [y, p.lit(m, np.array(pv, dt))])
+    y = p.add(m, "reduce_sum", [y], axes=list(range(2, x.shape.ndim)), keepdims=1)
+    if pv != 1.0:
+        y = p.add(m, "pow", [y, p.lit(m, np.array(1.0 / pv, dt))])
+    return y
+
+
+def _conv_transpose_geometry(p, node, x, w, strides, dil, pads, auto):
+    """(pads_begin, out_lens) of ConvTranspose: ``output_shape`` (pads ignored) or ``auto_pad`` SAME_*
+    (output ``S * stride``) distribute the total padding as the spec says (SAME_UPPER: the smaller half
+    first); otherwise ``out = (S - 1) * s + output_padding + (K - 1) * d + 1 - pads``."""
+    nsp = x.shape.ndim - 2
+    op_ = list(_attr(node, "output_padding") or [0] * nsp)
+    os_ = _attr(node, "output_shape")
+    if len(op_) != nsp:
+        raise p.err(f"output_padding {op_} has {len(op_)} values, expected {nsp}")
+    if os_ is not None and len(os_) != nsp:
+        raise p.err(f"output_shape {list(os_)} has {len(os_)} values, expected {nsp} (the spatial dims)")
+    if auto in ("SAME_UPPER", "SAME_LOWER") and any(op_) and os_ is None:
+        raise _unsupported(p, node, f"auto_pad {auto} with output_padding {op_} (onnxruntime and the ONNX "
+                                    "shape inference disagree on its output shape)")
+    pb, out = [], []
+    for i in range(nsp):
+        S, K, s, d = x.shape.lens[2 + i], w.shape.lens[2 + i], strides[i], dil[i]
+        if not 0 <= op_[i] < max(s, d):
+            raise p.err(f"output_padding {op_} must be >= 0 and less than max(stride, dilation) "
+                        f"({max(s, d)}) on spatial axis {i}")
+        natural = (S - 1) * s + op_[i] + (K - 1) * d + 1
+        if os_ is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+            o = int(os_[i]) if os_ is not None else S * s
+            if o > natural + max(s, d) - 1 - op_[i]:
+                raise p.err(f"output_shape {list(os_ or [])} is inconsistent with input {list(x.shape.lens)}, "
+                            f"kernel {list(w.shape.lens[2:])}, strides {strides}, dilations {dil}: at most "
+                            f"{natural + max(s, d) - 1 - op_[i]} on spatial axis {i}")
+            total = max(0, natural - o)
+            b = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            if os_ is None:
+                o = natural - total  # SAME_*: S * stride, or less where the kernel does not reach it
+        elif auto == "VALID":
+            b, o = 0, natural
+        else:
+            b, o = pads[i], natural - pads[i] - pads[i + nsp]
+        pb.append(b)
+        out.append(o)
+    return pb, out
+
+
+@parser("ConvTranspose")
+def _p_conv_transpose(p, m, node, ins):
+    x, w = ins[0], ins[1]
+    if x.shape.dtype not in ("float16", "float32", "float64"):
+        raise _unsupported(p, node, f"input type {x.shape.dtype}")
+    if w.shape.ndim != x.shape.ndim:
+        raise p.err(f"weights {list(w.shape.lens)} and input {list(x.shape.lens)} ranks differ")
+    kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x, list(w.shape.lens[2:]))
+    if list(kernel) != list(w.shape.lens[2:]):
+        raise p.err(f"kernel_shape {kernel} does not match the weights {list(w.shape.lens)}")
+    pb, out = _conv_transpose_geometry(p, node, x, w, strides, dil, pads, auto)
+    args = [p.contiguous(m, x), p.contiguous(m, w)]
+    if len(ins) > 2 and ins[2] is not None:
+        args.append(ins[2])
+    return p.add(m, "conv_transpose", args, stride=strides, dilation=dil, pads_begin=pb, out_lens=out,
+                 group=int(_attr(node, "group", 1)))
