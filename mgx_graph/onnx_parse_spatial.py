@@ -17,6 +17,7 @@ import numpy as np
 from .errors import UnsupportedOpError
 from .onnx_frontend import _attr, _decode, parser
 from .operators.pooling import max_pool_index_maps, pool_divisor
+from .operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -208,3 +209,139 @@ def _p_conv_transpose(p, m, node, ins):
         args.append(ins[2])
     return p.add(m, "conv_transpose", args, stride=strides, dilation=dil, pads_begin=pb, out_lens=out,
                  group=int(_attr(node, "group", 1)))
+
+
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+
+
+def _resize_attrs(p, node, x):
+    """The interpolation attributes of Resize / Upsample at this opset, validated."""
+    legacy = node.op_type == "Upsample" or p.opset < 11
+    mode = _decode(_attr(node, "mode", b"nearest"))
+    ctm = "asymmetric" if legacy else _decode(_attr(node, "coordinate_transformation_mode", b"half_pixel"))
+    nearest = "simple" if legacy else _decode(_attr(node, "nearest_mode", b"round_prefer_floor"))
+    a = dict(mode=mode, coord_mode=ctm, nearest_mode=nearest, cubic_a=float(_attr(node, "cubic_coeff_a", -0.75)),
+             exclude_outside=bool(_attr(node, "exclude_outside", 0)), antialias=bool(_attr(node, "antialias", 0)))
+    if mode not in (_RESIZE_MODES[:2] if legacy else _RESIZE_MODES):
+        raise _unsupported(p, node, f"mode '{mode}'")
+    if ctm not in COORDINATE_MODES:
+        raise _unsupported(p, node, f"coordinate_transformation_mode '{ctm}'")
+    if nearest not in NEAREST_MODES:
+        raise _unsupported(p, node, f"nearest_mode '{nearest}'")
+    if a["antialias"] and mode == "nearest":
+        raise _unsupported(p, node, "antialias=1 with mode 'nearest' (antialiasing applies to linear and cubic)")
+    if a["exclude_outside"] and (mode == "nearest" or (mode == "linear" and not a["antialias"])):
+        raise _unsupported(p, node, f"exclude_outside=1 with mode '{mode}' and antialias={int(a['antialias'])} "
+                                    "(onnxruntime accepts it only for cubic, or linear with antialias)")
+    if mode != "nearest" and not x.shape.dtype.startswith("float"):
+        raise _unsupported(p, node, f"mode '{mode}' on {x.shape.dtype} input (only nearest for integer types)")
+    return a
+
+
+def _resize_inputs(p, node, ins, r):
+    """(scales or None, sizes or None, roi or None, axes) as given by the node."""
+    legacy_attr = node.op_type == "Upsample" and p.opset < 9
+    axes = list(range(r))
+    if legacy_attr:
+        scales = _attr(node, "scales")
+        return (None if scales is None else np.asarray(scales, np.float32)), None, None, axes
+    if node.op_type == "Upsample" or p.opset < 11:
+        return np.asarray(p.const(ins[1], "scales"), np.float32).reshape(-1), None, None, axes
+    if _attr(node, "axes") is not None:
+        axes = [int(v) + r if int(v) < 0 else int(v) for v in _attr(node, "axes")]
+        if len(set(axes)) != len(axes) or any(not 0 <= v < r for v in axes):
+            raise p.err(f"axes {list(_attr(node, 'axes'))} must be distinct and within rank {r}")
+
+    def value(k, what, dtype):
+        if len(ins) <= k or ins[k] is None:
+            return None
+        v = np.asarray(p.const(ins[k], what), dtype).reshape(-1)
+        return v if v.size else None
+
+    return value(2, "scales", np.float32), value(3, "sizes", np.int64), value(1, "roi", np.float64), axes
+
+
+def _resize_geometry(p, node, x, ins):
+    """(scales per axis float32, output lens, roi per axis (start, end), exact ratio per axis (num, den) or
+    None), as onnxruntime derives them."""
+    lens = list(x.shape.lens)
+    r = len(lens)
+    scales_in, sizes, roi_in, axes = _resize_inputs(p, node, ins, r)
+    if (scales_in is None) == (sizes is None):
+        raise p.err("exactly one of 'scales' and 'sizes' must be given (non-empty)")
+    given = scales_in if scales_in is not None else sizes
+    if len(given) != len(axes):
+        raise p.err(f"{'scales' if sizes is None else 'sizes'} {given.tolist()} has {len(given)} values, expected "
+                    f"{len(axes)} (one per axis of {list(axes)})")
+    scales, out, exact = [np.float32(1.0)] * r, list(lens), [None] * r
+    for a, v in zip(axes, given):
+        if scales_in is not None:
+            if not v > 0:
+                raise p.err(f"scales {scales_in.tolist()} must be > 0")
+            scales[a], out[a] = np.float32(v), int(np.float32(v) * np.float32(lens[a]))
+            if out[a] and np.float32(out[a] / lens[a]) == scales[a]:
+                exact[a] = (out[a], lens[a])
+        else:
+            if v < 0 or (lens[a] == 0 and v != 0):
+                raise p.err(f"sizes {sizes.tolist()} cannot be produced from input {lens}")
+            out[a] = int(v)
+            scales[a] = np.float32(v) / np.float32(lens[a]) if lens[a] else np.float32(1.0)
+            exact[a] = (int(v), lens[a]) if lens[a] and v else None
+    policy = _decode(_attr(node, "keep_aspect_ratio_policy", b"stretch"))
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise _unsupported(p, node, f"keep_aspect_ratio_policy '{policy}'")
+    if sizes is not None and policy != "stretch":
+        pick = (min if policy == "not_larger" else max)(axes, key=lambda a: scales[a])
+        s, ratio = scales[pick], exact[pick]
+        for a in axes:
+            scales[a], exact[a] = s, ratio
+            out[a] = int(np.floor(np.float32(s) * np.float32(lens[a]) + np.float32(0.5)))
+    roi = [(0.0, 1.0)] * r
+    if roi_in is not None:
+        if len(roi_in) != 2 * len(axes):
+            raise p.err(f"roi {roi_in.tolist()} has {len(roi_in)} values, expected {2 * len(axes)}")
+        for k, a in enumerate(axes):
+            roi[a] = (float(roi_in[k]), float(roi_in[len(axes) + k]))
+    return scales, out, roi, exact
+
+
+def _resized_axes(scales, lens, out):
+    """Axes the interpolation runs on: the scaled ones.  As onnxruntime does, an axis of scale 1 maps onto
+    itself whatever the mode and coordinate transform, and an op that changes no dim is the identity."""
+    if list(out) == list(lens):
+        return set()
+    return {a for a in range(len(lens)) if scales[a] != 1.0}
+
+
+@parser("Resize", "Upsample")
+def _p_resize(p, m, node, ins):
+    x = ins[0]
+    at = _resize_attrs(p, node, x)
+    scales, out, roi, exact = _resize_geometry(p, node, x, ins)
+    dt = x.shape.dtype
+    args, axes, masks = [x], [], []
+    active = _resized_axes(scales, x.shape.lens, out)
+    for a, (n_in, n_out) in enumerate(zip(x.shape.lens, out)):
+        if a not in active:
+            continue
+        idx, w, ext = axis_tables(at["mode"], n_in, n_out, scales[a], at["coord_mode"], at["nearest_mode"],
+                                  at["cubic_a"], at["exclude_outside"], at["antialias"], roi[a], exact[a])
+        if is_identity(idx, w, ext, n_in, n_out):
+            continue
+        axes.append(a)
+        args.append(p.lit(m, idx))
+        if at["mode"] != "nearest":
+            args.append(p.lit(m, w.astype(dt)))
+        if ext is not None and ext.any():
+            shape = [1] * len(out)
+            shape[a] = n_out
+            masks.append(ext.reshape(shape))
+    if not axes:
+        return x
+    extrapolate = bool(masks)
+    if extrapolate:
+        mask = masks[0]
+        for mk in masks[1:]:
+            mask = mask | mk
+        args += [p.lit(m, np.array(_attr(node, "extrapolation_value", 0.0)).astype(dt)), p.lit(m, mask)]
+    return p.add(m, "resize", args, axes=axes, weighted=at["mode"] != "nearest", extrapolate=extrapolate)
