@@ -1296,3 +1296,4 @@ def symbolic_inputs(model: onnx.ModelProto, input_dims: dict | None = None) -> d
 
 
 from . import onnx_parse_spatial  # noqa: E402,F401
+from . import onnx_parse_quant  # noqa: E402,F401

@@ -6,8 +6,10 @@ The kernel is written once against ``xp`` (numpy on ``ref``, CuPy on ``gpu``):
 
 1. when the windows reach outside the input, the input is copied into a padded scratch buffer filled
    with the pad value (-inf or the integer minimum for max, 0 for average / Lp, where Lp stores |x|^p);
-2. for every kernel offset (a small static loop) the strided view ``src[..., o*s + j*d]`` of all windows
-   at once is folded into ``out`` (``maximum`` or ``add``);
+2. max and sums are separable, so each spatial axis is pooled in turn (last axis first, into scratch
+   buffers, the first axis into ``out``): for every kernel offset ``j`` of that axis (a small static loop)
+   the strided view ``src[..., o*s + j*d, ...]`` of all windows at once is folded in (``maximum`` or
+   ``add``); MaxPool's Indices output instead folds all ``prod(k)`` offsets, tracking the argmax;
 3. average divides by a divisor literal computed by the parser (the window positions inside the input,
    or inside the explicitly padded extent with ``count_include_pad``); Lp takes the 1/p-th power.
 
@@ -109,6 +111,15 @@ class Pooling(Operation):
         return self.mode == "lp" or any(self.pads_begin) or \
             any(L > s for L, s in zip(self._padded_lens(x_lens), x_lens[2:]))
 
+    def _stage_lens(self, x_lens):
+        """Shapes after pooling the last 1, 2, ... spatial axes (the separable passes, last axis first)."""
+        lens = list(x_lens[:2]) + self._padded_lens(x_lens)
+        stages = []
+        for a in range(len(self.kernel) - 1, -1, -1):
+            lens[2 + a] = self.out_lens[a]
+            stages.append(list(lens))
+        return stages
+
     def workspace(self, inputs, output):
         x = inputs[0]
         ws = []
@@ -117,6 +128,8 @@ class Pooling(Operation):
         if self.indices:
             lens = list(x.lens[:2]) + self.out_lens
             ws += [Shape("bool", lens), Shape("bool", lens)]
+        else:
+            ws += [Shape(x.dtype, s) for s in self._stage_lens(x.lens)[:-1]]
         return ws
 
     def _source(self, xp, x, ws):
@@ -137,14 +150,23 @@ class Pooling(Operation):
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
         src = self._source(xp, x, ws)
-        views = window_views(src, self.kernel, self.stride, self.dilation, self.out_lens)
         if self.indices:
+            views = window_views(src, self.kernel, self.stride, self.dilation, self.out_lens)
             self._max_with_indices(xp, out, args, views, ws[-2:])
             return
-        xp.copyto(out, views[0])
+        # max and sums are separable: one pass per spatial axis (sum(k) instead of prod(k) folds)
         fold = xp.maximum if self.mode == "max" else xp.add
-        for v in views[1:]:
-            fold(out, v, out=out)
+        nsp = len(self.kernel)
+        stages = ws[1 if self._needs_pad(x.shape) else 0:] + [out]
+        cur = src
+        for step, a in enumerate(range(nsp - 1, -1, -1)):
+            dst = stages[step]
+            k, d, s, o = self.kernel[a], self.dilation[a], self.stride[a], self.out_lens[a]
+            pre = (slice(None),) * (2 + a)
+            xp.copyto(dst, cur[pre + (slice(0, (o - 1) * s + 1, s),)])
+            for j in range(1, k):
+                fold(dst, cur[pre + (slice(j * d, j * d + (o - 1) * s + 1, s),)], out=dst)
+            cur = dst
         if self.mode == "average":
             xp.true_divide(out, args[1], out=out)
         elif self.mode == "lp" and self.p != 1.0:
@@ -178,7 +200,7 @@ class Pooling(Operation):
             per = 5 if x.dtype.startswith("float") else 4
             return pad + 2 + (n - 1) * per + 1
         tail = 1 if self.mode == "average" or (self.mode == "lp" and self.p != 1.0) else 0
-        return pad + n + tail
+        return pad + sum(self.kernel) + tail
 
 
 def pool_divisor(in_lens, kernel, stride, dilation, pads_begin, pads_end, out_lens, include_pad, dtype):
