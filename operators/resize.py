@@ -139,8 +139,9 @@ def axis_tables(mode, in_len, out_len, scale, coord_mode, nearest_mode="round_pr
             # a coordinate halfway between two pixels in exact arithmetic is a tie, even where float32 puts
             # it one ulp off (onnxruntime rounds 2 / (4 / 7) as the tie 3.5)
             xe = original_coordinate(coord_mode, out_len, in_len, scale, roi, exact)
-            tie = (np.trunc(xe) + 0.5 == xe) & (np.abs(xe - xo) <= 4 * np.spacing(np.abs(xo).astype(_f)))
-            xo = np.where(tie, xe, xo)
+            half = np.floor(xe) + 0.5
+            tie = (np.abs(xe - half) < 1e-9) & (np.abs(half - xo) <= 4 * np.spacing(np.abs(xo).astype(_f)))
+            xo = np.where(tie, half, xo)
         idx = nearest_index(xo, nearest_mode, float(_f(scale)) < 1.0)[None, :]
         return np.clip(idx, 0, in_len - 1), None, extrap
     if antialias:
