@@ -345,3 +345,89 @@ def _p_resize(p, m, node, ins):
             mask = mask | mk
         args += [p.lit(m, np.array(_attr(node, "extrapolation_value", 0.0)).astype(dt)), p.lit(m, mask)]
     return p.add(m, "resize", args, axes=axes, weighted=at["mode"] != "nearest", extrapolate=extrapolate)
+
+
+def _blocksize(p, node, x):
+    b = int(_attr(node, "blocksize", 0))
+    if x.shape.ndim != 4:
+        raise p.err(f"input must be 4-D [N, C, H, W], got {list(x.shape.lens)}")
+    if b < 1:
+        raise p.err(f"blocksize {b} must be >= 1")
+    return b
+
+
+@parser("DepthToSpace")
+def _p_depth_to_space(p, m, node, ins):
+    """[N, C, H, W] -> [N, C / b^2, H * b, W * b] as reshape, transpose, reshape (DCR or CRD order)."""
+    x = ins[0]
+    b = _blocksize(p, node, x)
+    N, C, H, W = x.shape.lens
+    mode = _decode(_attr(node, "mode", b"DCR"))
+    if C % (b * b):
+        raise p.err(f"channels {C} are not divisible by blocksize^2 = {b * b}")
+    if mode == "DCR":
+        t = p.reshape(m, x, [N, b, b, C // (b * b), H, W])
+        perm = [0, 3, 4, 1, 5, 2]
+    elif mode == "CRD":
+        t = p.reshape(m, x, [N, C // (b * b), b, b, H, W])
+        perm = [0, 1, 4, 2, 5, 3]
+    else:
+        raise _unsupported(p, node, f"mode '{mode}' (DCR or CRD)")
+    return p.reshape(m, p.add(m, "transpose", [t], permutation=perm), [N, C // (b * b), H * b, W * b])
+
+
+@parser("SpaceToDepth")
+def _p_space_to_depth(p, m, node, ins):
+    """[N, C, H, W] -> [N, C * b^2, H / b, W / b] as reshape, transpose, reshape."""
+    x = ins[0]
+    b = _blocksize(p, node, x)
+    N, C, H, W = x.shape.lens
+    if H % b or W % b:
+        raise p.err(f"spatial dims {H} x {W} are not divisible by blocksize {b}")
+    t = p.reshape(m, x, [N, C, H // b, b, W // b, b])
+    t = p.add(m, "transpose", [t], permutation=[0, 3, 5, 1, 2, 4])
+    return p.reshape(m, t, [N, C * b * b, H // b, W // b])
+
+
+@parser("CenterCropPad")
+def _p_center_crop_pad(p, m, node, ins):
+    """Crop (centered, the extra element at the end) or zero-pad each axis to ``shape``: one ``pad`` with
+    negative pads where it crops."""
+    from .onnx_frontend import _ints
+
+    x = ins[0]
+    r = x.shape.ndim
+    shape = _ints(p.const(ins[1], "shape"))
+    axes = [int(a) + r if int(a) < 0 else int(a) for a in (_attr(node, "axes") or range(r))]
+    if len(shape) != len(axes) or len(set(axes)) != len(axes) or any(not 0 <= a < r for a in axes):
+        raise p.err(f"shape {shape} and axes {list(axes)} must match and be distinct axes of rank {r}")
+    pads = [0] * (2 * r)
+    for a, want in zip(axes, shape):
+        if want < 0:
+            raise p.err(f"shape {shape} must be >= 0")
+        diff = want - x.shape.lens[a]
+        half = abs(diff) // 2
+        pads[a], pads[a + r] = (half, diff - half) if diff >= 0 else (-half, diff + half)
+    if not any(pads):
+        return x
+    return p.add(m, "pad", [x], pads=pads, mode="constant", value=0.0)
+
+
+@parser("Col2Im")
+def _p_col2im(p, m, node, ins):
+    from .onnx_frontend import _ints
+
+    x = ins[0]
+    image = _ints(p.const(ins[1], "image_shape"))
+    block = _ints(p.const(ins[2], "block_shape"))
+    n = len(image)
+    strides = list(_attr(node, "strides") or [1] * n)
+    dil = list(_attr(node, "dilations") or [1] * n)
+    pads = list(_attr(node, "pads") or [0] * (2 * n))
+    if len(block) != n or len(strides) != n or len(dil) != n or len(pads) != 2 * n:
+        raise p.err(f"image_shape {image}, block_shape {block}, strides {strides}, dilations {dil} and pads "
+                    f"{pads} do not all describe {n} spatial axes")
+    if any(v < 1 for v in block + strides + dil) or any(v < 0 for v in pads):
+        raise p.err(f"block_shape {block}, strides {strides}, dilations {dil} must be >= 1 and pads {pads} >= 0")
+    return p.add(m, "col2im", [p.contiguous(m, x)], image=image, kernel=block, stride=strides, dilation=dil,
+                 pads_begin=pads[:n], pads_end=pads[n:])

@@ -20,6 +20,16 @@ from ..shape import Shape
 from .base import Operation, check_inputs, register_op
 
 
+def accumulate_taps(xp, grid, taps, kernel, blocks, stride, dilation):
+    """col2im: ``grid[..., b*s + j*d] += taps[..., j, b]`` for every kernel offset ``j`` (a small static loop)
+    and block ``b``; ``grid`` is ``[lead..., *spatial]``, ``taps`` ``[lead..., *kernel, *blocks]``."""
+    lead = (slice(None),) * (grid.ndim - len(kernel))
+    for j in np.ndindex(*kernel):
+        dst = grid[lead + tuple(slice(jj * d, jj * d + (b - 1) * st + 1, st)
+                                for jj, d, b, st in zip(j, dilation, blocks, stride))]
+        xp.add(dst, taps[lead + j], out=dst)
+
+
 @register_op
 class ConvTranspose(Operation):
     """See the module docstring.  Attributes: ``stride``, ``dilation``, ``pads_begin``, ``out_lens`` (one
@@ -83,12 +93,8 @@ class ConvTranspose(Operation):
         for n in range(N):
             ctx.matmul(wt, xr[n], col[n])
         full.fill(0)
-        taps = col.reshape((N, g, Mg) + K + S)
-        grid = full.reshape((N, g, Mg) + tuple(full.shape[2:]))
-        for j in np.ndindex(*K):
-            dst = grid[(slice(None),) * 3 + tuple(slice(jj * d, jj * d + (s_ - 1) * st + 1, st)
-                                                  for jj, d, s_, st in zip(j, self.dilation, S, self.stride))]
-            xp.add(dst, taps[(slice(None),) * 3 + j], out=dst)
+        accumulate_taps(xp, full.reshape((N, g, Mg) + tuple(full.shape[2:])), col.reshape((N, g, Mg) + K + S),
+                        K, S, self.stride, self.dilation)
         xp.copyto(out, full[(slice(None), slice(None)) + tuple(slice(pb, pb + o) for pb, o in
                                                               zip(self.pads_begin, self.out_lens))])
         if len(args) > 2:
@@ -97,3 +103,51 @@ class ConvTranspose(Operation):
     def launches(self, inputs, output):
         x, w = inputs[0], inputs[1]
         return x.lens[0] + 1 + math.prod(w.lens[2:]) + 1 + (len(inputs) > 2)
+
+
+@register_op
+class Col2Im(Operation):
+    """ONNX Col2Im: columns ``[N, C * prod(block), L]`` -> image ``[N, C, *image_shape]``, summing the
+    overlapping blocks (``L`` = the number of block positions, row-major).  A zeroed padded scratch image
+    takes every kernel offset's ``[N, C, *blocks]`` slab through one strided add (a small static loop), then
+    the unpadded window is copied into ``out``.  Attributes (one int per spatial axis): ``image``,
+    ``kernel``, ``stride``, ``dilation``, ``pads_begin``, ``pads_end``.  Source: ONNX Col2Im-18.
+    Raises ShapeError when the input does not hold ``C * prod(block)`` rows of ``L`` blocks."""
+
+    name = "col2im"
+    alloc_free = True
+
+    def __init__(self, image=(), kernel=(), stride=(), dilation=(), pads_begin=(), pads_end=()):
+        super().__init__(**{k: [int(v) for v in vals] for k, vals in dict(
+            image=image, kernel=kernel, stride=stride, dilation=dilation, pads_begin=pads_begin,
+            pads_end=pads_end).items()})
+
+    def blocks(self):
+        return [(i + pb + pe - d * (k - 1) - 1) // s + 1 for i, k, s, d, pb, pe in
+                zip(self.image, self.kernel, self.stride, self.dilation, self.pads_begin, self.pads_end)]
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        x = inputs[0]
+        kprod, blocks = math.prod(self.kernel), self.blocks()
+        if x.ndim != 3 or x.lens[1] % kprod or any(b < 1 for b in blocks) or x.lens[2] != math.prod(blocks):
+            raise ShapeError(f"col2im: input {list(x.lens)} is not [N, C * {kprod}, {math.prod(blocks)}] "
+                             f"for image {self.image}, block {self.kernel} ({blocks} block positions)")
+        return Shape(x.dtype, [x.lens[0], x.lens[1] // kprod] + self.image)
+
+    def workspace(self, inputs, output):
+        return [Shape(output.dtype, list(output.lens[:2]) + [i + pb + pe for i, pb, pe in
+                                                              zip(self.image, self.pads_begin, self.pads_end)])]
+
+    def compute(self, ctx, out, args, ws):
+        xp, x, full = ctx.xp, args[0], ws[0]
+        N, C = out.shape[:2]
+        blocks = self.blocks()
+        full.fill(0)
+        accumulate_taps(xp, full, x.reshape((N, C) + tuple(self.kernel) + tuple(blocks)), self.kernel, blocks,
+                        self.stride, self.dilation)
+        xp.copyto(out, full[(slice(None), slice(None)) + tuple(slice(pb, pb + i) for pb, i in
+                                                              zip(self.pads_begin, self.image))])
+
+    def launches(self, inputs, output):
+        return 2 + math.prod(self.kernel)
