@@ -9,11 +9,24 @@ the zero-point-shifted operands (every product and partial sum of 8-bit operands
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from .errors import UnsupportedOpError
-from .onnx_frontend import _attr, _decode, parser
+from .onnx_frontend import parser
 
 _INT8 = ("uint8", "int8")
+
+
+def _attr(node, name, default=None):
+    """Attribute ``name`` of ``node`` as a Python value, or ``default`` when absent."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _decode(v):
+    return v.decode() if isinstance(v, bytes) else v
 
 
 def _unsupported(p, node, detail):

@@ -13,13 +13,30 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from .errors import UnsupportedOpError
-from .onnx_frontend import _attr, _decode, parser
+from .onnx_frontend import parser
 from .operators.pooling import max_pool_index_maps, pool_divisor
 from .operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def _attr(node, name, default=None):
+    """Attribute ``name`` of ``node`` as a Python value, or ``default`` when absent."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _decode(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _ints(value) -> list:
+    return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
 def _unsupported(p, node, detail):
@@ -393,8 +410,6 @@ def _p_space_to_depth(p, m, node, ins):
 def _p_center_crop_pad(p, m, node, ins):
     """Crop (centered, the extra element at the end) or zero-pad each axis to ``shape``: one ``pad`` with
     negative pads where it crops."""
-    from .onnx_frontend import _ints
-
     x = ins[0]
     r = x.shape.ndim
     shape = _ints(p.const(ins[1], "shape"))
@@ -415,8 +430,6 @@ def _p_center_crop_pad(p, m, node, ins):
 
 @parser("Col2Im")
 def _p_col2im(p, m, node, ins):
-    from .onnx_frontend import _ints
-
     x = ins[0]
     image = _ints(p.const(ins[1], "image_shape"))
     block = _ints(p.const(ins[2], "block_shape"))
