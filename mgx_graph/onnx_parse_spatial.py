@@ -280,7 +280,7 @@ def _resize_inputs(p, node, ins, r):
 
 def _resize_geometry(p, node, x, ins):
     """(scales per axis float32, output lens, roi per axis (start, end), exact ratio per axis (num, den) or
-    None), as onnxruntime derives them."""
+    None, fractional ``scale * length`` per axis or None), as onnxruntime derives them."""
     lens = list(x.shape.lens)
     r = len(lens)
     scales_in, sizes, roi_in, axes = _resize_inputs(p, node, ins, r)
@@ -290,7 +290,7 @@ def _resize_geometry(p, node, x, ins):
     if len(given) != len(axes):
         raise p.err(f"{'scales' if sizes is None else 'sizes'} {given.tolist()} has {len(given)} values, expected "
                     f"{len(axes)} (one per axis of {list(axes)})")
-    scales, out, exact = [np.float32(1.0)] * r, list(lens), [None] * r
+    scales, out, exact, widths = [np.float32(1.0)] * r, list(lens), [None] * r, [None] * r
     for a, v in zip(axes, given):
         if scales_in is not None:
             if not v > 0:
@@ -298,6 +298,9 @@ def _resize_geometry(p, node, x, ins):
             scales[a], out[a] = np.float32(v), int(np.float32(v) * np.float32(lens[a]))
             if out[a] and np.float32(out[a] / lens[a]) == scales[a]:
                 exact[a] = (out[a], lens[a])
+            width = float(np.float32(v)) * lens[a]  # the ONNX reference's (float64) output width
+            if width != out[a]:
+                widths[a] = width
         else:
             if v < 0 or (lens[a] == 0 and v != 0):
                 raise p.err(f"sizes {sizes.tolist()} cannot be produced from input {lens}")
@@ -319,7 +322,7 @@ def _resize_geometry(p, node, x, ins):
             raise p.err(f"roi {roi_in.tolist()} has {len(roi_in)} values, expected {2 * len(axes)}")
         for k, a in enumerate(axes):
             roi[a] = (float(roi_in[k]), float(roi_in[len(axes) + k]))
-    return scales, out, roi, exact
+    return scales, out, roi, exact, widths
 
 
 def _resized_axes(scales, lens, out):
@@ -334,7 +337,7 @@ def _resized_axes(scales, lens, out):
 def _p_resize(p, m, node, ins):
     x = ins[0]
     at = _resize_attrs(p, node, x)
-    scales, out, roi, exact = _resize_geometry(p, node, x, ins)
+    scales, out, roi, exact, widths = _resize_geometry(p, node, x, ins)
     dt = x.shape.dtype
     args, axes, masks = [x], [], []
     active = _resized_axes(scales, x.shape.lens, out)
@@ -342,7 +345,9 @@ def _p_resize(p, m, node, ins):
         if a not in active:
             continue
         idx, w, ext = axis_tables(at["mode"], n_in, n_out, scales[a], at["coord_mode"], at["nearest_mode"],
-                                  at["cubic_a"], at["exclude_outside"], at["antialias"], roi[a], exact[a])
+                                  at["cubic_a"], at["exclude_outside"], at["antialias"], roi[a], exact[a],
+                                  widths[a] if at["coord_mode"] == "align_corners" and not at["antialias"]
+                                  else None)
         if is_identity(idx, w, ext, n_in, n_out):
             continue
         axes.append(a)
@@ -395,14 +400,18 @@ def _p_depth_to_space(p, m, node, ins):
 
 @parser("SpaceToDepth")
 def _p_space_to_depth(p, m, node, ins):
-    """[N, C, H, W] -> [N, C * b^2, H / b, W / b] as reshape, transpose, reshape."""
+    """[N, C, H, W] -> [N, C * b^2, H / b, W / b] as reshape, transpose, reshape (DCR or CRD order)."""
     x = ins[0]
     b = _blocksize(p, node, x)
     N, C, H, W = x.shape.lens
+    mode = _decode(_attr(node, "mode", b"DCR"))
+    if mode not in ("DCR", "CRD"):
+        raise _unsupported(p, node, f"mode '{mode}' (DCR or CRD)")
     if H % b or W % b:
         raise p.err(f"spatial dims {H} x {W} are not divisible by blocksize {b}")
     t = p.reshape(m, x, [N, C, H // b, b, W // b, b])
-    t = p.add(m, "transpose", [t], permutation=[0, 3, 5, 1, 2, 4])
+    perm = [0, 3, 5, 1, 2, 4] if mode == "DCR" else [0, 1, 3, 5, 2, 4]
+    t = p.add(m, "transpose", [t], permutation=perm)
     return p.reshape(m, t, [N, C * b * b, H // b, W // b])
 
 

@@ -25,12 +25,14 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "si
 _f = np.float32
 
 
-def original_coordinate(mode, out_len, in_len, scale, roi=(0.0, 1.0), exact=None):
+def original_coordinate(mode, out_len, in_len, scale, roi=(0.0, 1.0), exact=None, out_width=None):
     """Input coordinate of every output position of one axis ([out_len]).
 
     Computed in float32 as onnxruntime's CPU kernel does (so nearest picks the same pixel where the float32
     value falls just below or above an integer).  ``exact=(num, den)``: in float64 with the scale taken as
-    the exact ratio ``num / den`` it rounds (used to recognise ties, see :func:`axis_tables`)."""
+    the exact ratio ``num / den`` it rounds (used to recognise ties, see :func:`axis_tables`).
+    ``out_width``: for align_corners, the (possibly fractional) ``scale * in_len`` the ONNX reference and
+    conformance data divide by when scales are given (onnxruntime divides by the integer length)."""
     if exact is not None:
         F, x = np.float64, np.arange(out_len, dtype=np.float64)
         num, den = exact
@@ -51,6 +53,9 @@ def original_coordinate(mode, out_len, in_len, scale, roi=(0.0, 1.0), exact=None
     if mode == "tf_half_pixel_for_nn":
         return div(x + half)
     if mode == "align_corners":
+        if out_width is not None:  # the reference's float64 arithmetic
+            xd = np.arange(out_len, dtype=np.float64)
+            return xd * (in_len - 1) / (out_width - 1) if out_width != 1 else np.zeros(out_len)
         return x * (L_in - 1) / (L_out - 1) if out_len > 1 else np.zeros(out_len, F)
     if mode == "tf_crop_and_resize":
         r0, r1 = F(_f(roi[0])), F(_f(roi[1]))
@@ -125,12 +130,13 @@ def _antialias_tables(mode, xo, in_len, scale, a, exclude_outside):
 
 
 def axis_tables(mode, in_len, out_len, scale, coord_mode, nearest_mode="round_prefer_floor", cubic_a=-0.75,
-                exclude_outside=False, antialias=False, roi=(0.0, 1.0), exact=None):
+                exclude_outside=False, antialias=False, roi=(0.0, 1.0), exact=None, out_width=None):
     """(index int64 [T, O], weight float64 [T, O] or None, extrapolated bool [O] or None) of one axis.
 
     ``exact``: ``(num, den)`` when the float32 ``scale`` stands for the ratio ``num / den`` (sizes given,
-    or a scale equal to out / in): nearest rounding then treats exact halfway coordinates as ties."""
-    xo = original_coordinate(coord_mode, out_len, in_len, scale, roi)
+    or a scale equal to out / in): nearest rounding then treats exact halfway coordinates as ties.
+    ``out_width``: see :func:`original_coordinate`."""
+    xo = original_coordinate(coord_mode, out_len, in_len, scale, roi, out_width=out_width)
     extrap = None
     if coord_mode == "tf_crop_and_resize":
         extrap = (xo < 0) | (xo > in_len - 1)
@@ -138,7 +144,7 @@ def axis_tables(mode, in_len, out_len, scale, coord_mode, nearest_mode="round_pr
         if nearest_mode.startswith("round") and exact is not None:
             # a coordinate halfway between two pixels in exact arithmetic is a tie, even where float32 puts
             # it one ulp off (onnxruntime rounds 2 / (4 / 7) as the tie 3.5)
-            xe = original_coordinate(coord_mode, out_len, in_len, scale, roi, exact)
+            xe = original_coordinate(coord_mode, out_len, in_len, scale, roi, exact, out_width)
             half = np.floor(xe) + 0.5
             tie = (np.abs(xe - half) < 1e-9) & (np.abs(half - xo) <= 4 * np.spacing(np.abs(xo).astype(_f)))
             xo = np.where(tie, half, xo)

@@ -38,6 +38,23 @@ def test_space_to_depth(blocksize, shape, target):
     check(helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=blocksize), {"x": x}, target)
 
 
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_inverts_depth_to_space(mode, target):
+    """SpaceToDepth (opset 25 has ``mode``) undoes DepthToSpace of the same mode (onnxruntime's DepthToSpace
+    gives the input); the identity is the oracle."""
+    x = R.standard_normal((1, 8, 3, 5)).astype(np.float32)
+    nodes = [helper.make_node("SpaceToDepth", ["x"], ["t"], blocksize=2, mode=mode),
+             helper.make_node("DepthToSpace", ["t"], ["y"], blocksize=2, mode=mode)]
+    x = R.standard_normal((1, 2, 4, 6)).astype(np.float32)
+    m = make_model(nodes, {"x": x}, ["y"], opset=25)
+    prog = mgx_graph.compile(m, target=target)
+    assert "onnx_op" not in str(prog)
+    np.testing.assert_array_equal(prog.run({"x": x})[0], x)
+    t = mgx_graph.compile(make_model(nodes[:1], {"x": x}, ["t"], opset=25), target=target).run({"x": x})[0]
+    want = x.reshape(1, 2, 2, 2, 3, 2).transpose((0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4))
+    np.testing.assert_array_equal(t, want.reshape(1, 8, 2, 3))
+
+
 def test_depth_to_space_round_trip_graph_mode(target):
     x = R.standard_normal((1, 8, 3, 5)).astype(np.float32)
     nodes = [helper.make_node("DepthToSpace", ["x"], ["t"], blocksize=2, mode="CRD"),

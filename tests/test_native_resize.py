@@ -38,8 +38,14 @@ def resize_model(x, attrs, scales=None, sizes=None, roi=None, opset=19):
     return make_model([helper.make_node("Resize", names, ["y"], **attrs)], {"x": x}, ["y"], inits, opset=opset)
 
 
-def check(m, x, target, tol=1e-5, hip_graph=False):
-    want = ort_run(m, {"x": x})[0]
+def reference_run(m, feeds):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(m).run(None, feeds)
+
+
+def check(m, x, target, tol=1e-5, hip_graph=False, oracle=ort_run):
+    want = oracle(m, {"x": x})[0]
     prog = mgx_graph.compile(m, target=target, hip_graph=hip_graph)
     assert "onnx_op" not in str(prog)
     for _ in range(3 if hip_graph else 1):
@@ -61,18 +67,36 @@ def case_model(mode, coord, how, **attrs):
     return resize_model(X, attrs, scales, sizes, roi)
 
 
+def oracle_of(coord, how):
+    """align_corners with scales whose ``scale * length`` is fractional: the ONNX reference (whose data the
+    conformance suite holds) divides by that fractional length, onnxruntime by the integer one; mgx_graph
+    follows the reference there and onnxruntime everywhere else."""
+    return reference_run if coord == "align_corners" and SIZES[how][0] is not None else ort_run
+
+
 @pytest.mark.parametrize("how", list(SIZES))
 @pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
 @pytest.mark.parametrize("coord", COORDS)
 def test_resize_nearest(coord, nearest_mode, how, target):
-    check(case_model("nearest", coord, how, nearest_mode=nearest_mode), X, target)
+    check(case_model("nearest", coord, how, nearest_mode=nearest_mode), X, target, oracle=oracle_of(coord, how))
 
 
 @pytest.mark.parametrize("how", LINEAR_SIZES)
 @pytest.mark.parametrize("antialias", [0, 1])
 @pytest.mark.parametrize("coord", COORDS)
 def test_resize_linear(coord, antialias, how, target):
-    check(case_model("linear", coord, how, antialias=antialias), X, target)
+    oracle = ort_run if antialias else oracle_of(coord, how)
+    check(case_model("linear", coord, how, antialias=antialias), X, target, oracle=oracle)
+
+
+def test_resize_align_corners_fractional_width_follows_the_reference(target):
+    """The conformance case: [1, 2, 3, 4] scaled by 0.6 with align_corners divides by 0.6 * 4 - 1 = 1.4."""
+    x = np.array([[[[1, 2, 3, 4], [5, 6, 7, 8]]]], np.float32)
+    m = resize_model(x, dict(mode="linear", coordinate_transformation_mode="align_corners"),
+                     np.array([1, 1, 0.6, 0.6], np.float32))
+    got = mgx_graph.compile(m, target=target).run({"x": x})[0]
+    np.testing.assert_allclose(got, reference_run(m, {"x": x})[0], rtol=1e-6)
+    np.testing.assert_allclose(got.ravel(), [1.0, 1.0 + 3.0 / 1.4], rtol=1e-6)
 
 
 @pytest.mark.parametrize("exclude_outside", [0, 1])
@@ -83,13 +107,15 @@ def test_resize_cubic(coord, exclude_outside, how, target):
     attrs = dict(mode="cubic", coordinate_transformation_mode=coord, exclude_outside=exclude_outside,
                  cubic_coeff_a=-0.5, extrapolation_value=2.0)
     roi = ROI4 if coord == "tf_crop_and_resize" else None
+    oracle = ort_run
     if how == "up":
         m = resize_model(X, attrs, np.array([1, 1, 2.0, 1.5], np.float32), roi=roi)
+        oracle = reference_run if coord == "align_corners" else ort_run
     else:
         attrs["axes"] = [2, 3]
         m = resize_model(X, attrs, sizes=np.array([9, 11], np.int64),
                          roi=None if roi is None else np.array([0.1, 0.2, 0.8, 0.9], np.float32))
-    check(m, X, target, tol=1e-4)
+    check(m, X, target, tol=1e-4, oracle=oracle)
 
 
 @pytest.mark.parametrize("exclude_outside", [0, 1])
