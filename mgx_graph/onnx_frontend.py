@@ -1293,3 +1293,6 @@ def symbolic_inputs(model: onnx.ModelProto, input_dims: dict | None = None) -> d
         if dims:
             res[vi.name] = dims
     return res
+
+
+from . import onnx_parse_misc  # noqa: E402,F401

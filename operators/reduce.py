@@ -157,15 +157,17 @@ class ArgMax(Operation):
         return Shape("int64", lens)
 
     def compute(self, ctx, out, args, ws):
-        xp, x = ctx.xp, args[0]
-        a = self.axis % x.ndim
-        if self.select_last_index:
-            n = x.shape[a]
-            r = getattr(xp, self.fn)(xp.flip(x, axis=a), axis=a)
-            r = (n - 1) - r
-        else:
-            r = getattr(xp, self.fn)(x, axis=a)
+        """onnxruntime's rule for NaN: a line starting with NaN gives 0, other NaNs are skipped."""
+        from .index_ops import argext_host
+
+        x = args[0]
+        r = argext_host(ctx.xp, x, self.axis % x.ndim, self.fn == "argmin", bool(self.select_last_index))
         out[...] = r.reshape(out.shape)
+
+    def gpu_kernel(self, inputs, output):
+        from .index_ops import argext_gpu_kernel
+
+        return argext_gpu_kernel(self, inputs, output)
 
 
 @register_op

@@ -591,6 +591,7 @@ class TopK(Operation):
         return (Shape(x.dtype, lens), Shape("int64", lens))
 
     def compute(self, ctx, out, args, ws):
+        """NaN ranks above +inf (first when ``largest``, last otherwise), as onnxruntime's order."""
         xp, x = ctx.xp, args[0]
         a = self.axis % x.ndim
         key = -x if self.largest else x
@@ -598,10 +599,16 @@ class TopK(Operation):
             key = -x.astype(np.int8) if self.largest else x.astype(np.int8)
         elif x.dtype.kind == "u" and self.largest:
             key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
-        order = xp.argsort(key, axis=a, kind="stable") if xp is np else xp.argsort(key, axis=a)
+        order = _stable_argsort(xp, key, a)  # ties keep the lower index; NaN sorts last
+        if self.largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
+            order = xp.take_along_axis(order, _stable_argsort(xp, ~xp.isnan(xp.take_along_axis(x, order, a)), a), a)
         idx = xp.take(order, xp.arange(self.k), axis=a)
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
+
+
+def _stable_argsort(xp, key, axis):
+    return xp.argsort(key, axis=axis, kind="stable") if xp is np else xp.argsort(key, axis=axis)  # CuPy: stable
 
 
 @register_op
