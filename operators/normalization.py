@@ -209,7 +209,8 @@ class LRN(Operation):
         xp.multiply(x, x, out=sq, dtype=sq.dtype)
         s.fill(0)
         for d, a0, a1 in self._offsets(C):
-            xp.add(s[:, a0:a1], sq[:, a0 + d:a1 + d], out=s[:, a0:a1])
+            w = s[:, a0:a1]  # one view object as input and output: CuPy then needs no staging copy
+            xp.add(w, sq[:, a0 + d:a1 + d], out=w)
         t = s.dtype.type
         xp.multiply(s, t(self.alpha / self.size), out=s)
         xp.add(s, t(self.bias), out=s)

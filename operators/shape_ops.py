@@ -601,7 +601,8 @@ class TopK(Operation):
             key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
         order = _stable_argsort(xp, key, a)  # ties keep the lower index; NaN sorts last
         if self.largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
-            order = xp.take_along_axis(order, _stable_argsort(xp, ~xp.isnan(xp.take_along_axis(x, order, a)), a), a)
+            nan = xp.isnan(xp.take_along_axis(x, order, a)).astype(np.int8)
+            order = xp.take_along_axis(order, _stable_argsort(xp, -nan, a), a)
         idx = xp.take(order, xp.arange(self.k), axis=a)
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
