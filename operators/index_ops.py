@@ -1,5 +1,6 @@
 """Scans, one-hot encodings, reversals and selections along an axis (ONNX CumSum, OneHot,
-ReverseSequence, Compress, Hardmax) and the line kernels ArgMax / ArgMin share on the gpu target.
+ReverseSequence, Compress, Hardmax, the diagonal view of Einsum), the line kernels ArgMax / ArgMin use
+on the gpu target and TopK's NaN-aware order.
 
 The gpu kernels are in ``line_ops.cu`` (compiled per element type) or are CuPy elementwise kernels;
 all write into ``out`` and declared workspaces, so they are captured.  NaN rules follow onnxruntime
@@ -36,8 +37,16 @@ def line_module(dtype: str):
     with open(os.path.join(_HERE, "line_ops.cu")) as f:
         src = f.read()
     acc = "float" if dtype == "float16" else _CTYPES[dtype]
-    head = ("#include <cuda_fp16.h>\n" if dtype == "float16" else "") + f"typedef {_CTYPES[dtype]} T;\ntypedef {acc} ACC;\n"
-    return cupy.RawModule(code=head + src)
+    head = _HALF_HEADER if dtype == "float16" else ""
+    return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\ntypedef {acc} ACC;\n" + src)
+
+
+_HALF_HEADER = """#if defined(__HIPCC_RTC__) || defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+"""
 
 
 def _lines(lens, axis):
@@ -100,6 +109,28 @@ def argext_gpu_kernel(op, in_shapes, out_shape):
         k((outer * inner,), (BLOCK,), (src, out, np.int64(n), np.int64(inner), np.int32(is_min), np.int32(last)))
 
     return run, 1 + len(ws), ws, True, "line_ops.cu argext"
+
+
+# ---------------------------------------------------------------------------------------------------
+# TopK's order (the op is in shape_ops.py)
+# ---------------------------------------------------------------------------------------------------
+def _stable_argsort(xp, key, axis):
+    return xp.argsort(key, axis=axis, kind="stable") if xp is np else xp.argsort(key, axis=axis)  # CuPy: stable
+
+
+def topk_order(xp, x, axis: int, largest: bool):
+    """Positions along ``axis`` in TopK order: descending (``largest``) or ascending, ties by the lower
+    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime orders them."""
+    key = -x if largest else x
+    if x.dtype.kind == "b":
+        key = -x.astype(np.int8) if largest else x.astype(np.int8)
+    elif x.dtype.kind == "u" and largest:
+        key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
+    order = _stable_argsort(xp, key, axis)  # NaN sorts last
+    if largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
+        nan = xp.isnan(xp.take_along_axis(x, order, axis)).astype(np.int8)
+        order = xp.take_along_axis(order, _stable_argsort(xp, -nan, axis), axis)
+    return order
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -225,7 +256,6 @@ class OneHot(Operation):
     indices outside ``[-depth, depth)`` give an all-``off`` line, as onnxruntime."""
 
     name = "onehot"
-    alloc_free = True
 
     def __init__(self, depth=1):
         super().__init__(depth=int(depth))
@@ -285,7 +315,6 @@ class ReverseSequence(Operation):
     ``[0, time steps]`` raises ExecutionError on the host (as onnxruntime); the gpu kernel clamps it."""
 
     name = "reverse_sequence"
-    alloc_free = True
 
     def __init__(self, batch_axis=1, time_axis=0):
         super().__init__(batch_axis=int(batch_axis), time_axis=int(time_axis))

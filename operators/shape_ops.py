@@ -574,7 +574,7 @@ class NonZero(Operation):
 @register_op
 class TopK(Operation):
     """Values and indices of the ``k`` largest (or smallest) elements along ``axis`` (ONNX TopK); ties
-    keep the lower index first."""
+    keep the lower index first, NaN ranks above +inf (as onnxruntime orders them)."""
 
     name = "topk"
 
@@ -591,25 +591,13 @@ class TopK(Operation):
         return (Shape(x.dtype, lens), Shape("int64", lens))
 
     def compute(self, ctx, out, args, ws):
-        """NaN ranks above +inf (first when ``largest``, last otherwise), as onnxruntime's order."""
+        from .index_ops import topk_order
+
         xp, x = ctx.xp, args[0]
         a = self.axis % x.ndim
-        key = -x if self.largest else x
-        if x.dtype.kind == "b":
-            key = -x.astype(np.int8) if self.largest else x.astype(np.int8)
-        elif x.dtype.kind == "u" and self.largest:
-            key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
-        order = _stable_argsort(xp, key, a)  # ties keep the lower index; NaN sorts last
-        if self.largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
-            nan = xp.isnan(xp.take_along_axis(x, order, a)).astype(np.int8)
-            order = xp.take_along_axis(order, _stable_argsort(xp, -nan, a), a)
-        idx = xp.take(order, xp.arange(self.k), axis=a)
+        idx = xp.take(topk_order(xp, x, a, self.largest), xp.arange(self.k), axis=a)
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
-
-
-def _stable_argsort(xp, key, axis):
-    return xp.argsort(key, axis=axis, kind="stable") if xp is np else xp.argsort(key, axis=axis)  # CuPy: stable
 
 
 @register_op
