@@ -127,10 +127,9 @@ class NonMaxSuppression(Operation):
         count[...] = len(rows)
 
     def gpu_kernel(self, inputs, output):
-        boxes, scores = inputs[0], inputs[1]
         if not all(s.standard() for s in inputs):
             return None
-        B, C, N = scores.lens
+        B, C, N = inputs[1].lens
         M = min(self.max_out, N)
         cap = B * C * M
         ws = [Shape("int64", [B * C, max(N, 1)]), Shape("int64", [B * C, M]), Shape("int64", [B * C])]

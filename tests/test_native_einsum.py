@@ -63,7 +63,7 @@ def test_einsum_broadcast_size_one_label(target):
 
 @pytest.mark.parametrize("dtype,tol", [(np.float64, (1e-12, 1e-12)), (np.float16, (2e-2, 2e-2)), (np.int64, (0, 0))])
 def test_einsum_types(target, dtype, tol):
-    feeds = {"a": (R.uniform(-3, 3, size=(2, 3, 4))).astype(dtype), "b": (R.uniform(-3, 3, size=(2, 4, 3))).astype(dtype)}
+    feeds = {"a": R.uniform(-3, 3, size=(2, 3, 4)).astype(dtype), "b": R.uniform(-3, 3, size=(2, 4, 3)).astype(dtype)}
     model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik")], feeds, ["y"],
                        opset=12)
     run_native(model, feeds, target, False, ["dot"], tol=tol)
