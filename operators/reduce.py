@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..shape import Shape
 from .base import Operation, check_inputs, normalize_axis, register_op
+from .index_ops import argext_gpu_kernel, argext_host
 
 
 class Reduce(Operation):
@@ -158,15 +159,11 @@ class ArgMax(Operation):
 
     def compute(self, ctx, out, args, ws):
         """onnxruntime's rule for NaN: a line starting with NaN gives 0, other NaNs are skipped."""
-        from .index_ops import argext_host
-
         x = args[0]
         r = argext_host(ctx.xp, x, self.axis % x.ndim, self.fn == "argmin", bool(self.select_last_index))
         out[...] = r.reshape(out.shape)
 
     def gpu_kernel(self, inputs, output):
-        from .index_ops import argext_gpu_kernel
-
         return argext_gpu_kernel(self, inputs, output)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..shape import Shape, broadcast_lens, standard_strides
 from .base import Operation, check_inputs, normalize_axis, register_op
+from .index_ops import topk_order
 
 
 def reshape_strides(shape: Shape, new_lens) -> tuple[int, ...] | None:
@@ -591,8 +592,6 @@ class TopK(Operation):
         return (Shape(x.dtype, lens), Shape("int64", lens))
 
     def compute(self, ctx, out, args, ws):
-        from .index_ops import topk_order
-
         xp, x = ctx.xp, args[0]
         a = self.axis % x.ndim
         idx = xp.take(topk_order(xp, x, a, self.largest), xp.arange(self.k), axis=a)
