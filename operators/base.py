@@ -105,7 +105,9 @@ class Operation:
         return []
 
     def gpu_kernel(self, inputs: list[Shape], output: Shape):
-        """Optional GPU override: ``(fn(ctx, out, args, ws), launches, workspace_shapes)`` or None."""
+        """Optional GPU override: a :class:`~mgx_graph.operators.gpu.GpuKernel` or a tuple
+        ``(fn(ctx, out, args, ws), launches, workspace_shapes[, capturable, label])``; None: the default
+        choice of :func:`~mgx_graph.operators.gpu.select_gpu_kernel`."""
         return None
 
     alloc_free = False

@@ -3,7 +3,8 @@
 :func:`select_gpu_kernel` picks, for one instruction, a kernel that writes into its preplanned output
 without allocating (so it can be captured):
 
-1. an op-specific kernel (``dot`` -> one strided-batched GEMM; ``scatternd`` -> ``scatternd.cu``);
+1. the op's own ``gpu_kernel`` when it returns one, else an op-specific kernel from this module
+   (``dot`` -> one strided-batched GEMM; ``scatternd`` -> ``scatternd.cu``);
 2. a single elementwise kernel compiled from the op's ``gpu_body`` expression;
 3. the op's generic ``xp`` kernel when it allocates no temporaries;
 4. otherwise the generic kernel, marked *not capturable* (the graph pass makes it a boundary).
@@ -32,6 +33,9 @@ class GpuKernel:
 
 
 def select_gpu_kernel(op, in_shapes: list[Shape], out_shape: Shape) -> GpuKernel:
+    own = op.gpu_kernel(in_shapes, out_shape)
+    if own is not None:
+        return own if isinstance(own, GpuKernel) else GpuKernel(*own)
     special = _SPECIAL.get(op.name)
     if special is not None:
         k = special(op, in_shapes, out_shape)
@@ -104,8 +108,9 @@ def reduction_kernel(kind: str, dtype: str):
             if info.min >= 0 else f"(({acc}){int(info.max)})"
     else:
         raise TypeError(f"no GPU reduction for {dtype}")
-    reduce_expr = {"sum": "a + b", "mean": "a + b", "prod": "a * b", "max": "(a > b ? a : b)",
-                   "min": "(a < b ? a : b)"}[kind]
+    # max / min propagate NaN (``a != a``), as numpy's amax / amin on the ref target do
+    reduce_expr = {"sum": "a + b", "mean": "a + b", "prod": "a * b", "max": "((a > b || a != a) ? a : b)",
+                   "min": "((a < b || a != a) ? a : b)"}[kind]
     identity = {"sum": "0", "mean": "0", "prod": "1", "max": lo, "min": hi}[kind]
     # parameter names are substituted textually by CuPy: keep them distinct from every other token
     post = ("out_v = (T)((double)a / ((double)_in_ind.size() / (double)_out_ind.size()))" if kind == "mean"

@@ -9,6 +9,8 @@ ONNX spec: https://onnx.ai/onnx/operators/ (Add, Sub, ..., Where, Cast, Clip).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import ShapeError
@@ -419,11 +421,12 @@ class Where(Pointwise):
 
 @register_op
 class Clip(Pointwise):
-    """clip(x, min, max): missing bounds are given as None attributes by the parser."""
+    """clip(x, min, max) as onnxruntime computes it: ``y = x < min ? min : x``, then
+    ``y = max < y ? max : y``, so a NaN input stays NaN and a NaN bound is ignored.  Missing bounds are
+    given as None (the ONNX parser passes the type's lowest / largest value instead)."""
 
     name = "clip"
     nargs = (1, 3)
-    alloc_free = True
 
     def compute_shape(self, inputs, mods=()):
         check_inputs(self, inputs, (1, 3))
@@ -433,19 +436,28 @@ class Clip(Pointwise):
         xp = ctx.xp
         lo = args[1] if len(args) > 1 and args[1] is not None else None
         hi = args[2] if len(args) > 2 and args[2] is not None else None
-        if lo is None and hi is None:
-            xp.copyto(out, args[0])
-            return
-        if lo is None:
-            xp.minimum(args[0], hi, out=out)
-        elif hi is None:
-            xp.maximum(args[0], lo, out=out)
-        else:
-            xp.maximum(args[0], lo, out=out)
-            xp.minimum(out, hi, out=out)
+        y = args[0]
+        if lo is not None:
+            y = xp.where(y < lo, lo, y)
+        if hi is not None:
+            y = xp.where(hi < y, hi, y)
+        xp.copyto(out, y)
 
-    def launches(self, inputs, output):
-        return 2 if len(inputs) == 3 else 1
+    def gpu_kernel(self, inputs, output):
+        if len(inputs) != 3:
+            return None
+
+        def run(ctx, out, args, ws):
+            _clip_kernel()(args[0], args[1], args[2], out)
+
+        return run, 1, [], True, "elementwise clip"
+
+
+@functools.lru_cache(maxsize=None)
+def _clip_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("T x, T lo, T hi", "T y", "T v = x < lo ? lo : x; y = hi < v ? hi : v;", "mgx_clip")
 
 
 @register_op

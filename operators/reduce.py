@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..shape import Shape
 from .base import Operation, check_inputs, normalize_axis, register_op
+from .index_ops import argext_gpu_kernel, argext_host
 
 
 class Reduce(Operation):
@@ -157,15 +158,13 @@ class ArgMax(Operation):
         return Shape("int64", lens)
 
     def compute(self, ctx, out, args, ws):
-        xp, x = ctx.xp, args[0]
-        a = self.axis % x.ndim
-        if self.select_last_index:
-            n = x.shape[a]
-            r = getattr(xp, self.fn)(xp.flip(x, axis=a), axis=a)
-            r = (n - 1) - r
-        else:
-            r = getattr(xp, self.fn)(x, axis=a)
+        """onnxruntime's rule for NaN: a line starting with NaN gives 0, other NaNs are skipped."""
+        x = args[0]
+        r = argext_host(ctx.xp, x, self.axis % x.ndim, self.fn == "argmin", bool(self.select_last_index))
         out[...] = r.reshape(out.shape)
+
+    def gpu_kernel(self, inputs, output):
+        return argext_gpu_kernel(self, inputs, output)
 
 
 @register_op

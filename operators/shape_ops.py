@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..shape import Shape, broadcast_lens, standard_strides
 from .base import Operation, check_inputs, normalize_axis, register_op
+from .index_ops import topk_order
 
 
 def reshape_strides(shape: Shape, new_lens) -> tuple[int, ...] | None:
@@ -574,7 +575,7 @@ class NonZero(Operation):
 @register_op
 class TopK(Operation):
     """Values and indices of the ``k`` largest (or smallest) elements along ``axis`` (ONNX TopK); ties
-    keep the lower index first."""
+    keep the lower index first, NaN ranks above +inf (as onnxruntime orders them)."""
 
     name = "topk"
 
@@ -593,13 +594,7 @@ class TopK(Operation):
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
         a = self.axis % x.ndim
-        key = -x if self.largest else x
-        if x.dtype.kind == "b":
-            key = -x.astype(np.int8) if self.largest else x.astype(np.int8)
-        elif x.dtype.kind == "u" and self.largest:
-            key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
-        order = xp.argsort(key, axis=a, kind="stable") if xp is np else xp.argsort(key, axis=a)
-        idx = xp.take(order, xp.arange(self.k), axis=a)
+        idx = xp.take(topk_order(xp, x, a, self.largest), xp.arange(self.k), axis=a)
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
 

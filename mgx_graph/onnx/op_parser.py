@@ -78,3 +78,19 @@ def attr(node, name, default=None):
 def decode(v):
     """A string attribute as ``str`` (onnx returns ``bytes``)."""
     return v.decode() if isinstance(v, bytes) else v
+
+
+FLOATS = ("float16", "float32", "float64")
+
+
+def unsupported(p, node, why: str):
+    """UnsupportedOpError for a variant of ``node`` that has no native implementation (``why``)."""
+    from ..errors import UnsupportedOpError
+
+    return UnsupportedOpError(p.node_name, node.op_type, node.domain or "", p.opset, why)
+
+
+def require_float(p, x, what="input") -> None:
+    """ParseError (through ``p.err``) unless instruction ``x`` is float16/float32/float64."""
+    if x.shape.dtype not in FLOATS:
+        raise p.err(f"{what} must be float16/float32/float64, got {x.shape.dtype}")

@@ -161,18 +161,34 @@ def _parse_where(p, m, node, ins):
 
 @parser("Clip")
 def _parse_clip(p, m, node, ins):
+    """``y = min(max(x, lo), hi)`` with onnxruntime's semantics (``x < lo ? lo : x``, then
+    ``hi < y ? hi : y``): NaN inputs stay NaN, NaN bounds are ignored, a missing bound is the type's
+    lowest / largest value (so a float Clip without bounds maps +-inf to the largest finite values)."""
     x = ins[0]
+    dt = np.dtype(x.shape.dtype)
     if p.opset < 11:
         lo, hi = attr(node, "min"), attr(node, "max")
-        lo = None if lo is None else p.lit(m, np.array(lo, dtype=x.shape.dtype))
-        hi = None if hi is None else p.lit(m, np.array(hi, dtype=x.shape.dtype))
+        lo = None if lo is None else p.lit(m, np.array(lo, dtype=dt))
+        hi = None if hi is None else p.lit(m, np.array(hi, dtype=dt))
     else:
         lo = ins[1] if len(ins) > 1 else None
         hi = ins[2] if len(ins) > 2 else None
-    if lo is None and hi is None:
+    if lo is None and hi is None and dt.kind != "f":
         return x
-    if hi is None:
-        return p.add(m, "max", [x, lo])
-    if lo is None:
-        return p.add(m, "min", [x, hi])
-    return p.add(m, "min", [p.add(m, "max", [x, lo]), hi])
+    info = np.finfo(dt) if dt.kind == "f" else np.iinfo(dt)
+    lo = p.lit(m, np.array(info.min, dtype=dt)) if lo is None else lo
+    hi = p.lit(m, np.array(info.max, dtype=dt)) if hi is None else hi
+    for b, what in ((lo, "min"), (hi, "max")):
+        if b.shape.elements() != 1 or b.shape.dtype != dt.name:
+            raise p.err(f"{what} must be one {dt.name} value, got {b.shape.dtype} {list(b.shape.lens)}")
+    return p.add(m, "clip", [x, lo, hi])
+
+
+@parser("Mish")
+def _parse_mish(p, m, node, ins):
+    return p.add(m, "mish", [ins[0]])
+
+
+@parser("Swish")
+def _parse_swish(p, m, node, ins):
+    return p.add(m, "swish", [ins[0]], alpha=attr(node, "alpha", 1.0))

@@ -74,12 +74,24 @@ def _parse_batchnorm(p, m, node, ins):
     return p.add(m, "add", [p.add(m, "mul", [x, mul]), add])
 
 
-@parser("GlobalAveragePool", "GlobalMaxPool")
-def _parse_global_pool(p, m, node, ins):
+@parser("GlobalAveragePool")
+def _parse_global_average_pool(p, m, node, ins):
     x = ins[0]
-    axes = list(range(2, x.shape.ndim))
-    name = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
-    return p.add(m, name, [x], axes=axes, keepdims=1)
+    return p.add(m, "reduce_mean", [x], axes=list(range(2, x.shape.ndim)), keepdims=1)
+
+
+@parser("GlobalMaxPool")
+def _parse_global_max_pool(p, m, node, ins):
+    """The maximum over the spatial dims, NaN kept (a NaN anywhere gives NaN), floored at the type's
+    lowest value as onnxruntime's pooling starts from it (a channel of -inf gives -FLT_MAX)."""
+    x = ins[0]
+    if x.shape.ndim < 3:
+        raise p.err(f"input must be [N, C, D1, ...], got {list(x.shape.lens)}")
+    y = p.add(m, "reduce_max", [x], axes=list(range(2, x.shape.ndim)), keepdims=1)
+    dt = np.dtype(x.shape.dtype)
+    if dt.kind != "f":
+        return y
+    return p.add(m, "max", [y, p.lit(m, np.array(np.finfo(dt).min, dtype=dt))])
 
 
 @parser("Conv")

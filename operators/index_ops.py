@@ -1,0 +1,448 @@
+"""Scans, one-hot encodings, reversals and selections along an axis (ONNX CumSum, OneHot,
+ReverseSequence, Compress, Hardmax, the diagonal view of Einsum), the line kernels ArgMax / ArgMin use
+on the gpu target and TopK's NaN-aware order.
+
+The gpu kernels are in ``line_ops.cu`` (compiled per element type) or are CuPy elementwise kernels;
+all write into ``out`` and declared workspaces, so they are captured.  NaN rules follow onnxruntime
+(CPU): ArgMax / ArgMin start from the first element and a NaN never compares; Hardmax marks the first
+maximum of the non-NaN values.
+
+ONNX spec: https://onnx.ai/onnx/operators/ (the operators named above).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from ..errors import ExecutionError, ShapeError
+from ..shape import Shape
+from .base import Operation, check_inputs, normalize_axis, register_op
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CTYPES = {"float16": "__half", "float32": "float", "float64": "double", "int8": "signed char",
+           "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short", "int32": "int",
+           "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long"}
+NUMERIC = tuple(_CTYPES)
+FLOATS = ("float16", "float32", "float64")
+BLOCK = 256  # threads per block of the line kernels (MGX_BLOCK in line_ops.cu)
+
+
+@functools.lru_cache(maxsize=None)
+def line_module(dtype: str):
+    """The ``line_ops.cu`` module compiled for element type ``dtype`` (CuPy RawModule)."""
+    import cupy
+
+    with open(os.path.join(_HERE, "line_ops.cu")) as f:
+        src = f.read()
+    acc = "float" if dtype == "float16" else _CTYPES[dtype]
+    head = _HALF_HEADER if dtype == "float16" else ""
+    return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\ntypedef {acc} ACC;\n" + src)
+
+
+_HALF_HEADER = """#if defined(__HIPCC_RTC__) || defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+"""
+
+
+def _lines(lens, axis):
+    """(outer, n, inner) of a standard layout around ``axis``."""
+    outer = int(np.prod(lens[:axis])) if axis else 1
+    inner = int(np.prod(lens[axis + 1:])) if axis + 1 < len(lens) else 1
+    return outer, int(lens[axis]), inner
+
+
+def _standard(x: Shape) -> list[Shape]:
+    """A workspace holding a standard copy of ``x`` when it is a strided view, else none."""
+    return [] if x.standard() else [Shape(x.dtype, x.lens)]
+
+
+def _staged(ctx, x, ws):
+    if ws:
+        ctx.xp.copyto(ws[0], x)
+        return ws[0]
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------
+# ArgMax / ArgMin on the gpu target (the ops themselves are in reduce.py)
+# ---------------------------------------------------------------------------------------------------
+def argext_host(xp, x, axis: int, is_min: bool, last: bool):
+    """ArgMax / ArgMin of ``x`` along ``axis`` (int64, axis removed) with onnxruntime's NaN rule:
+    a line whose first element is NaN gives 0; otherwise NaNs are skipped and the first (``last``:
+    the final) position of the extreme value is returned."""
+    n = x.shape[axis]
+    if x.dtype.kind != "f":
+        xs = xp.flip(x, axis=axis) if last else x
+        r = (xp.argmin if is_min else xp.argmax)(xs, axis=axis)
+        return (n - 1) - r if last else r
+    nan = xp.isnan(x)
+    fill = np.inf if is_min else -np.inf
+    clean = xp.where(nan, x.dtype.type(fill), x)
+    ext = (xp.amin if is_min else xp.amax)(clean, axis=axis, keepdims=True)
+    hit = (x == ext)  # NaN never equals: only real positions of the extreme value
+    if last:
+        r = (n - 1) - xp.argmax(xp.flip(hit, axis=axis), axis=axis)
+    else:
+        r = xp.argmax(hit, axis=axis)
+    first_nan = xp.take(nan, 0, axis=axis)
+    return xp.where(first_nan | ~xp.any(hit, axis=axis), 0, r)
+
+
+def argext_gpu_kernel(op, in_shapes, out_shape):
+    """One block per line (``mgx_argext``); a strided input is first copied to a workspace."""
+    x = in_shapes[0]
+    if x.dtype not in _CTYPES or x.elements() == 0:
+        return None
+    a = op.axis % x.ndim
+    outer, n, inner = _lines(x.lens, a)
+    ws = _standard(x)
+    is_min, last = int(op.name == "argmin"), int(op.select_last_index)
+
+    def run(ctx, out, args, wsa):
+        src = _staged(ctx, args[0], wsa)
+        k = line_module(x.dtype).get_function("mgx_argext")
+        k((outer * inner,), (BLOCK,), (src, out, np.int64(n), np.int64(inner), np.int32(is_min), np.int32(last)))
+
+    return run, 1 + len(ws), ws, True, "line_ops.cu argext"
+
+
+# ---------------------------------------------------------------------------------------------------
+# TopK's order (the op is in shape_ops.py)
+# ---------------------------------------------------------------------------------------------------
+def _stable_argsort(xp, key, axis):
+    return xp.argsort(key, axis=axis, kind="stable") if xp is np else xp.argsort(key, axis=axis)  # CuPy: stable
+
+
+def topk_order(xp, x, axis: int, largest: bool):
+    """Positions along ``axis`` in TopK order: descending (``largest``) or ascending, ties by the lower
+    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime orders them."""
+    key = -x if largest else x
+    if x.dtype.kind == "b":
+        key = -x.astype(np.int8) if largest else x.astype(np.int8)
+    elif x.dtype.kind == "u" and largest:
+        key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
+    order = _stable_argsort(xp, key, axis)  # NaN sorts last
+    if largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
+        nan = xp.isnan(xp.take_along_axis(x, order, axis)).astype(np.int8)
+        order = xp.take_along_axis(order, _stable_argsort(xp, -nan, axis), axis)
+    return order
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hardmax
+# ---------------------------------------------------------------------------------------------------
+@register_op
+class Hardmax(Operation):
+    """ONNX Hardmax (opset 13: along ``axis``; the parser flattens for older opsets): 1 at the first
+    maximum of each line's non-NaN values, 0 elsewhere; a line of NaNs only is all 0.  Float types."""
+
+    name = "hardmax"
+
+    def __init__(self, axis=-1):
+        super().__init__(axis=int(axis))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        x = inputs[0]
+        if x.dtype not in FLOATS:
+            raise ShapeError(f"{self.name}: needs a floating-point input, got {x.dtype}")
+        normalize_axis(self.axis, x.ndim, self.name)
+        return Shape(x.dtype, x.lens)
+
+    def compute(self, ctx, out, args, ws):
+        xp, x = ctx.xp, args[0]
+        a = self.axis % x.ndim
+        nan = xp.isnan(x)
+        top = xp.amax(xp.where(nan, x.dtype.type(-np.inf), x), axis=a, keepdims=True)
+        hit = x == top
+        first = xp.expand_dims(xp.argmax(hit, axis=a), a)
+        pos = xp.arange(x.shape[a]).reshape([-1 if i == a else 1 for i in range(x.ndim)])
+        out[...] = (pos == first) & xp.any(hit, axis=a, keepdims=True)
+
+    def gpu_kernel(self, inputs, output):
+        x = inputs[0]
+        if x.elements() == 0:
+            return None
+        a = self.axis % x.ndim
+        outer, n, inner = _lines(x.lens, a)
+        ws = _standard(x)
+
+        def run(ctx, out, args, wsa):
+            src = _staged(ctx, args[0], wsa)
+            line_module(x.dtype).get_function("mgx_hardmax")((outer * inner,), (BLOCK,),
+                                                             (src, out, np.int64(n), np.int64(inner)))
+
+        return run, 1 + len(ws), ws, True, "line_ops.cu hardmax"
+
+
+# ---------------------------------------------------------------------------------------------------
+# CumSum
+# ---------------------------------------------------------------------------------------------------
+@register_op
+class CumSum(Operation):
+    """ONNX CumSum along ``axis`` (resolved by the parser from the ``axis`` input); ``exclusive``
+    starts each line from 0, ``reverse`` scans from the end.  float16 accumulates in float32 (as
+    onnxruntime); integer types wrap.  Output: the input's shape and type."""
+
+    name = "cumsum"
+
+    def __init__(self, axis=0, exclusive=0, reverse=0):
+        super().__init__(axis=int(axis), exclusive=int(exclusive), reverse=int(reverse))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        x = inputs[0]
+        if x.dtype not in NUMERIC:
+            raise ShapeError(f"{self.name}: needs a numeric input, got {x.dtype}")
+        normalize_axis(self.axis, max(x.ndim, 1), self.name)
+        return Shape(x.dtype, x.lens)
+
+    def compute(self, ctx, out, args, ws):
+        xp, x = ctx.xp, args[0]
+        if x.ndim == 0:
+            xp.copyto(out, 0 if self.exclusive else x)
+            return
+        a = self.axis % x.ndim
+        o = out
+        if self.reverse:
+            x, o = xp.flip(x, axis=a), xp.flip(out, axis=a)
+        acc = np.float32 if x.dtype == np.float16 else x.dtype
+        if self.exclusive:
+            head = (slice(None),) * a
+            o[head + (slice(0, 1),)] = 0
+            o[head + (slice(1, None),)] = xp.cumsum(x[head + (slice(0, -1),)], axis=a, dtype=acc)
+        else:
+            o[...] = xp.cumsum(x, axis=a, dtype=acc)
+
+    def gpu_kernel(self, inputs, output):
+        x = inputs[0]
+        if x.elements() == 0 or x.ndim == 0:
+            return None
+        outer, n, inner = _lines(x.lens, self.axis % x.ndim)
+        lines = outer * inner
+        ws = _standard(x)
+        grid = (lines + BLOCK - 1) // BLOCK
+
+        def run(ctx, out, args, wsa):
+            src = _staged(ctx, args[0], wsa)
+            line_module(x.dtype).get_function("mgx_cumsum")(
+                (grid,), (BLOCK,), (src, out, np.int64(lines), np.int64(n), np.int64(inner),
+                                    np.int32(self.exclusive), np.int32(self.reverse)))
+
+        return run, 1 + len(ws), ws, True, "line_ops.cu cumsum"
+
+
+# ---------------------------------------------------------------------------------------------------
+# OneHot
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _onehot_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("I ind, I pos, T off, T on, I depth", "T y",
+                                  "I v = ind < 0 ? ind + depth : ind; y = (v == pos) ? on : off;", "mgx_onehot")
+
+
+@register_op
+class OneHot(Operation):
+    """ONNX OneHot.  Inputs: ``indices`` (int32/int64, already unsqueezed at the depth axis by the
+    parser), ``positions`` (``0..depth-1`` laid along that axis, same type) and ``values``
+    (``[off, on]``).  ``out = on where (indices < 0 ? indices + depth : indices) == positions else off``;
+    indices outside ``[-depth, depth)`` give an all-``off`` line, as onnxruntime."""
+
+    name = "onehot"
+
+    def __init__(self, depth=1):
+        super().__init__(depth=int(depth))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 3)
+        ind, pos, val = inputs
+        if ind.dtype != pos.dtype or ind.dtype not in ("int32", "int64"):
+            raise ShapeError(f"{self.name}: indices/positions must be int32/int64 of one type, got "
+                             f"{ind.dtype}/{pos.dtype}")
+        if val.elements() != 2:
+            raise ShapeError(f"{self.name}: values must hold 2 elements [off, on], got {list(val.lens)}")
+        lens = np.broadcast_shapes(tuple(ind.lens), tuple(pos.lens))
+        return Shape(val.dtype, lens)
+
+    def compute(self, ctx, out, args, ws):
+        xp = ctx.xp
+        ind, pos, val = args
+        flat = val.reshape(-1)
+        d = ind.dtype.type(self.depth)
+        out[...] = xp.where(xp.where(ind < 0, ind + d, ind) == pos, flat[1], flat[0])
+
+    def gpu_kernel(self, inputs, output):
+        def run(ctx, out, args, ws):
+            ind, pos, val = args
+            flat = val.reshape(-1)
+            _onehot_kernel()(ind, pos, flat[0], flat[1], ind.dtype.type(self.depth), out)
+
+        return run, 1, [], True, "elementwise onehot"
+
+
+# ---------------------------------------------------------------------------------------------------
+# ReverseSequence
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _revseq_kernel():
+    import cupy
+
+    body = """
+    long long r = i % rest, j = i / rest, a1 = j % d1, a0 = j / d1;
+    long long b = batch_axis == 0 ? a0 : a1, t = batch_axis == 0 ? a1 : a0;
+    long long L = (long long)lens[b];
+    L = L < 0 ? 0 : (L > steps ? steps : L);
+    long long tt = t < L ? L - 1 - t : t;
+    long long s0 = batch_axis == 0 ? a0 : tt, s1 = batch_axis == 0 ? tt : a1;
+    y = x[(s0 * d1 + s1) * rest + r];
+    """
+    return cupy.ElementwiseKernel("raw T x, raw I lens, int64 d1, int64 rest, int64 steps, int32 batch_axis", "T y",
+                                  body, "mgx_reverse_sequence")
+
+
+@register_op
+class ReverseSequence(Operation):
+    """ONNX ReverseSequence: inputs ``x`` (rank >= 2) and ``sequence_lens`` ([batch], int32/int64);
+    for each batch entry b the first ``sequence_lens[b]`` steps along ``time_axis`` are reversed, the
+    rest copied.  ``batch_axis`` / ``time_axis`` are 0 and 1 in either order.  A length outside
+    ``[0, time steps]`` raises ExecutionError on the host (as onnxruntime); the gpu kernel clamps it."""
+
+    name = "reverse_sequence"
+
+    def __init__(self, batch_axis=1, time_axis=0):
+        super().__init__(batch_axis=int(batch_axis), time_axis=int(time_axis))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 2)
+        x, lens = inputs
+        if sorted((self.batch_axis, self.time_axis)) != [0, 1] or x.ndim < 2:
+            raise ShapeError(f"{self.name}: batch_axis/time_axis must be 0 and 1 of a rank >= 2 input, got "
+                             f"{self.batch_axis}/{self.time_axis} for {list(x.lens)}")
+        if lens.dtype not in ("int32", "int64") or list(lens.lens) != [x.lens[self.batch_axis]]:
+            raise ShapeError(f"{self.name}: sequence_lens must be int32/int64 [{x.lens[self.batch_axis]}], got "
+                             f"{lens.dtype} {list(lens.lens)}")
+        return Shape(x.dtype, x.lens)
+
+    def compute(self, ctx, out, args, ws):
+        xp, (x, lens) = ctx.xp, args
+        T = x.shape[self.time_axis]
+        if xp is np and lens.size and (lens.min() < 0 or lens.max() > T):
+            bad = int(lens[(lens < 0) | (lens > T)][0])
+            raise ExecutionError(f"{self.name}: sequence length {bad} is outside [0, {T}] (time axis "
+                                 f"{self.time_axis} of {list(x.shape)})")
+        tshape, bshape = [1] * x.ndim, [1] * x.ndim
+        tshape[self.time_axis], bshape[self.batch_axis] = T, lens.shape[0]
+        t = xp.arange(T).reshape(tshape)
+        L = xp.clip(lens.astype(np.int64), 0, T).reshape(bshape)
+        idx = xp.where(t < L, L - 1 - t, t)  # the source step of each (batch, step)
+        out[...] = xp.take_along_axis(x, xp.broadcast_to(idx, x.shape), self.time_axis)
+
+    def gpu_kernel(self, inputs, output):
+        x = inputs[0]
+        d1 = x.lens[1]
+        rest = int(np.prod(x.lens[2:])) if x.ndim > 2 else 1
+        steps = x.lens[self.time_axis]
+
+        def run(ctx, out, args, ws):
+            _revseq_kernel()(args[0], args[1], np.int64(d1), np.int64(rest), np.int64(steps),
+                             np.int32(self.batch_axis), out)
+
+        return run, 1, [], True, "elementwise reverse_sequence"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compress
+# ---------------------------------------------------------------------------------------------------
+@register_op
+class Compress(Operation):
+    """ONNX Compress along ``axis``: the slices of ``x`` where ``condition`` (1-D bool, already cut to
+    the axis length by the parser) is true.  ``count`` (the number of true entries) is the value the
+    program is specialized for; a ``guard`` on the device-side count re-checks it every run."""
+
+    name = "compress"
+
+    def __init__(self, axis=0, count=0):
+        super().__init__(axis=int(axis), count=int(count))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 2)
+        x, cond = inputs
+        a = normalize_axis(self.axis, x.ndim, self.name)
+        if cond.dtype != "bool" or cond.ndim != 1 or cond.lens[0] > x.lens[a]:
+            raise ShapeError(f"{self.name}: condition must be 1-D bool of at most {x.lens[a]} entries, got "
+                             f"{cond.dtype} {list(cond.lens)}")
+        lens = list(x.lens)
+        lens[a] = self.count
+        return Shape(x.dtype, lens)
+
+    def compute(self, ctx, out, args, ws):
+        xp, (x, cond) = ctx.xp, args
+        idx = xp.flatnonzero(cond)
+        if idx.size != self.count:
+            raise ExecutionError(f"{self.name}: condition has {idx.size} true entries, the program was "
+                                 f"specialized for {self.count}")
+        xp.take(x, idx, axis=self.axis % x.ndim, out=out)
+
+    def gpu_kernel(self, inputs, output):
+        x, cond = inputs
+        if not cond.standard():
+            return None
+        ws = [Shape("int64", [max(self.count, 1)])]
+        n = cond.lens[0]
+        a = self.axis % x.ndim
+
+        def run(ctx, out, args, wsa):
+            if self.count == 0:
+                return
+            idx = wsa[0]
+            line_module("int64").get_function("mgx_compress_index")((1,), (1,), (args[1], np.int64(n), idx))
+            ctx.xp.take(args[0], idx, axis=a, out=out)
+
+        return run, 2, ws, True, "line_ops.cu compress"
+
+
+# ---------------------------------------------------------------------------------------------------
+# diagonal (a view; Einsum with a label repeated in one operand)
+# ---------------------------------------------------------------------------------------------------
+@register_op
+class Diagonal(Operation):
+    """A view of the diagonal of ``x``: ``labels`` has one label per axis; axes sharing a label become
+    one axis (their lengths must agree; its stride is the sum of theirs), ordered by each label's
+    first appearance.  ``labels=[0, 0]`` of a ``[n, n]`` matrix is its main diagonal ``[n]``.  No kernel."""
+
+    name = "diagonal"
+    is_view = True
+    alloc_free = True
+
+    def __init__(self, labels=()):
+        super().__init__(labels=[int(v) for v in labels])
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        x = inputs[0]
+        if len(self.labels) != x.ndim:
+            raise ShapeError(f"{self.name}: {len(self.labels)} labels for rank {x.ndim}")
+        lens: dict = {}
+        strides: dict = {}
+        for ax, lab in enumerate(self.labels):
+            if lab not in lens:
+                lens[lab], strides[lab] = x.lens[ax], x.strides[ax]
+            elif lens[lab] != x.lens[ax]:
+                raise ShapeError(f"{self.name}: axes labelled {lab} have lengths {lens[lab]} and {x.lens[ax]} "
+                                 f"(input {list(x.lens)})")
+            else:
+                strides[lab] += x.strides[ax]
+        return Shape(x.dtype, list(lens.values()), list(strides.values()))
+
+    def view(self, xp, x, shape):
+        return xp.lib.stride_tricks.as_strided(x, shape.lens, shape.byte_strides())
+
+    def launches(self, inputs, output):
+        return 0

@@ -1,0 +1,104 @@
+// Kernels over the lines of a standard-layout tensor viewed as [outer, n, inner]: line l (of
+// outer * inner) starts at (l / inner) * n * inner + l % inner and steps by inner.
+// Compiled once per element type by operators/index_ops.py, which prepends
+//   typedef <element type> T; typedef <accumulation type> ACC;
+// (ACC is float for __half, T otherwise).  Nothing here allocates: the kernels can be captured.
+
+#define MGX_BLOCK 256
+
+__device__ __forceinline__ long long mgx_line_base(long long line, long long n, long long inner) {
+    return (line / inner) * n * inner + line % inner;
+}
+
+// CumSum: one thread per line, sequential in the line's order (as onnxruntime's CPU kernel).
+extern "C" __global__ void mgx_cumsum(const T* x, T* y, long long lines, long long n, long long inner,
+                                      int exclusive, int reverse) {
+    long long line = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (line >= lines) return;
+    long long off = mgx_line_base(line, n, inner);
+    ACC acc = (ACC)0;
+    for (long long k = 0; k < n; ++k) {
+        long long i = off + (reverse ? n - 1 - k : k) * inner;
+        ACC v = (ACC)x[i];
+        if (exclusive) {
+            y[i] = (T)acc;
+            acc += v;
+        } else {
+            acc += v;
+            y[i] = (T)acc;
+        }
+    }
+}
+
+// (value, index) b beats a: larger (or smaller for is_min) value, ties to the lower index (the
+// higher one when last).  An index < 0 marks "no value yet".
+__device__ __forceinline__ bool mgx_beats(ACC bv, long long bi, ACC av, long long ai, int is_min, int last) {
+    if (bi < 0) return false;
+    if (ai < 0) return true;
+    if (is_min ? (bv < av) : (bv > av)) return true;
+    if (bv == av) return last ? (bi > ai) : (bi < ai);
+    return false;
+}
+
+// Block-wide: the best non-NaN (value, index) of one line, in shared memory slot 0.
+__device__ long long mgx_line_best(const T* base, long long n, long long inner, int is_min, int last) {
+    __shared__ ACC sv[MGX_BLOCK];
+    __shared__ long long si[MGX_BLOCK];
+    int t = threadIdx.x;
+    ACC best = (ACC)0;
+    long long bi = -1;
+    for (long long i = t; i < n; i += blockDim.x) {
+        ACC v = (ACC)base[i * inner];
+        if (v != v) continue;  // NaN never wins
+        if (mgx_beats(v, i, best, bi, is_min, last)) {
+            best = v;
+            bi = i;
+        }
+    }
+    sv[t] = best;
+    si[t] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s && mgx_beats(sv[t + s], si[t + s], sv[t], si[t], is_min, last)) {
+            sv[t] = sv[t + s];
+            si[t] = si[t + s];
+        }
+        __syncthreads();
+    }
+    long long r = si[0];
+    __syncthreads();
+    return r;
+}
+
+// ArgMax / ArgMin with onnxruntime's NaN rule: the scan starts from the first element and a NaN
+// never compares, so a line starting with NaN gives 0 and NaNs elsewhere are skipped.
+// blockDim.x == MGX_BLOCK, one block per line; y is [outer, inner] int64.
+extern "C" __global__ void mgx_argext(const T* x, long long* y, long long n, long long inner, int is_min,
+                                      int last) {
+    long long line = blockIdx.x;
+    const T* base = x + mgx_line_base(line, n, inner);
+    long long r = mgx_line_best(base, n, inner, is_min, last);
+    if (threadIdx.x == 0) {
+        ACC first = (ACC)base[0];
+        y[line] = (first != first || r < 0) ? 0 : r;
+    }
+}
+
+// Hardmax: 1 at the first maximum of the line's non-NaN values, 0 elsewhere (all 0 for an all-NaN line).
+extern "C" __global__ void mgx_hardmax(const T* x, T* y, long long n, long long inner) {
+    long long line = blockIdx.x;
+    long long off = mgx_line_base(line, n, inner);
+    long long r = mgx_line_best(x + off, n, inner, 0, 0);
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        y[off + i * inner] = (i == r) ? (T)1.0f : (T)0.0f;
+    }
+}
+
+// Compress: the positions of the true entries of cond[0:n] (one thread: cond is a short vector).
+extern "C" __global__ void mgx_compress_index(const bool* cond, long long n, long long* idx) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    long long k = 0;
+    for (long long i = 0; i < n; ++i) {
+        if (cond[i]) idx[k++] = i;
+    }
+}

@@ -1,0 +1,207 @@
+"""NaN and Inf in the selection ops follow onnxruntime CPU: TopK, ArgMax / ArgMin, Hardmax, Clip and
+GlobalMaxPool, on each target, eager and in a graph.  GlobalMaxPool of a channel of -inf gives the
+type's lowest value, as onnxruntime's pooling (it starts from numeric_limits::lowest()).
+
+Where onnxruntime's own answer depends on how its SIMD lanes meet the NaNs (Hardmax and the max
+pooling of a line mixing NaNs and numbers), the rule implemented is checked against numpy instead:
+Hardmax marks the first maximum of the non-NaN values; GlobalMaxPool propagates NaN (np.max)."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mgx_graph
+from native_util import check_outputs, run_native
+from util import make_model, ort_run
+
+R = np.random.default_rng(13)
+NAN, INF = np.nan, np.inf
+
+
+def _nan_rows(rows, n, p_nan=0.2, dtype=np.float32):
+    x = R.standard_normal((rows, n)).astype(dtype)
+    x[R.uniform(size=x.shape) < p_nan] = NAN
+    x[R.uniform(size=x.shape) < 0.05] = INF
+    x[R.uniform(size=x.shape) < 0.05] = -INF
+    x[:, : n // 2] = np.round(x[:, : n // 2])  # ties
+    x[::4, 0] = NAN  # lines starting with NaN
+    x[1::5] = NAN  # lines of NaNs only
+    x[2::7, :] = -INF
+    return x
+
+
+SMALL = np.array([[1, NAN, 3, 2], [NAN, NAN, 1, 0], [INF, NAN, -INF, 5], [1, 3, 3, NAN], [-INF, NAN, -INF, -INF],
+                  [NAN, NAN, NAN, NAN], [2, 2, INF, INF]], np.float32)
+
+
+def _node_model(op, x, init=None, opset=13, outs=("y",), **attrs):
+    names = ["x"] + list(init or {})
+    return make_model([helper.make_node(op, names, list(outs), **attrs)], {"x": x}, list(outs), init, opset=opset)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ArgMax / ArgMin: a line starting with NaN gives 0; otherwise NaNs are skipped
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("last", [0, 1])
+@pytest.mark.parametrize("axis,keepdims", [(1, 1), (1, 0), (0, 0), (-1, 1)])
+def test_argmax_argmin_nan(target, hip_graph, op, last, axis, keepdims):
+    x = np.concatenate([SMALL, _nan_rows(9, 4)])
+    model = _node_model(op, x, axis=axis, keepdims=keepdims, select_last_index=last)
+    run_native(model, {"x": x}, target, hip_graph, [op.lower()])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("n", [3, 257, 1000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_argmax_argmin_long_lines(target, op, n, dtype):
+    x = _nan_rows(12, n, dtype=dtype)
+    for last in (0, 1):
+        model = _node_model(op, x, axis=1, keepdims=0, select_last_index=last)
+        run_native(model, {"x": x}, target, False, [op.lower()])
+
+
+def test_argmax_middle_axis_and_ints(target):
+    x = _nan_rows(24, 10).reshape(2, 12, 10)
+    run_native(_node_model("ArgMax", x, axis=1, keepdims=1), {"x": x}, target, False, ["argmax"])
+    xi = R.integers(-3, 3, size=(4, 9, 5)).astype(np.int32)
+    for op in ("ArgMax", "ArgMin"):
+        for last in (0, 1):
+            model = _node_model(op, xi, axis=1, keepdims=0, select_last_index=last)
+            run_native(model, {"x": xi}, target, False, [op.lower()])
+
+
+# ---------------------------------------------------------------------------------------------------
+# TopK: NaN ranks above +inf; ties keep the lower index first
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_topk_nan_inf_rows(target, hip_graph, largest, k):
+    x = SMALL
+    model = _node_model("TopK", x, {"k": np.array([k], np.int64)}, opset=11, outs=("v", "i"), axis=1, largest=largest)
+    run_native(model, {"x": x}, target, hip_graph, ["topk"])
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("n,k", [(17, 5), (300, 150), (64, 64)])
+def test_topk_long_lines(target, largest, n, k):
+    x = _nan_rows(10, n)
+    model = _node_model("TopK", x, {"k": np.array([k], np.int64)}, opset=11, outs=("v", "i"), axis=-1, largest=largest)
+    run_native(model, {"x": x}, target, False, ["topk"])
+
+
+def test_topk_axis0_float64_and_unsorted(target):
+    x = _nan_rows(20, 4, dtype=np.float64)
+    model = _node_model("TopK", x, {"k": np.array([6], np.int64)}, opset=11, outs=("v", "i"), axis=0)
+    run_native(model, {"x": x}, target, False, ["topk"])
+    # sorted=0: the order is unspecified; the set of indices per line must match onnxruntime's
+    model = _node_model("TopK", x, {"k": np.array([6], np.int64)}, opset=11, outs=("v", "i"), axis=0, sorted=0)
+    got = mgx_graph.compile(model, target=target, hip_graph=False).run({"x": x})[1]
+    want = ort_run(model, {"x": x})[1]
+    np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hardmax
+# ---------------------------------------------------------------------------------------------------
+def _hardmax_oracle(x, axis):
+    xs = np.moveaxis(x, axis, -1)
+    out = np.zeros_like(xs)
+    clean = np.where(np.isnan(xs), -INF, xs)
+    top = clean.max(axis=-1, keepdims=True)
+    hit = xs == top
+    first = hit.argmax(axis=-1)
+    rows = np.nonzero(hit.any(axis=-1))
+    out[rows + (first[rows],)] = 1
+    return np.moveaxis(out, -1, axis)
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("axis", [1, 0, -1])
+def test_hardmax_without_nan_matches_onnxruntime(target, hip_graph, opset, axis):
+    x = np.nan_to_num(_nan_rows(12, 6), nan=7.0, posinf=INF, neginf=-INF).reshape(3, 4, 6)  # ties, +-inf, no NaN
+    model = _node_model("Hardmax", x, opset=opset, axis=axis)
+    run_native(model, {"x": x}, target, hip_graph, ["hardmax"])
+
+
+def test_hardmax_all_nan_lines_match_onnxruntime(target):
+    x = np.full((3, 5), NAN, np.float32)
+    x[1] = [1, 2, 2, -INF, 0]
+    run_native(_node_model("Hardmax", x, axis=1), {"x": x}, target, False, ["hardmax"])
+
+
+@pytest.mark.parametrize("opset,axis", [(13, 1), (13, 0), (11, 1), (11, 0)])
+@pytest.mark.parametrize("n", [4, 300])
+def test_hardmax_nan_first_non_nan_maximum(target, opset, axis, n):
+    x = _nan_rows(16, n)
+    model = _node_model("Hardmax", x, opset=opset, axis=axis)
+    if opset < 13 and axis == 0:  # opset 11 coerces to 2-D at axis: one line of all elements
+        want = _hardmax_oracle(x.reshape(1, -1), 1).reshape(x.shape)
+    else:
+        want = _hardmax_oracle(x, axis)
+    run_native(model, {"x": x}, target, False, ["hardmax"], expect=[want])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clip
+# ---------------------------------------------------------------------------------------------------
+CLIP_X = np.array([[1, NAN, 3, 2], [NAN, -0.0, 1, 0], [INF, NAN, -INF, 5], [-3, 3.5, 2.5, -1]], np.float32)
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("lo,hi", [(None, None), (1.5, None), (None, 2.5), (-1.0, 2.5), (NAN, 2.5), (0.5, NAN),
+                                   (3.0, 1.0), (-INF, INF)])
+def test_clip_bounds(target, hip_graph, lo, hi):
+    init, names = {}, ["x"]
+    if lo is not None:
+        init["lo"] = np.array(lo, np.float32)
+    if hi is not None:
+        init["hi"] = np.array(hi, np.float32)
+    names += ["lo" if lo is not None else ""] + (["hi"] if hi is not None else [])
+    node = helper.make_node("Clip", names, ["y"])
+    model = make_model([node], {"x": CLIP_X}, ["y"], init, opset=13)
+    run_native(model, {"x": CLIP_X}, target, hip_graph, ["clip"])
+
+
+def test_clip_runtime_bounds_and_float16(target):
+    feeds = {"x": CLIP_X, "lo": np.array(-1.0, np.float32), "hi": np.array(NAN, np.float32)}
+    model = make_model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], feeds, ["y"], opset=13)
+    run_native(model, feeds, target, False, ["clip"])
+    x16 = np.array([[np.inf, -np.inf, np.nan, 7e4 - 6e4, 1.0]], np.float16)
+    model = make_model([helper.make_node("Clip", ["x"], ["y"])], {"x": x16}, ["y"], opset=13,
+                       output_types={"y": TensorProto.FLOAT16})
+    run_native(model, {"x": x16}, target, False, ["clip"])
+
+
+@pytest.mark.parametrize("attrs", [{}, {"min": -0.5}, {"max": 0.5}, {"min": -0.5, "max": 0.5}])
+def test_clip_opset6_attributes(target, attrs):
+    model = make_model([helper.make_node("Clip", ["x"], ["y"], **attrs)], {"x": CLIP_X}, ["y"], opset=6)
+    run_native(model, {"x": CLIP_X}, target, False, ["clip"])
+
+
+def test_clip_integers(target):
+    x = np.array([-5, 0, 3, 9, 2**31 - 1], np.int32)
+    for init in ({}, {"lo": np.array(-1, np.int32)}, {"lo": np.array(-1, np.int32), "hi": np.array(4, np.int32)}):
+        model = make_model([helper.make_node("Clip", ["x"] + list(init), ["y"])], {"x": x}, ["y"], init, opset=13)
+        run_native(model, {"x": x}, target, False, ["clip"] if init else [])
+
+
+# ---------------------------------------------------------------------------------------------------
+# GlobalMaxPool: NaN kept
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+def test_global_max_pool_keeps_nan(target, hip_graph):
+    x = R.standard_normal((2, 5, 4, 6)).astype(np.float32)
+    x[0, 1, 2, 3] = NAN
+    x[1, 3, 0, 0] = NAN
+    x[1, 4] = NAN
+    x[0, 2, 1, 1] = INF
+    x[1, 0] = -INF
+    model = make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], {"x": x}, ["y"], opset=13)
+    want = np.maximum(np.max(x, axis=(2, 3), keepdims=True), np.finfo(np.float32).min)  # -inf -> lowest
+    prog = run_native(model, {"x": x}, target, hip_graph, ["reduce_max"], expect=[want])
+    clean = np.where(np.isnan(x), np.float32(0), x)  # onnxruntime agrees wherever a channel has no NaN
+    clean[1, 4] = NAN  # and on a channel of NaNs only
+    check_outputs(prog.run({"x": clean}), ort_run(model, {"x": clean}))
