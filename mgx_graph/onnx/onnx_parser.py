@@ -111,7 +111,7 @@ class OnnxParser:
 
     def reshape(self, m, x, lens):
         """``x`` reshaped to ``lens`` (a copy first when its strides do not allow a view)."""
-        from ..operators.shape_ops import reshape_strides
+        from ..operators.views import reshape_strides
 
         lens = [int(d) for d in lens]
         if list(x.shape.lens) == lens and x.shape.standard():

@@ -12,7 +12,7 @@ unchanged (views compute nothing).
 from __future__ import annotations
 
 from ..operators import make_op
-from ..operators.shape_ops import reshape_strides
+from ..operators.views import reshape_strides
 from .pass_manager import ModulePass
 
 _RESHAPE_LIKE = ("reshape", "squeeze", "unsqueeze")
