@@ -11,7 +11,7 @@ shape.  Laid out as MIGraphX's ``src/onnx/``:
 - one ``parse_<family>`` module per op family, each registering its parsers when imported:
   :mod:`.parse_elementwise`, :mod:`.parse_constant`, :mod:`.parse_shape`, :mod:`.parse_nn`,
   :mod:`.parse_reduce`, :mod:`.parse_control_flow`, :mod:`.parse_dynamic`, :mod:`.parse_random`,
-  :mod:`.parse_contrib` (ops outside the ONNX domains) and :mod:`.parse_generic` (the fallback: the
+  :mod:`.parse_contrib` and :mod:`.parse_contrib_attention` (onnxruntime's contrib ops) and :mod:`.parse_generic` (the fallback: the
   host evaluates any other ONNX op with ``onnx.reference``).
 
 Adding an op: copy a sibling parser in the family module it belongs to (``@parser("OpType")`` on a
@@ -19,8 +19,9 @@ function ``(p, m, node, ins)`` returning its output instruction(s)); see :mod:`.
 
 ONNX operator spec: https://onnx.ai/onnx/operators/
 """
-from . import (parse_constant, parse_contrib, parse_control_flow, parse_dynamic,  # noqa: F401  (registration)
-               parse_elementwise, parse_generic, parse_nn, parse_random, parse_reduce, parse_shape)
+from . import (parse_constant, parse_contrib, parse_contrib_attention, parse_control_flow,  # noqa: F401
+               parse_dynamic, parse_elementwise, parse_generic, parse_nn, parse_random, parse_reduce,
+               parse_shape)  # (registration)
 from .loader import load_model, symbolic_inputs
 from .onnx_parser import MAX_OPSET, MIN_OPSET, OnnxParser, fold_instruction, parse_onnx
 from .op_parser import parser
