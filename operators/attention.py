@@ -120,63 +120,66 @@ class Attention(Operation):
     """``out[B, S, N*H] = softmax(mask(scale * Q K^T -> softcap -> + bias)) V`` over a KV cache, with the
     G = N / Nkv query heads of one KV head stacked into the rows of one GEMM (K / V never repeated).
 
-    Inputs: q [B, S, N, H] (any strides), k, v [B, Nkv, P, H] (standard layout), pos [B, S] int64 (the
-    position of each query row), kv_len [B] int64 (valid cache rows per entry), rows [P] int64
-    (0 .. P-1); then, per the flags, bias (broadcastable to [B, N, S, T], T <= P: added to the first T
-    keys) and sink [N] (a per-head logit added to the softmax denominator).  Key t is seen by query
-    (b, s) when ``t < kv_len[b]`` and, with ``causal``, ``t <= pos[b, s]`` and, with a ``local_window``
-    W > 0, ``t > pos[b, s] - W``.  ``scale`` 0 means 1/sqrt(H); ``softcap`` > 0 applies
+    Inputs: q [B, S, N, H] (any strides), k [B, Nkv, P, H], v [B, Nkv, P, Hv] (standard layout), pos
+    [B, S] int64 (the position of each query row), kv_len [B] int64 (valid cache rows per entry), rows
+    [P] int64 (0 .. P-1); then, per the flags, bias (broadcastable to [B, N, S, T], T <= P: added to the
+    first T keys), sink [N] (a per-head logit added to the softmax denominator) and key_mask (bool
+    [B, P] or [B, S, P]: False hides the key).  Key t is seen by query (b, s) when ``t < kv_len[b]``,
+    the key mask allows it and, with ``causal``, ``t <= pos[b, s]`` and, with a ``local_window`` W > 0,
+    ``t > pos[b, s] - W``.  ``scale`` 0 means 1/sqrt(H); ``softcap`` > 0 applies
     ``softcap * tanh(x / softcap)``; ``smooth`` adds a zero logit (exp(-max)) to the denominator.
-    The softmax runs in float32; the GEMMs in the input type.  Output: q's type.
+    The softmax runs in float32; the GEMMs in the input type.  Output: [B, S, N*Hv], q's type.
+    Raises ShapeError for inconsistent shapes, a non-standard k / v layout or bad index inputs.
     """
 
     name = "attention"
     alloc_free = True
 
-    def __init__(self, scale=0.0, softcap=0.0, local_window=-1, causal=1, smooth=0, bias=0, sink=0):
+    def __init__(self, scale=0.0, softcap=0.0, local_window=-1, causal=1, smooth=0, bias=0, sink=0, key_mask=0):
         super().__init__(scale=float(scale), softcap=float(softcap), local_window=int(local_window),
-                         causal=int(causal), smooth=int(smooth), bias=int(bias), sink=int(sink))
+                         causal=int(causal), smooth=int(smooth), bias=int(bias), sink=int(sink),
+                         key_mask=int(key_mask))
+
+    def _extra(self, items):
+        """(bias, sink, key_mask) from the inputs after the first six (None for an absent one)."""
+        it = iter(items[6:])
+        return tuple(next(it) if flag else None for flag in (self.bias, self.sink, self.key_mask))
 
     def compute_shape(self, inputs, mods=()):
-        check_inputs(self, inputs, 6 + self.bias + self.sink)
+        check_inputs(self, inputs, 6 + self.bias + self.sink + self.key_mask)
         q, k, v, pos, kv_len, rows = inputs[:6]
         if q.ndim != 4 or q.dtype not in FLOATS:
             raise ShapeError(f"{self.name}: query {q.brief()} must be float [B, S, N, H]")
         B, S, N, H = q.lens
-        if k.ndim != 4 or k.lens != v.lens or k.dtype != q.dtype or v.dtype != q.dtype or \
-                k.lens[0] != B or k.lens[3] != H or N % max(k.lens[1], 1):
+        if k.ndim != 4 or v.ndim != 4 or k.lens[:3] != v.lens[:3] or k.dtype != q.dtype or v.dtype != q.dtype \
+                or k.lens[0] != B or k.lens[3] != H or N % max(k.lens[1], 1) or not (k.standard() and v.standard()):
             raise ShapeError(f"{self.name}: key {k.brief()} / value {v.brief()} do not match query {q.brief()} "
-                             f"(want [{B}, Nkv dividing {N}, P, {H}])")
+                             f"(want standard-layout [{B}, Nkv dividing {N}, P, {H}] / [{B}, Nkv, P, Hv])")
         P = k.lens[2]
         _check_index(self.name, "positions", pos, (B, S))
         _check_index(self.name, "kv_len", kv_len, (B,))
         _check_index(self.name, "rows", rows, (P,))
-        extra = inputs[6:]
-        if self.bias:
-            b = extra[0]
-            if b.ndim != 4 or b.dtype not in FLOATS or b.lens[0] not in (1, B) or b.lens[1] not in (1, N) \
-                    or b.lens[2] != S or b.lens[3] > P:
-                raise ShapeError(f"{self.name}: attention bias {b.brief()} must be [{B} or 1, {N} or 1, {S}, "
-                                 f"<= {P}]")
-        if self.sink and (extra[-1].lens != (N,) or extra[-1].dtype not in FLOATS):
-            raise ShapeError(f"{self.name}: head sink {extra[-1].brief()} must be float [{N}]")
-        return Shape(q.dtype, [B, S, N * H])
-
-    @staticmethod
-    def _dims(q: Shape, k: Shape):
-        B, S, N, H = q.lens
-        Nkv, P = k.lens[1], k.lens[2]
-        return B, S, N, H, Nkv, N // Nkv, P
+        b, sink, km = self._extra(inputs)
+        if b is not None and (b.ndim != 4 or b.dtype not in FLOATS or b.lens[0] not in (1, B)
+                              or b.lens[1] not in (1, N) or b.lens[2] != S or b.lens[3] > P):
+            raise ShapeError(f"{self.name}: attention bias {b.brief()} must be [{B} or 1, {N} or 1, {S}, <= {P}]")
+        if sink is not None and (sink.lens != (N,) or sink.dtype not in FLOATS):
+            raise ShapeError(f"{self.name}: head sink {sink.brief()} must be float [{N}]")
+        if km is not None and (km.dtype != "bool" or tuple(km.lens) not in ((B, P), (B, S, P))):
+            raise ShapeError(f"{self.name}: key mask {km.brief()} must be bool [{B}, {P}] or [{B}, {S}, {P}]")
+        return Shape(q.dtype, [B, S, N * v.lens[3]])
 
     def workspace(self, inputs, output):
-        q, k = inputs[0], inputs[1]
-        B, S, N, H, Nkv, G, P = self._dims(q, k)
+        q, k, v = inputs[:3]
+        B, S, N, H = q.lens
+        Nkv, P = k.lens[1], k.lens[2]
+        G = N // Nkv
         ws = [Shape(q.dtype, [B, Nkv, G, S, H]),       # q grouped by KV head
               Shape(q.dtype, [B, Nkv, G, S, P]),       # scores, then probabilities (input type)
               Shape("float32", [B, Nkv, G, S, 1]),     # row max
               Shape("float32", [B, Nkv, G, S, 1]),     # row sum
               Shape("bool", [B, S, P]), Shape("bool", [B, S, P]), Shape("int64", [B, S]),
-              Shape(q.dtype, [B, Nkv, G, S, H])]       # probabilities @ V
+              Shape(q.dtype, [B, Nkv, G, S, v.lens[3]])]  # probabilities @ V
         if q.dtype != "float32":
             ws.append(Shape("float32", [B, Nkv, G, S, P]))  # float32 softmax
         return ws
@@ -184,11 +187,9 @@ class Attention(Operation):
     def compute(self, ctx, out, args, ws):
         xp = ctx.xp
         q, k, v, pos, kv_len, rows = args[:6]
-        extra = list(args[6:])
-        bias = extra.pop(0) if self.bias else None
-        sink = extra.pop(0) if self.sink else None
+        bias, sink, key_mask = self._extra(args)
         B, S, N, H = q.shape
-        Nkv, P = k.shape[1], k.shape[2]
+        Nkv, P, Hv = k.shape[1], k.shape[2], v.shape[3]
         G = N // Nkv
         qg, sc, mx, den, keep, tmp, lo, ov = ws[:8]
         pf = ws[8] if len(ws) > 8 else sc
@@ -210,16 +211,18 @@ class Attention(Operation):
         if bias is not None:
             pn = pf.reshape(B, N, S, P)[..., :bias.shape[3]]
             xp.add(pn, bias, out=pn)
-        self._mask(xp, pf, pos, kv_len, rows, keep, tmp, lo)
+        self._mask(xp, pf, pos, kv_len, rows, key_mask, keep, tmp, lo)
         self._softmax(ctx, pf, sink, mx, den)
         if pf is not sc:
             xp.copyto(sc, pf)
-        ctx.matmul(sc.reshape(B * Nkv, G * S, P), v.reshape(B * Nkv, P, H), ov.reshape(B * Nkv, G * S, H))
-        xp.copyto(out.reshape(B, S, Nkv, G, H), ov.transpose(0, 3, 1, 2, 4))
+        ctx.matmul(sc.reshape(B * Nkv, G * S, P), v.reshape(B * Nkv, P, Hv), ov.reshape(B * Nkv, G * S, Hv))
+        xp.copyto(out.reshape(B, S, Nkv, G, Hv), ov.transpose(0, 3, 1, 2, 4))
 
-    def _mask(self, xp, pf, pos, kv_len, rows, keep, tmp, lo):
+    def _mask(self, xp, pf, pos, kv_len, rows, key_mask, keep, tmp, lo):
         """Scores of the keys a query row does not see -> the lowest float32 (exp underflows to 0)."""
         xp.less(rows, kv_len[:, None, None], out=keep)
+        if key_mask is not None:
+            xp.logical_and(keep, key_mask if key_mask.ndim == 3 else key_mask[:, None, :], out=keep)
         if self.causal:
             xp.less_equal(rows, pos[:, :, None], out=tmp)
             xp.logical_and(keep, tmp, out=keep)
@@ -255,5 +258,5 @@ class Attention(Operation):
     def launches(self, inputs, output):
         n = 2 + 2 + 1 + 2 + 2 + 5 + 1 + 2  # copies, GEMMs, scale, mask, softmax, output
         n += 3 * (self.softcap > 0) + self.bias + 2 * self.causal + 3 * (self.local_window > 0)
-        n += 4 * (self.sink or self.smooth) + 2 * (inputs[0].dtype != "float32")
+        n += 4 * (self.sink or self.smooth) + 2 * (inputs[0].dtype != "float32") + self.key_mask
         return n

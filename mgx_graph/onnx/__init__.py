@@ -11,8 +11,8 @@ shape.  Laid out as MIGraphX's ``src/onnx/``:
 - one ``parse_<family>`` module per op family, each registering its parsers when imported:
   :mod:`.parse_elementwise`, :mod:`.parse_constant`, :mod:`.parse_shape`, :mod:`.parse_nn`,
   :mod:`.parse_reduce`, :mod:`.parse_control_flow`, :mod:`.parse_dynamic`, :mod:`.parse_random`,
-  :mod:`.parse_contrib` and :mod:`.parse_contrib_attention` (onnxruntime's contrib ops) and :mod:`.parse_generic` (the fallback: the
-  host evaluates any other ONNX op with ``onnx.reference``).
+  :mod:`.parse_contrib` and :mod:`.parse_contrib_attention` (onnxruntime's contrib ops) and
+  :mod:`.parse_generic` (the fallback: the host evaluates any other ONNX op with ``onnx.reference``).
 
 Adding an op: copy a sibling parser in the family module it belongs to (``@parser("OpType")`` on a
 function ``(p, m, node, ins)`` returning its output instruction(s)); see :mod:`.op_parser`.

@@ -233,3 +233,115 @@ def _parse_gqa(p, m, node, ins):
                 softcap=attr(node, "softcap", 0.0), local_window=window, causal=causal,
                 smooth=attr(node, "smooth_softmax", 0), bias=int(bias is not None), sink=int(sink is not None))
     return [out] + present
+
+
+# ---------------------------------------------------------------------------------------------------
+# MultiHeadAttention
+# ---------------------------------------------------------------------------------------------------
+def _mha_qkv(p, m, q, k, v, bias, N):
+    """(q [B, S, N, H], k and v BNSH views or None-free tensors, k_is_bnsh) from the supported layouts:
+    3-D q / k / v (+ bias [D + D + Dv]), packed QKV [B, S, N, 3, H], packed KV [B, L, N, 2, H], or a
+    4-D BNSH key / value (cross attention over cached keys)."""
+    if q.shape.ndim == 5:
+        if k is not None or v is not None or bias is not None:
+            raise p.err("packed QKV [B, S, N, 3, H] takes no key, value or bias")
+        B, S, n, three, H = q.shape.lens
+        if n != N or three != 3:
+            raise _shape_err(p, f"packed QKV {q.shape.brief()} must be [B, S, {N}, 3, H]")
+        parts = [p.reshape(m, p.add(m, "slice", [q], axes=[3], starts=[j], ends=[j + 1]), [B, S, N, H])
+                 for j in range(3)]
+        return parts[0], p.add(m, "transpose", [parts[1]], permutation=[0, 2, 1, 3]), \
+            p.add(m, "transpose", [parts[2]], permutation=[0, 2, 1, 3])
+    if q.shape.ndim != 3 or k is None:
+        raise _shape_err(p, "query must be 3-D [B, S, D] with a key, or packed QKV [B, S, N, 3, H]")
+    B, S, D = q.shape.lens
+    H = D // N
+    if H * N != D:
+        raise _shape_err(p, f"query width {D} is not a multiple of num_heads {N}")
+    if bias is not None:
+        if k.shape.ndim != 3 or v is None or v.shape.ndim != 3:
+            raise p.err("bias needs 3-D query, key and value")
+        Dv = v.shape.lens[2]
+        if tuple(bias.shape.lens) != (2 * D + Dv,):
+            raise _shape_err(p, f"bias {bias.shape.brief()} must be [{2 * D + Dv}] (query + key + value widths)")
+        cut = [0, D, 2 * D, 2 * D + Dv]
+        q, k, v = (p.add(m, "add", [t, p.add(m, "slice", [bias], axes=[0], starts=[a], ends=[b])])
+                   for t, a, b in zip((q, k, v), cut, cut[1:]))
+    q4 = p.reshape(m, q, [B, S, N, H])
+    if k.shape.ndim == 5:
+        if v is not None or k.shape.lens[2:] != (N, 2, H) or k.shape.lens[0] != B:
+            raise _shape_err(p, f"packed KV {k.shape.brief()} must be [{B}, L, {N}, 2, {H}] with no value")
+        L = k.shape.lens[1]
+        kv = [p.reshape(m, p.add(m, "slice", [k], axes=[3], starts=[j], ends=[j + 1]), [B, L, N, H]) for j in (0, 1)]
+        return q4, p.add(m, "transpose", [kv[0]], permutation=[0, 2, 1, 3]), \
+            p.add(m, "transpose", [kv[1]], permutation=[0, 2, 1, 3])
+    if v is None or k.shape.ndim != v.shape.ndim:
+        raise p.err("key and value must both be given with the same rank")
+    if k.shape.ndim == 4:  # BNSH already
+        if k.shape.lens[0] != B or k.shape.lens[1] != N or k.shape.lens[3] != H:
+            raise _shape_err(p, f"key {k.shape.brief()} must be [{B}, {N}, L, {H}] (BNSH)")
+        return q4, k, v
+    L, Dv = k.shape.lens[1], v.shape.lens[2]
+    if k.shape.lens != (B, L, D) or v.shape.lens[:2] != (B, L) or Dv % N:
+        raise _shape_err(p, f"key {k.shape.brief()} / value {v.shape.brief()} must be [{B}, L, {D}] / [{B}, L, "
+                            f"a multiple of {N}]")
+    k4 = p.add(m, "transpose", [p.reshape(m, k, [B, L, N, H])], permutation=[0, 2, 1, 3])
+    v4 = p.add(m, "transpose", [p.reshape(m, v, [B, L, N, Dv // N])], permutation=[0, 2, 1, 3])
+    return q4, k4, v4
+
+
+def _mha_present(p, m, past, new):
+    """The BNSH cache the attention reads: past and new concatenated over the sequence, or new."""
+    if past is None:
+        return p.contiguous(m, new)
+    s, n = past.shape, new.shape
+    if s.ndim != 4 or (s.lens[0], s.lens[1], s.lens[3]) != (n.lens[0], n.lens[1], n.lens[3]) or s.dtype != n.dtype:
+        raise _shape_err(p, f"past {s.brief()} must be {n.dtype} [{n.lens[0]}, {n.lens[1]}, P, {n.lens[3]}]")
+    return p.add(m, "concat", [past, new], axis=2)
+
+
+def _mha_mask(p, m, kpm, B, S, T):
+    """(kv_len [B] int64, key mask bool or None) from key_padding_mask: lengths [B], or 0/1 [B, T] /
+    [B, S, T] (0 hides the key)."""
+    full = p.lit(m, np.full((B,), T, np.int64))
+    if kpm is None:
+        return full, None
+    lens = tuple(kpm.shape.lens)
+    if lens == (B,):
+        return p.add(m, "convert", [kpm], target_type="int64"), None
+    if lens not in ((B, T), (B, S, T)):
+        raise _shape_err(p, f"key_padding_mask {kpm.shape.brief()} must be [{B}], [{B}, {T}] or [{B}, {S}, {T}]")
+    zero = p.lit(m, np.zeros((), kpm.shape.np_dtype))
+    return full, p.add(m, "not", [p.add(m, "equal", [kpm, zero])])
+
+
+@parser("MultiHeadAttention", domain=MS)
+def _parse_mha(p, m, node, ins):
+    """com.microsoft::MultiHeadAttention (query, key, value, bias, key_padding_mask, attention_bias,
+    past_key, past_value): outputs output [B, S, N*Hv], present_key / present_value (past and new keys
+    concatenated, BNSH).  Masked keys are dropped (mask_filter_value only matters for rows with every
+    key masked: their output is then the mean of the values, as with onnxruntime's -10000)."""
+    q, k, v, bias, kpm, ab, pk, pv, past_len, beams = pad_inputs(ins, 10)
+    if past_len is not None or beams is not None:
+        raise unsupported(p, node, "past_sequence_length / cache_indirection (shared buffers, beam search)")
+    if wanted_outputs(node, 4)[3]:
+        raise unsupported(p, node, "output qk")
+    N = attr(node, "num_heads", 0)
+    if q is None or N <= 0:
+        raise p.err("needs the query input and num_heads > 0")
+    if (pk is None) != (pv is None):
+        raise p.err("past_key and past_value must both be given or both be absent")
+    q4, k4, v4 = _mha_qkv(p, m, q, k, v, bias, N)
+    if pk is not None and k is not None and k.shape.ndim == 4:
+        raise p.err("a BNSH key (cached cross-attention keys) takes no past_key / past_value")
+    present = [_mha_present(p, m, pk, k4), _mha_present(p, m, pv, v4)]
+    B, S = q4.shape.lens[:2]
+    T = present[0].shape.lens[2]
+    P = pk.shape.lens[2] if pk is not None else 0
+    kv_len, key_mask = _mha_mask(p, m, kpm, B, S, T)
+    pos = p.lit(m, np.broadcast_to(P + np.arange(S, dtype=np.int64), (B, S)).copy())
+    extra = [i for i in (ab, key_mask) if i is not None]
+    out = p.add(m, "attention", [q4] + present + [pos, kv_len, _iota(p, m, T)] + extra,
+                scale=attr(node, "scale", 0.0), causal=attr(node, "unidirectional", 0), bias=int(ab is not None),
+                key_mask=int(key_mask is not None))
+    return [out] + present
