@@ -131,8 +131,8 @@ def test_skip_layer_norm_bad_gamma_names_node():
 # the GELU family
 # ---------------------------------------------------------------------------------------------------
 GELU_CASES = {"gelu": ("Gelu", False, {}), "fast_gelu": ("FastGelu", False, {}),
-              "fast_gelu_bias": ("FastGelu", True, {}), "bias_gelu": ("BiasGelu", True, {}), "quick_gelu": ("QuickGelu", False, {}),
-              "quick_gelu_alpha": ("QuickGelu", False, {"alpha": -0.75})}
+              "fast_gelu_bias": ("FastGelu", True, {}), "bias_gelu": ("BiasGelu", True, {}),
+              "quick_gelu": ("QuickGelu", False, {}), "quick_gelu_alpha": ("QuickGelu", False, {"alpha": -0.75})}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
