@@ -2,7 +2,7 @@
 MultiHeadAttention.
 
 ``kv_cache_update`` writes a step's keys (or values) into the cache at each batch entry's position
-(in place into the past buffer when the present output is bound to it); ``attention`` computes
+(in place into the past buffer when the present output is bound to it); ``grouped_attention`` computes
 ``softmax(scale * Q K^T (+ bias), masked) V`` for grouped heads: the G = num_heads / kv_num_heads query
 heads that share a KV head are stacked into the rows of one GEMM, so K and V are never repeated.
 Both are written against ``xp`` with preplanned workspaces (no allocation: capturable) and run their
@@ -132,7 +132,7 @@ class Attention(Operation):
     Raises ShapeError for inconsistent shapes, a non-standard k / v layout or bad index inputs.
     """
 
-    name = "attention"
+    name = "grouped_attention"
     alloc_free = True
 
     def __init__(self, scale=0.0, softcap=0.0, local_window=-1, causal=1, smooth=0, bias=0, sink=0, key_mask=0):

@@ -416,7 +416,7 @@ def test_group_query_attention(case, dtype, target):
     model, feeds = gqa_model(dtype=dtype, **kw)
     want = ort_outputs(model, feeds)
     prog = compile_native(model, target, alias=None)
-    assert "attention" in str(prog) and "kv_cache_update" in str(prog)
+    assert "grouped_attention" in str(prog) and "kv_cache_update" in str(prog)
     for _ in range(2):
         got = prog.run(feeds)
         assert_gqa_matches(got, want, feeds, kw.get("S", 1), dtype, case)
@@ -602,7 +602,7 @@ def test_multi_head_attention(case, dtype, target):
         model, feeds = mha_model(dtype=dtype, **MHA[case])
         want = ort_outputs(model, feeds)
     prog = compile_native(model, target, alias=None)
-    assert "attention" in str(prog)
+    assert "grouped_attention" in str(prog)
     for _ in range(2):
         assert_matches(prog.run(feeds), want, dtype, case)
 

@@ -4,8 +4,8 @@ onnxruntime-genai's model builder and onnxruntime's transformer optimizer emit f
 exports).
 
 GroupQueryAttention becomes: (rotary_embedding on Q and K) -> kv_cache_update for present_key and
-present_value (in place into past_key / past_value when those outputs are bound to them) -> attention.
-The present length is ``max(total_sequence_length, past length)``: static when total_sequence_length is
+present_value (in place into past_key / past_value when those outputs are bound to them) ->
+grouped_attention.  The present length is ``max(total_sequence_length, past length)``: static when total_sequence_length is
 a constant (onnxruntime-genai computes it from the attention mask's shape); otherwise the program is
 specialized for ``max(past length, value)``, so a decode loop over a fixed-length cache compiles once.
 
@@ -213,6 +213,9 @@ def _parse_gqa(p, m, node, ins):
     L = _past_len(p, pk, pv, B, Nkv, H, q.shape.dtype)
     T = _total_length(p, total, L, exact=pos_ids is not None and S > 1)
     P = max(T, L)
+    if P < S:
+        raise _shape_err(p, f"the present length {P} (max of total_sequence_length {T} and the past length {L}) "
+                            f"is shorter than the {S} new tokens")
     kv_len, start, pos = _positions(p, m, seqlens, B, S)
     if attr(node, "do_rotary", 0):
         if cos is None or sin is None:
@@ -229,8 +232,8 @@ def _parse_gqa(p, m, node, ins):
         args = ([past] if past is not None else []) + [new, start, rows]
         present.append(p.add(m, "kv_cache_update", args, present_len=P, has_past=int(past is not None)))
     extra = [i for i in (bias, sink) if i is not None]
-    out = p.add(m, "attention", [q4] + present + [pos, kv_len, rows] + extra, scale=attr(node, "scale", 0.0),
-                softcap=attr(node, "softcap", 0.0), local_window=window, causal=causal,
+    out = p.add(m, "grouped_attention", [q4] + present + [pos, kv_len, rows] + extra,
+                scale=attr(node, "scale", 0.0), softcap=attr(node, "softcap", 0.0), local_window=window, causal=causal,
                 smooth=attr(node, "smooth_softmax", 0), bias=int(bias is not None), sink=int(sink is not None))
     return [out] + present
 
@@ -341,7 +344,7 @@ def _parse_mha(p, m, node, ins):
     kv_len, key_mask = _mha_mask(p, m, kpm, B, S, T)
     pos = p.lit(m, np.broadcast_to(P + np.arange(S, dtype=np.int64), (B, S)).copy())
     extra = [i for i in (ab, key_mask) if i is not None]
-    out = p.add(m, "attention", [q4] + present + [pos, kv_len, _iota(p, m, T)] + extra,
+    out = p.add(m, "grouped_attention", [q4] + present + [pos, kv_len, _iota(p, m, T)] + extra,
                 scale=attr(node, "scale", 0.0), causal=attr(node, "unidirectional", 0), bias=int(ab is not None),
                 key_mask=int(key_mask is not None))
     return [out] + present
