@@ -612,3 +612,84 @@ def test_multi_head_attention_unsupported_qk_output():
     model.graph.node[0].output.extend(["", "", "qk"])
     with pytest.raises(mgx_graph.UnsupportedOpError, match="qk"):
         mgx_graph.compile(model, target="ref")
+
+
+# ---------------------------------------------------------------------------------------------------
+# a decoder layer as onnxruntime-genai's model builder lays it out
+# ---------------------------------------------------------------------------------------------------
+def genai_layer(B=2, D=64, N=4, Nkv=2, P=8, seed=0):
+    """One int4 decoder layer: SimplifiedLayerNormalization -> packed-QKV MatMulNBits ->
+    GroupQueryAttention (rotary, seqlens_k and total_sequence_length computed from attention_mask as the
+    builder does) -> MatMulNBits -> SkipSimplifiedLayerNormalization -> MatMulNBits / FastGelu /
+    MatMulNBits; the KV cache is a shared buffer of P rows (past_key_values.0.* / present.0.*)."""
+    rng = np.random.default_rng(seed)
+    H = D // N
+    inits, nodes = {}, []
+
+    def nbits(name, x, K, Nout):
+        w, _, _, _ = quantized_weights(rng, K, Nout, 4, 16, "packed", np.float32)
+        for k, v in w.items():
+            inits[f"{name}.{k}"] = v
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.B", f"{name}.scales", f"{name}.zero_points"],
+                                      [name], domain="com.microsoft", K=K, N=Nout, bits=4, block_size=16))
+
+    ang = np.arange(32)[:, None] * (10000.0 ** (-np.arange(H // 2) / (H // 2)))[None]
+    inits.update(cos=np.cos(ang).astype(np.float32), sin=np.sin(ang).astype(np.float32),
+                 ln1=rng.uniform(0.5, 1.5, D).astype(np.float32), ln2=rng.uniform(0.5, 1.5, D).astype(np.float32),
+                 one=np.array(1, np.int64), axis1=np.array([1], np.int64), idx1=np.array(1, np.int64))
+    nodes += [helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["msum"], keepdims=0),
+              helper.make_node("Sub", ["msum", "one"], ["msub"]),
+              helper.make_node("Cast", ["msub"], ["seqlens_k"], to=TensorProto.INT32),
+              helper.make_node("Shape", ["attention_mask"], ["mshape"]),
+              helper.make_node("Gather", ["mshape", "idx1"], ["mlen"], axis=0),
+              helper.make_node("Cast", ["mlen"], ["total"], to=TensorProto.INT32),
+              helper.make_node("SimplifiedLayerNormalization", ["hidden", "ln1"], ["n1"], epsilon=1e-6)]
+    nbits("qkv", "n1", D, (N + 2 * Nkv) * H)
+    nodes.append(helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key_values.0.key",
+                                                          "past_key_values.0.value", "seqlens_k", "total", "cos",
+                                                          "sin"], ["attn", "present.0.key", "present.0.value"],
+                                  domain="com.microsoft", num_heads=N, kv_num_heads=Nkv, do_rotary=1))
+    nbits("o_proj", "attn", N * H, D)
+    nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", ["o_proj", "hidden", "ln2"],
+                                  ["n2", "", "", "residual"], domain="com.microsoft", epsilon=1e-6))
+    nbits("up", "n2", D, 2 * D)
+    nodes.append(helper.make_node("FastGelu", ["up"], ["act"], domain="com.microsoft"))
+    nbits("down", "act", 2 * D, D)
+    nodes.append(helper.make_node("Add", ["down", "residual"], ["out"]))
+
+    def model(S, T):
+        ins = {"hidden": np.zeros((B, S, D), np.float32), "attention_mask": np.zeros((B, T), np.int64),
+               "past_key_values.0.key": np.zeros((B, Nkv, P, H), np.float32),
+               "past_key_values.0.value": np.zeros((B, Nkv, P, H), np.float32)}
+        return contrib_model(nodes, ins, ["out", "present.0.key", "present.0.value"], inits)
+
+    return model
+
+
+def test_genai_style_decoder_layer_prompt_then_decode(target):
+    make = genai_layer()
+    rng = np.random.default_rng(13)
+    B, D, Nkv, P, H = 2, 64, 2, 8, 16
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)  # the second prompt is right-padded
+    feeds = {"hidden": rng.normal(size=(B, 4, D)).astype(np.float32), "attention_mask": mask,
+             "past_key_values.0.key": np.zeros((B, Nkv, P, H), np.float32),
+             "past_key_values.0.value": np.zeros((B, Nkv, P, H), np.float32)}
+    prompt = make(4, 4)
+    prog = compile_native(prompt, target)
+    assert prog.alias == {"present.0.key": "past_key_values.0.key", "present.0.value": "past_key_values.0.value"}
+    want = ort_outputs(prompt, feeds)
+    got = prog.run(feeds)
+    valid = [4, 2]
+    for b, n in enumerate(valid):
+        assert_matches([got[0][b, :n]], [want[0][b, :n]], np.float32, f"prompt batch {b}")
+        assert_matches([got[1][b, :, :n], got[2][b, :, :n]], [want[1][b, :, :n], want[2][b, :, :n]], np.float32)
+    # one decode step: the second entry continues after its 2 real tokens
+    step = make(1, 5)
+    feeds = {"hidden": rng.normal(size=(B, 1, D)).astype(np.float32),
+             "attention_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int64),
+             "past_key_values.0.key": want[1], "past_key_values.0.value": want[2]}
+    want = ort_outputs(step, feeds)
+    got = compile_native(step, target).run(feeds)
+    assert_matches(got[:1], want[:1], np.float32, "decode output")
+    for b, n in enumerate([5, 3]):
+        assert_matches([got[1][b, :, :n], got[2][b, :, :n]], [want[1][b, :, :n], want[2][b, :, :n]], np.float32)
