@@ -447,7 +447,7 @@ def test_group_query_attention_decode_loop_cache_in_place(target, hip_graph):
     assert prog.alias == {"present_key": "past_key", "present_value": "past_value"}
     ctx, queue = prog.context, prog.queue
     with ctx.on_queue(queue):
-        params = {n: ctx.xp.asarray(v) for n, v in dict(feeds, **zeros).items()}
+        params = {n: ctx.xp.asarray(v).copy() for n, v in dict(feeds, **zeros).items()}
     ort_feeds = dict(feeds, **zeros)
     rng = np.random.default_rng(12)
     for step in range(6):

@@ -5,9 +5,10 @@ exports).
 
 GroupQueryAttention becomes: (rotary_embedding on Q and K) -> kv_cache_update for present_key and
 present_value (in place into past_key / past_value when those outputs are bound to them) ->
-grouped_attention.  The present length is ``max(total_sequence_length, past length)``: static when total_sequence_length is
-a constant (onnxruntime-genai computes it from the attention mask's shape); otherwise the program is
-specialized for ``max(past length, value)``, so a decode loop over a fixed-length cache compiles once.
+grouped_attention.  The present length is ``max(total_sequence_length, past length)``: static when
+total_sequence_length is a constant (onnxruntime-genai computes it from the attention mask's shape);
+otherwise the program is specialized for ``max(past length, value)``, so a decode loop over a
+fixed-length cache compiles once.
 
 onnxruntime contrib op spec: https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md
 """
