@@ -243,9 +243,9 @@ def _parse_gqa(p, m, node, ins):
 # MultiHeadAttention
 # ---------------------------------------------------------------------------------------------------
 def _mha_qkv(p, m, q, k, v, bias, N):
-    """(q [B, S, N, H], k and v BNSH views or None-free tensors, k_is_bnsh) from the supported layouts:
-    3-D q / k / v (+ bias [D + D + Dv]), packed QKV [B, S, N, 3, H], packed KV [B, L, N, 2, H], or a
-    4-D BNSH key / value (cross attention over cached keys)."""
+    """(q [B, S, N, H], k [B, N, L, H], v [B, N, L, Hv]; k and v may be strided views) from the supported
+    layouts: 3-D q / k / v (+ bias [D + D + Dv]), packed QKV [B, S, N, 3, H], packed KV [B, L, N, 2, H],
+    or a 4-D BNSH key / value (cross attention over cached keys)."""
     if q.shape.ndim == 5:
         if k is not None or v is not None or bias is not None:
             raise p.err("packed QKV [B, S, N, 3, H] takes no key, value or bias")
