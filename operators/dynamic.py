@@ -4,7 +4,9 @@ When an output shape depends on data (``NonZero``, ``Unique``, ``TopK`` with a r
 ``Reshape`` / ``Expand`` / ``ConstantOfShape`` / ``Slice`` / ``Range`` / ``Tile`` fed by runtime values),
 the program is compiled for the value it sees (a *specialization*, keyed by that value) and a
 ``guard`` instruction re-checks the value on every run.  ``fn`` names how a tensor is reduced to the
-key: its ``value``, its ``count_nonzero``, ``unique_count`` ...
+key: its ``value``, its ``count_nonzero``, ``unique_count`` ..., or ``at_least:N`` (``max(N, value)`` of
+a scalar: one specialization serves every value up to N, e.g. the total sequence length of a decode
+step with a KV cache of N rows).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ def reduce_for_key(fn: str, value) -> np.ndarray:
         return np.asarray(int(np.unique(v, axis=int(axis)).shape[int(axis)]), np.int64)
     if fn == "trip_count":
         return np.asarray(int(v), np.int64)
+    if fn.startswith("at_least:"):
+        return np.asarray(max(int(fn.split(":", 1)[1]), int(v.reshape(-1)[0])), np.int64)
     raise ValueError(f"unknown key function {fn}")
 
 

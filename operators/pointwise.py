@@ -276,6 +276,34 @@ class Gelu(_Param1):
 
 
 @register_op
+class QuickGelu(_Param1):
+    """``y = x * sigmoid(alpha * x)`` (onnxruntime com.microsoft::QuickGelu; alpha 1.702 by default)."""
+
+    name = "quick_gelu"
+    gpu_body = "y = (T)((C)x / (C(1) + exp(-(C(ALPHA) * (C)x))))"
+    alloc_free = True
+
+    def __init__(self, alpha=1.702):
+        super().__init__(alpha=float(alpha))
+
+    def compute(self, ctx, out, args, ws):
+        xp, x = ctx.xp, args[0]
+        t = x.dtype.type
+        with _quiet_overflow(xp):
+            xp.multiply(x, t(-self.alpha), out=out)
+            xp.exp(out, out=out)
+        xp.add(out, t(1), out=out)
+        xp.true_divide(x, out, out=out)
+
+
+def _quiet_overflow(xp):
+    """exp of a large argument is inf by design here (x / inf = 0): no numpy warning for it."""
+    import contextlib
+
+    return np.errstate(over="ignore") if xp is np else contextlib.nullcontext()
+
+
+@register_op
 class Shrink(_Param1):
     name = "shrink"
 

@@ -16,17 +16,17 @@ shape.  Laid out as MIGraphX's ``src/onnx/``:
   :mod:`.parse_normalization` (instance / group / mean-variance / Lp / LRN / RMS normalizations),
   :mod:`.parse_index` (Hardmax, CumSum, OneHot, Trilu, EyeLike, ReverseSequence, Compress,
   NonMaxSuppression, Einsum),
-  :mod:`.parse_contrib` (ops outside the ONNX domains) and :mod:`.parse_generic` (the fallback: the
-  host evaluates any other ONNX op with ``onnx.reference``).
+  :mod:`.parse_contrib` and :mod:`.parse_contrib_attention` (onnxruntime's contrib ops) and
+  :mod:`.parse_generic` (the fallback: the host evaluates any other ONNX op with ``onnx.reference``).
 
 Adding an op: copy a sibling parser in the family module it belongs to (``@parser("OpType")`` on a
 function ``(p, m, node, ins)`` returning its output instruction(s)); see :mod:`.op_parser`.
 
 ONNX operator spec: https://onnx.ai/onnx/operators/
 """
-from . import (parse_constant, parse_contrib, parse_control_flow, parse_dynamic,  # noqa: F401  (registration)
-               parse_elementwise, parse_generic, parse_index, parse_nn, parse_normalization,
-               parse_quantization, parse_random, parse_reduce, parse_shape, parse_spatial)
+from . import (parse_constant, parse_contrib, parse_contrib_attention, parse_control_flow,  # noqa: F401
+               parse_dynamic, parse_elementwise, parse_generic, parse_index, parse_nn, parse_normalization,
+               parse_quantization, parse_random, parse_reduce, parse_shape, parse_spatial)  # (registration)
 from .loader import load_model, symbolic_inputs
 from .onnx_parser import MAX_OPSET, MIN_OPSET, OnnxParser, fold_instruction, parse_onnx
 from .op_parser import parser

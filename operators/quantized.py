@@ -1,0 +1,151 @@
+"""Block-quantized weights: onnxruntime's com.microsoft::MatMulNBits (what onnxruntime-genai's model
+builder and onnxruntime's ``matmul_nbits_quantizer`` make of a MatMul with int4 weights).
+
+The weights stay packed in memory; each run dequantizes them into a workspace (a few elementwise
+kernels) and multiplies through the same GEMM path as ``dot`` (vendor BLAS on the gpu target), so the
+op allocates nothing and can be captured.
+
+Source: onnxruntime ContribOperators.md, MatMulNBits: ``W[n, k] = (q[n, k] - zero_point[n, g(k)]) *
+scale[n, g(k)]`` with ``g(k) = k // block_size`` (or ``g_idx[k]``), ``Y = A @ W^T (+ bias)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..shape import Shape
+from .base import Operation, check_inputs, register_op
+from .normalization_contrib import FLOATS
+
+ZERO_POINTS = ("none", "packed", "float")
+
+
+@register_op
+class MatMulNBits(Operation):
+    """``Y[..., N] = A[..., K] @ dequantize(B)^T (+ bias)``.
+
+    Inputs, in this order (those present per ``zero_points`` / ``g_idx`` / ``bias``):
+    A float [..., K] (standard layout); B uint8 [N, k_blocks, block_size * bits / 8] (``bits`` values
+    per byte, the first in the low bits); scales [N, k_blocks] of A's type; zero points: ``packed``
+    uint8 [N, ceil(k_blocks * bits / 8)] packed like B, or ``float`` [N, k_blocks] of a float type, or
+    ``none`` (2^(bits-1)); g_idx int32 [K] (the block of each k; values in [0, k_blocks)); bias [N].
+    k_blocks = ceil(K / block_size).  Output: A's type, [..., N].  bits: 2, 4 or 8.
+    Raises ShapeError for inputs that do not match K / N / bits / block_size.
+    """
+
+    name = "matmul_nbits"
+    alloc_free = True
+
+    def __init__(self, K=0, N=0, bits=4, block_size=32, zero_points="none", g_idx=0, bias=0):
+        super().__init__(K=int(K), N=int(N), bits=int(bits), block_size=int(block_size),
+                         zero_points=str(zero_points), g_idx=int(g_idx), bias=int(bias))
+
+    @property
+    def k_blocks(self) -> int:
+        return -(-self.K // self.block_size)
+
+    def _split(self, items):
+        it = iter(items)
+        a, b, scales = next(it), next(it), next(it)
+        zp = next(it) if self.zero_points != "none" else None
+        g = next(it) if self.g_idx else None
+        bias = next(it) if self.bias else None
+        return a, b, scales, zp, g, bias
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 3 + (self.zero_points != "none") + self.g_idx + self.bias)
+        if self.bits not in (2, 4, 8) or self.zero_points not in ZERO_POINTS or self.block_size < 1:
+            raise ShapeError(f"{self.name}: bits {self.bits} (2, 4 or 8), block size {self.block_size} or zero "
+                             f"points '{self.zero_points}' not supported")
+        a, b, scales, zp, g, bias = self._split(inputs)
+        K, N, kb = self.K, self.N, self.k_blocks
+        blob = self.block_size * self.bits // 8
+        if a.dtype not in FLOATS or a.ndim < 1 or a.lens[-1] != K:
+            raise ShapeError(f"{self.name}: A {a.brief()} must be float with last dim K = {K}")
+        want = {"B": (b, "uint8", (N, kb, blob)), "scales": (scales, None, (N, kb))}
+        if zp is not None:
+            zlen = -(-kb * self.bits // 8) if self.zero_points == "packed" else kb
+            want["zero_points"] = (zp, "uint8" if self.zero_points == "packed" else None, (N, zlen))
+        if g is not None:
+            want["g_idx"] = (g, "int32", (K,))
+        if bias is not None:
+            want["bias"] = (bias, None, (N,))
+        for what, (s, dt, lens) in want.items():
+            if tuple(s.lens) != lens or (s.dtype != dt if dt else s.dtype not in FLOATS):
+                raise ShapeError(f"{self.name}: {what} {s.brief()} must be {dt or 'float'} {list(lens)} "
+                                 f"(K={K}, N={N}, bits={self.bits}, block_size={self.block_size})")
+        return Shape(a.dtype, list(a.lens[:-1]) + [N])
+
+    def workspace(self, inputs, output):
+        a = inputs[0]
+        N, K, kp = self.N, self.K, self.k_blocks * self.block_size
+        ws = [Shape("uint8", [N, kp]), Shape(a.dtype, [N, kp])]
+        if self.zero_points == "packed":
+            per = 8 // self.bits
+            ws.append(Shape("uint8", [N, inputs[3].lens[1] * per]))
+        if self.g_idx:
+            zdt = {"none": a.dtype, "packed": "uint8", "float": inputs[3].dtype if self.zero_points == "float"
+                   else a.dtype}[self.zero_points]
+            ws += [Shape(zdt, [N, K]), Shape(inputs[2].dtype, [N, K])]
+        return ws
+
+    def compute(self, ctx, out, args, ws):
+        xp = ctx.xp
+        a, b, scales, zp, g, bias = self._split(args)
+        N, K, kb, bs = self.N, self.K, self.k_blocks, self.block_size
+        q, w = ws[0], ws[1]
+        _unpack(xp, b, q.reshape(N, kb, bs // (8 // self.bits), 8 // self.bits), self.bits)
+        xp.copyto(w, q)
+        if self.zero_points == "packed":
+            zq = ws[2]
+            _unpack(xp, zp, zq.reshape(N, zp.shape[1], 8 // self.bits), self.bits)
+            zp = zq[:, :kb]
+        if g is None:
+            self._dequantize_blocks(xp, w.reshape(N, kb, bs), scales, zp)
+        else:
+            self._dequantize_groups(xp, w[:, :K], scales, zp, g, ws[-2], ws[-1])
+        if a.size == 0:
+            return
+        a2 = a.reshape(-1, K)
+        o2 = out.reshape(-1, N)
+        ctx.matmul(a2, w[:, :K].T, o2)
+        if bias is not None:
+            xp.add(o2, bias, out=o2)
+
+    def _dequantize_blocks(self, xp, w3, scales, zp):
+        """w3 [N, k_blocks, block_size] = (q - zero point of the block) * scale of the block."""
+        if zp is None:
+            xp.subtract(w3, w3.dtype.type(1 << (self.bits - 1)), out=w3)
+        else:
+            xp.subtract(w3, zp[:, :, None], out=w3)
+        xp.multiply(w3, scales[:, :, None], out=w3)
+
+    def _dequantize_groups(self, xp, wk, scales, zp, g, gz, gs):
+        """wk [N, K] = (q - zero point of block g_idx[k]) * scale of block g_idx[k]."""
+        if xp is np and g.size and (g.min() < 0 or g.max() >= self.k_blocks):
+            raise IndexError(f"g_idx value {int(g.min() if g.min() < 0 else g.max())} is out of range "
+                             f"[0, {self.k_blocks})")
+        if zp is None:
+            xp.subtract(wk, wk.dtype.type(1 << (self.bits - 1)), out=wk)
+        else:
+            xp.take(zp, g, axis=1, out=gz)
+            xp.subtract(wk, gz, out=wk)
+        xp.take(scales, g, axis=1, out=gs)
+        xp.multiply(wk, gs, out=wk)
+
+    def launches(self, inputs, output):
+        per = 8 // self.bits
+        unpack = 2 * per - (self.bits == 8)
+        n = unpack + 1 + 2 + (unpack if self.zero_points == "packed" else 0) + 1 + self.bias
+        return n + (2 if self.g_idx else 0) - (1 if self.g_idx and self.zero_points == "none" else 0)
+
+
+def _unpack(xp, packed, dst, bits):
+    """``dst[..., j] = (packed >> (bits * j)) & (2^bits - 1)`` for the ``8 // bits`` values of each byte
+    (dst: a uint8 view [*packed.shape, 8 // bits])."""
+    per = 8 // bits
+    for j in range(per):
+        d = dst[..., j]
+        xp.right_shift(packed, np.uint8(bits * j), out=d)
+        if bits * (j + 1) < 8:
+            xp.bitwise_and(d, np.uint8((1 << bits) - 1), out=d)

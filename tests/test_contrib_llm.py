@@ -1,0 +1,695 @@
+"""onnxruntime contrib ops used by LLM and BERT-style exports (fused normalizations, the GELU family,
+RotaryEmbedding, MatMulNBits, GroupQueryAttention), each a small ONNX model compiled natively (no
+host-evaluated ``onnx_op``) and compared with onnxruntime CPU (or, where onnxruntime departs from
+its own spec, with numpy written from the spec)."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mgx_graph
+
+NP2ONNX = {np.dtype(k): v for k, v in {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+                                        "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+                                        "uint8": TensorProto.UINT8}.items()}
+TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float16: dict(rtol=1e-2, atol=5e-3)}
+
+
+def contrib_model(nodes, inputs: dict, outputs: list, inits: dict | None = None, opset: int = 21):
+    """A model over ``nodes`` with graph inputs named and shaped as ``inputs`` (name -> array), untyped
+    outputs ``outputs``, initializers ``inits``; opsets ai.onnx ``opset`` and com.microsoft 1."""
+    ins = [helper.make_tensor_value_info(n, NP2ONNX[a.dtype], list(a.shape)) for n, a in inputs.items()]
+    outs = [helper.make_value_info(n, onnx.TypeProto()) for n in outputs]
+    g = helper.make_graph(nodes, "contrib", ins, outs,
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    return m
+
+
+def ort_outputs(model, feeds):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def compile_native(model, target, **kw):
+    """Compile and check that every node became native instructions (nothing left to onnx.reference)."""
+    prog = mgx_graph.compile(model, target=target, **kw)
+    assert "onnx_op" not in str(prog)
+    return prog
+
+
+def assert_matches(got, want, dtype, what=""):
+    """Same shapes and types, values within the dtype's tolerance (for float16 the absolute tolerance
+    scales with the output's magnitude: half rounding of a sum is relative to its terms)."""
+    assert len(got) == len(want), what
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (what, k, g.shape, w.shape, g.dtype, w.dtype)
+        tol = dict(TOL[dtype])
+        if dtype == np.float16 and w.size:
+            tol["atol"] *= max(1.0, float(np.abs(w.astype(np.float64)).max()))
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), err_msg=f"{what} output {k}", **tol)
+
+
+def run_both(model, feeds, target, dtype, runs=1, **kw):
+    want = ort_outputs(model, feeds)
+    prog = compile_native(model, target, **kw)
+    for _ in range(runs):
+        got = prog.run(feeds)
+        assert_matches(got, want, dtype)
+    return prog, got
+
+
+# ---------------------------------------------------------------------------------------------------
+# fused normalizations
+# ---------------------------------------------------------------------------------------------------
+SKIP_CASES = {
+    "layer": dict(op="SkipLayerNormalization"),
+    "layer_beta_bias_stats": dict(op="SkipLayerNormalization", beta=True, bias=True, outs=4),
+    "layer_sum_only": dict(op="SkipLayerNormalization", bias=True, outs=(0, 3)),
+    "layer_skip_2d": dict(op="SkipLayerNormalization", beta=True, skip=(5, 16)),
+    "layer_skip_batch1": dict(op="SkipLayerNormalization", skip=(1, 5, 16), outs=4),
+    "layer_2d_input": dict(op="SkipLayerNormalization", x=(6, 16), skip=(6, 16), beta=True, outs=4),
+    "simplified": dict(op="SkipSimplifiedLayerNormalization"),
+    "simplified_bias_stats": dict(op="SkipSimplifiedLayerNormalization", bias=True, outs=4),
+    "simplified_inv_std_sum": dict(op="SkipSimplifiedLayerNormalization", outs=(0, 2, 3)),
+    "simplified_2d_input": dict(op="SkipSimplifiedLayerNormalization", x=(6, 16), skip=(6, 16), bias=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(SKIP_CASES))
+def test_skip_layer_norm(case, dtype, target):
+    c = SKIP_CASES[case]
+    rng = np.random.default_rng(1)
+    xs = c.get("x", (2, 5, 16))
+    D = xs[-1]
+    feeds = {"x": (rng.normal(size=xs) * 2 + 0.5).astype(dtype),
+             "skip": rng.normal(size=c.get("skip", xs)).astype(dtype)}
+    inits = {"gamma": rng.normal(size=D).astype(dtype)}
+    names = ["x", "skip", "gamma"]
+    if c["op"] == "SkipLayerNormalization":
+        names.append("beta" if c.get("beta") else "")
+        if c.get("beta"):
+            inits["beta"] = rng.normal(size=D).astype(dtype)
+    if c.get("bias"):
+        names.append("bias")
+        inits["bias"] = rng.normal(size=D).astype(dtype)
+    outs = c.get("outs", 1)
+    keep = list(range(outs)) if isinstance(outs, int) else list(outs)
+    onames = [f"o{k}" if k in keep else "" for k in range(max(keep) + 1)]
+    node = helper.make_node(c["op"], names, onames, domain="com.microsoft", epsilon=1e-5)
+    model = contrib_model([node], feeds, [n for n in onames if n], inits)
+    prog, _ = run_both(model, feeds, target, dtype)
+    assert "skip_layer_norm" in str(prog)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("axis,inv_std", [(-1, False), (-1, True), (1, True), (2, False)])
+def test_simplified_layer_norm(axis, inv_std, dtype, target):
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(2, 3, 8)) * 3).astype(dtype)
+    scale = rng.normal(size=x.shape[axis % 3:]).astype(dtype)
+    outs = ["y", "inv"] if inv_std else ["y"]
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], outs, axis=axis, epsilon=1e-6)
+    model = contrib_model([node], {"x": x}, outs, {"scale": scale})
+    run_both(model, {"x": x}, target, dtype)
+
+
+def test_skip_layer_norm_bad_gamma_names_node():
+    x = np.zeros((2, 3, 8), np.float32)
+    node = helper.make_node("SkipLayerNormalization", ["x", "x", "gamma"], ["y"], domain="com.microsoft", name="ln1")
+    model = contrib_model([node], {"x": x}, ["y"], {"gamma": np.ones(7, np.float32)})
+    with pytest.raises(mgx_graph.ShapeError, match=r"ln1.*gamma.*\[7\]"):
+        mgx_graph.compile(model, target="ref")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the GELU family
+# ---------------------------------------------------------------------------------------------------
+GELU_CASES = {"gelu": ("Gelu", False, {}), "fast_gelu": ("FastGelu", False, {}),
+              "fast_gelu_bias": ("FastGelu", True, {}), "bias_gelu": ("BiasGelu", True, {}),
+              "quick_gelu": ("QuickGelu", False, {}), "quick_gelu_alpha": ("QuickGelu", False, {"alpha": -0.75})}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(GELU_CASES))
+def test_gelu_family(case, dtype, target):
+    op, bias, attrs = GELU_CASES[case]
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(2, 3, 16)) * 4).astype(dtype)
+    x[0, 0, :3] = [-30, 30, 0]  # saturated tails
+    inits = {"b": rng.normal(size=16).astype(dtype)} if bias else {}
+    node = helper.make_node(op, ["x", "b"] if bias else ["x"], ["y"], domain="com.microsoft", **attrs)
+    run_both(contrib_model([node], {"x": x}, ["y"], inits), {"x": x}, target, dtype, runs=2)
+
+
+def test_fast_gelu_bias_must_be_1d():
+    x = np.zeros((2, 3, 16), np.float32)
+    node = helper.make_node("FastGelu", ["x", "b"], ["y"], domain="com.microsoft", name="fg")
+    model = contrib_model([node], {"x": x}, ["y"], {"b": np.ones((3, 16), np.float32)})
+    with pytest.raises(mgx_graph.ShapeError, match=r"fg.*bias.*1-D \[16\]"):
+        mgx_graph.compile(model, target="ref")
+
+
+# ---------------------------------------------------------------------------------------------------
+# RotaryEmbedding
+# ---------------------------------------------------------------------------------------------------
+def rotary_caches(rng, max_pos, half, dtype):
+    ang = rng.uniform(0, 2 * np.pi, (max_pos, half))
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+ROTARY_MS = {
+    "bsd": dict(), "bsd_interleaved": dict(interleaved=1), "bnsh": dict(four_d=True),
+    "bnsh_interleaved": dict(four_d=True, interleaved=1), "offset": dict(offset=True),
+    "partial": dict(rot=8, num_heads=3),
+    "partial_interleaved_bnsh": dict(rot=8, num_heads=3, four_d=True, interleaved=1),
+    "scale_ignored": dict(scale=0.5),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(ROTARY_MS))
+def test_rotary_embedding_contrib(case, dtype, target):
+    c = ROTARY_MS[case]
+    rng = np.random.default_rng(4)
+    B, S, N, H = 2, 5, 3, 16
+    R = c.get("rot", H)
+    x = rng.normal(size=(B, N, S, H) if c.get("four_d") else (B, S, N * H)).astype(dtype)
+    pos = np.array([7], np.int64) if c.get("offset") else rng.integers(0, 32, (B, S)).astype(np.int64)
+    cos, sin = rotary_caches(rng, 32, R // 2, dtype)
+    attrs = {k: c[k] for k in ("interleaved", "scale", "num_heads") if k in c}
+    if "rot" in c:
+        attrs["rotary_embedding_dim"] = R
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", **attrs)
+    model = contrib_model([node], {"x": x, "pos": pos}, ["y"], {"cos": cos, "sin": sin})
+    prog, _ = run_both(model, {"x": x, "pos": pos}, target, dtype)
+    assert "rotary_embedding" in str(prog)
+
+
+ROTARY_ONNX = {"bsd": dict(), "bsd_interleaved": dict(interleaved=1), "bnsh": dict(four_d=True),
+               "no_position_ids": dict(no_pos=True), "no_position_ids_bnsh": dict(no_pos=True, four_d=True),
+               "partial": dict(rot=8), "partial_interleaved": dict(rot=8, interleaved=1)}
+
+
+@pytest.mark.parametrize("case", sorted(ROTARY_ONNX))
+def test_rotary_embedding_onnx23(case, target):
+    c = ROTARY_ONNX[case]
+    rng = np.random.default_rng(5)
+    B, S, N, H = 2, 4, 2, 16
+    R = c.get("rot", H)
+    x = rng.normal(size=(B, N, S, H) if c.get("four_d") else (B, S, N * H)).astype(np.float32)
+    cos, sin = rotary_caches(rng, 20, R // 2, np.float32)
+    pos = rng.integers(0, 20, (B, S)).astype(np.int64)
+    attrs = {"interleaved": c.get("interleaved", 0)}
+    if not c.get("four_d"):
+        attrs["num_heads"] = N
+    if "rot" in c:
+        attrs["rotary_embedding_dim"] = R
+    feeds = {"x": x}
+    if c.get("no_pos"):
+        feeds.update(cos=cos[pos], sin=sin[pos])  # per-token caches [B, S, R/2]
+        node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], **attrs)
+        model = contrib_model([node], feeds, ["y"], opset=23)
+    else:
+        feeds["pos"] = pos
+        node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], **attrs)
+        model = contrib_model([node], feeds, ["y"], {"cos": cos, "sin": sin}, opset=23)
+    run_both(model, feeds, target, np.float32)
+
+
+def test_rotary_position_out_of_range_raises_and_program_stays_usable():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(1, 3, 32)).astype(np.float32)
+    cos, sin = rotary_caches(rng, 8, 8, np.float32)
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft")
+    model = contrib_model([node], {"x": x, "pos": np.zeros((1, 3), np.int64)}, ["y"], {"cos": cos, "sin": sin})
+    prog = compile_native(model, "ref")
+    with pytest.raises(mgx_graph.ExecutionError, match=r"position id 8 is out of range \[0, 8\)"):
+        prog.run({"x": x, "pos": np.array([[0, 8, 1]], np.int64)})
+    good = {"x": x, "pos": np.array([[0, 7, 1]], np.int64)}
+    np.testing.assert_allclose(prog.run(good)[0], ort_outputs(model, good)[0], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# MatMulNBits
+# ---------------------------------------------------------------------------------------------------
+def pack_bits(vals, bits):
+    """uint8 values < 2^bits along the last axis -> bytes, the first value in the low bits."""
+    per = 8 // bits
+    v = vals.reshape(vals.shape[:-1] + (-1, per)).astype(np.uint8)
+    out = np.zeros(v.shape[:-1], np.uint8)
+    for j in range(per):
+        out |= (v[..., j] << (bits * j)).astype(np.uint8)
+    return out
+
+
+def quantized_weights(rng, K, N, bits, block, zp_kind, dtype):
+    """(inputs dict for B / scales / zero_points, and the dequantized weight [N, K] per the spec)."""
+    kb = -(-K // block)
+    q = rng.integers(0, 1 << bits, (N, kb * block)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, kb)).astype(dtype)
+    w = {"B": pack_bits(q, bits).reshape(N, kb, block * bits // 8), "scales": scales.reshape(-1)}
+    if zp_kind == "packed":
+        z = rng.integers(0, 1 << bits, (N, kb)).astype(np.uint8)
+        zb = -(-kb * bits // 8)
+        padded = np.zeros((N, zb * (8 // bits)), np.uint8)
+        padded[:, :kb] = z
+        w["zero_points"] = pack_bits(padded, bits).reshape(-1)
+        zf = z.astype(np.float64)
+    elif zp_kind == "float":
+        zf = rng.uniform(0, (1 << bits) - 1, (N, kb)).astype(dtype)
+        w["zero_points"] = zf.reshape(-1)
+        zf = zf.astype(np.float64)
+    else:
+        zf = np.full((N, kb), 1 << (bits - 1), np.float64)
+    return w, q, zf, scales.astype(np.float64)
+
+
+NBITS = [(4, 32, 64, 16, "none"), (4, 32, 64, 16, "packed"), (4, 16, 48, 8, "float"), (4, 16, 40, 8, "packed"),
+         (4, 128, 256, 10, "packed"), (2, 32, 64, 16, "packed"), (2, 16, 40, 8, "float"), (8, 32, 64, 16, "packed"),
+         (8, 16, 40, 8, "none")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("bits,block,K,N,zp", NBITS, ids=[f"b{b}_bs{s}_K{k}_N{n}_{z}" for b, s, k, n, z in NBITS])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_matmul_nbits(bits, block, K, N, zp, bias, dtype, target):
+    rng = np.random.default_rng(K + N + bits)
+    w, _, _, _ = quantized_weights(rng, K, N, bits, block, zp, dtype)
+    names = ["a", "B", "scales", "zero_points" if zp != "none" else "", "", "bias" if bias else ""]
+    if bias:
+        w["bias"] = rng.normal(size=N).astype(dtype)
+    a = rng.normal(size=(2, 3, K)).astype(dtype)
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=K, N=N, bits=bits,
+                            block_size=block, accuracy_level=1)
+    prog, _ = run_both(contrib_model([node], {"a": a}, ["y"], w), {"a": a}, target, dtype, runs=2)
+    assert "matmul_nbits" in str(prog)
+
+
+@pytest.mark.parametrize("zp", ["none", "float", "packed"])
+def test_matmul_nbits_g_idx(zp, target):
+    """g_idx (act-order): block of each k from g_idx.  onnxruntime CPU ignores packed uint8 zero points
+    when g_idx is given (it uses 2^(bits-1)), so that case is checked against the spec in numpy."""
+    rng = np.random.default_rng(7)
+    K, N, bits, block = 64, 12, 4, 16
+    w, q, zf, sc = quantized_weights(rng, K, N, bits, block, zp, np.float32)
+    g = rng.integers(0, K // block, K).astype(np.int32)
+    w["g_idx"] = g
+    a = rng.normal(size=(3, K)).astype(np.float32)
+    names = ["a", "B", "scales", "zero_points" if zp != "none" else "", "g_idx"]
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=block)
+    model = contrib_model([node], {"a": a}, ["y"], w)
+    got = compile_native(model, target).run({"a": a})[0]
+    want = a.astype(np.float64) @ ((q[:, :K] - zf[:, g]) * sc[:, g]).T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if zp != "packed":
+        np.testing.assert_allclose(got, ort_outputs(model, {"a": a})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_nbits_bad_scales_shape():
+    rng = np.random.default_rng(8)
+    w, _, _, _ = quantized_weights(rng, 64, 16, 4, 32, "none", np.float32)
+    w["scales"] = w["scales"][:-1]
+    node = helper.make_node("MatMulNBits", ["a", "B", "scales"], ["y"], domain="com.microsoft", name="mm",
+                            K=64, N=16, bits=4, block_size=32)
+    model = contrib_model([node], {"a": np.zeros((2, 64), np.float32)}, ["y"], w)
+    with pytest.raises(mgx_graph.ShapeError, match="mm"):
+        mgx_graph.compile(model, target="ref")
+
+
+# ---------------------------------------------------------------------------------------------------
+# GroupQueryAttention
+# ---------------------------------------------------------------------------------------------------
+def gqa_model(B=2, S=1, N=4, Nkv=2, H=16, past=8, total=6, seqlens=(5, 3), packed=False, rotary=False,
+              interleaved=0, rot_dim=None, bias=False, sink=False, pos_ids=False, dtype=np.float32,
+              total_input=False, seed=0, **attrs):
+    """(model, feeds) of one GroupQueryAttention node; past / present named past_key / present_key ..."""
+    rng = np.random.default_rng(seed)
+    f = lambda *s: rng.normal(size=s).astype(dtype)  # noqa: E731
+    q, k, v = f(B, S, N * H), f(B, S, Nkv * H), f(B, S, Nkv * H)
+    feeds = {"query": np.concatenate([q, k, v], -1)} if packed else {"query": q, "key": k, "value": v}
+    if past:
+        feeds.update(past_key=f(B, Nkv, past, H), past_value=f(B, Nkv, past, H))
+    feeds["seqlens_k"] = np.asarray(seqlens, np.int32)
+    inits = {}
+    (feeds if total_input else inits)["total_sequence_length"] = np.array(total, np.int32)
+    names = ["query", "" if packed else "key", "" if packed else "value", "past_key" if past else "",
+             "past_value" if past else "", "seqlens_k", "total_sequence_length", "", "", "", "", ""]
+    if rotary:
+        half = (rot_dim or H) // 2
+        ang = rng.uniform(0, 2 * np.pi, (64, half))
+        inits.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
+        names[7:9] = ["cos_cache", "sin_cache"]
+    if pos_ids:
+        feeds["position_ids"] = rng.integers(0, 40, (B, S)).astype(np.int64)
+        names[9] = "position_ids"
+    if bias:
+        feeds["attention_bias"] = f(1, N, S, total)
+        names[10] = "attention_bias"
+    if sink:
+        inits["head_sink"] = f(N)
+        names[11] = "head_sink"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=N, kv_num_heads=Nkv, do_rotary=int(rotary),
+                            rotary_interleaved=interleaved, **attrs)
+    model = contrib_model([node], feeds, ["output", "present_key", "present_value"], inits)
+    return model, feeds
+
+
+GQA = {
+    "decode_shared_buffer": dict(),
+    "decode_growing_cache": dict(past=5, total=6, seqlens=(5, 5)),
+    "decode_no_past": dict(past=0, total=1, seqlens=(0, 0)),
+    "decode_mha_heads": dict(N=2, Nkv=2),
+    "decode_one_kv_head": dict(N=4, Nkv=1),
+    "decode_packed_qkv": dict(packed=True),
+    "decode_rotary": dict(rotary=True),
+    "decode_rotary_interleaved_packed": dict(rotary=True, interleaved=1, packed=True),
+    "decode_rotary_partial": dict(rotary=True, rot_dim=16, H=32, N=2, Nkv=1),
+    "decode_position_ids": dict(rotary=True, pos_ids=True),
+    "decode_scale_softcap": dict(scale=0.3, softcap=2.0),
+    "decode_local_window": dict(total=7, seqlens=(6, 3), local_window_size=2),
+    "decode_smooth_softmax": dict(smooth_softmax=1),
+    "decode_head_sink": dict(sink=True),
+    "decode_attention_bias": dict(bias=True),
+    "decode_non_causal": dict(causal=0),
+    "prompt": dict(S=5, past=0, total=5, seqlens=(4, 4)),
+    "prompt_right_padded": dict(S=5, past=0, total=5, seqlens=(4, 2)),
+    "prompt_into_cache_buffer": dict(S=5, past=8, total=5, seqlens=(4, 2), rotary=True),
+    "prompt_rotary_packed": dict(S=5, past=0, total=5, seqlens=(4, 4), rotary=True, packed=True),
+    "prompt_position_ids": dict(S=4, past=0, total=4, seqlens=(3, 3), rotary=True, pos_ids=True),
+    "prompt_local_window_softcap": dict(S=6, past=0, total=6, seqlens=(5, 5), local_window_size=2, softcap=1.5),
+    "prompt_smooth_bias": dict(S=5, past=0, total=5, seqlens=(4, 4), smooth_softmax=1, bias=True),
+    "prompt_non_causal": dict(S=4, past=0, total=4, seqlens=(3, 3), causal=0),
+    "chunked_prompt": dict(B=1, S=3, past=8, total=6, seqlens=(5,), rotary=True),
+}
+
+
+def _valid_rows(feeds, S):
+    """Per batch entry: the query rows that are real tokens (right-padded prompts have fewer)."""
+    kv = feeds["seqlens_k"].astype(np.int64) + 1
+    return [int(n - max(n - S, 0)) for n in kv]
+
+
+def assert_gqa_matches(got, want, feeds, S, dtype, what=""):
+    """Outputs and present caches equal onnxruntime's on the rows that are defined (every present row;
+    the output rows of real tokens: onnxruntime leaves padded query rows unspecified)."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (what, k, g.shape, w.shape)
+    rows = _valid_rows(feeds, S)
+    for b, n in enumerate(rows):
+        assert_matches([got[0][b, :n]], [want[0][b, :n]], dtype, f"{what} output batch {b}")
+    assert_matches(got[1:], want[1:], dtype, f"{what} present")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(GQA))
+def test_group_query_attention(case, dtype, target):
+    kw = dict(GQA[case])
+    model, feeds = gqa_model(dtype=dtype, **kw)
+    want = ort_outputs(model, feeds)
+    prog = compile_native(model, target, alias=None)
+    assert "grouped_attention" in str(prog) and "kv_cache_update" in str(prog)
+    for _ in range(2):
+        got = prog.run(feeds)
+        assert_gqa_matches(got, want, feeds, kw.get("S", 1), dtype, case)
+
+
+def test_group_query_attention_graph_replay(target):
+    """A captured decode step replays with new inputs (hip_graph on: gpu capture; ref: host replay)."""
+    model, feeds = gqa_model(rotary=True)
+    prog = compile_native(model, target, alias=None, hip_graph=True, min_partition_size=1)
+    rng = np.random.default_rng(11)
+    for step in range(4):
+        feeds = dict(feeds, query=rng.normal(size=feeds["query"].shape).astype(np.float32),
+                     seqlens_k=np.array([5, 2 + step % 3], np.int32))
+        assert_gqa_matches(prog.run(feeds), ort_outputs(model, feeds), feeds, 1, np.float32, f"step {step}")
+    st = prog.stats()
+    assert st["fallbacks"] == 0, st
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+def test_group_query_attention_decode_loop_cache_in_place(target, hip_graph):
+    """A fixed-length shared past/present buffer: present_key / present_value are bound onto past_key /
+    past_value, each step writes one row into the caller's buffers, and every step matches onnxruntime
+    fed its own previous present."""
+    B, N, Nkv, H, P = 2, 4, 2, 16, 8
+    model, feeds = gqa_model(B=B, N=N, Nkv=Nkv, H=H, past=P, total=P, seqlens=(0, 0), rotary=True)
+    zeros = {n: np.zeros_like(feeds[n]) for n in ("past_key", "past_value")}
+    prog = compile_native(model, target, hip_graph=hip_graph, min_partition_size=1)
+    assert prog.alias == {"present_key": "past_key", "present_value": "past_value"}
+    ctx, queue = prog.context, prog.queue
+    with ctx.on_queue(queue):
+        params = {n: ctx.xp.asarray(v).copy() for n, v in dict(feeds, **zeros).items()}
+    ort_feeds = dict(feeds, **zeros)
+    rng = np.random.default_rng(12)
+    for step in range(6):
+        q = rng.normal(size=feeds["query"].shape).astype(np.float32)
+        k = rng.normal(size=feeds["key"].shape).astype(np.float32)
+        seqlens = np.array([step, min(step, 3)], np.int32)  # the second entry stops growing: its row 3 is rewritten
+        ort_feeds.update(query=q, key=k, seqlens_k=seqlens)
+        out, pres_k, pres_v = ort_outputs(model, ort_feeds)
+        ort_feeds.update(past_key=pres_k, past_value=pres_v)
+        for name, val in (("query", q), ("key", k), ("seqlens_k", seqlens)):
+            ctx.copy_from_host(params[name], val, queue)
+        got = prog.run_async(params, queue)
+        assert_matches([ctx.to_host(got[0], queue)], [out], np.float32, f"step {step} output")
+        for name, want in (("past_key", pres_k), ("past_value", pres_v)):
+            assert_matches([ctx.to_host(params[name], queue)], [want], np.float32, f"step {step} {name}")
+    if hip_graph:
+        assert prog.stats()["fallbacks"] == 0
+
+
+def test_group_query_attention_total_length_input_specializes_once():
+    """total_sequence_length given at run time: one specialization (for max(cache length, value))
+    serves every decode step of a fixed-length cache."""
+    model, feeds = gqa_model(past=8, total=6, total_input=True)
+    prog = compile_native(model, "ref")
+    for total, seqlens in ((6, (5, 3)), (7, (6, 6)), (8, (7, 2))):
+        f = dict(feeds, total_sequence_length=np.array(total, np.int32), seqlens_k=np.array(seqlens, np.int32))
+        assert_gqa_matches(prog.run(f), ort_outputs(model, f), f, 1, np.float32, f"total {total}")
+    assert prog._dispatch.compiles == 1
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(attr=("kv_cache_bit_width", 4)), "kv_cache_bit_width"),
+    (dict(attr=("k_quant_type", "PER_TENSOR")), "k_quant_type"),
+    (dict(attr=("sliding_window_cache", 1)), "sliding_window_cache"),
+    (dict(input=(16, "seqlens_k")), "query_seqlens"),
+    (dict(output="qk"), "output_qk"),
+])
+def test_group_query_attention_unsupported_variants(change, match):
+    model, _ = gqa_model()
+    node = model.graph.node[0]
+    if "attr" in change:
+        node.attribute.append(helper.make_attribute(*change["attr"]))
+    if "input" in change:
+        idx, name = change["input"]
+        while len(node.input) <= idx:
+            node.input.append("")
+        node.input[idx] = name
+    if "output" in change:
+        node.output.append(change["output"])
+    with pytest.raises(mgx_graph.UnsupportedOpError, match=match) as e:
+        mgx_graph.compile(model, target="ref")
+    assert (e.value.op_type, e.value.domain) == ("GroupQueryAttention", "com.microsoft")
+
+
+def test_group_query_attention_bad_shapes():
+    model, _ = gqa_model(N=4, Nkv=3)
+    with pytest.raises(mgx_graph.ParseError, match=r"num_heads \(4\).*kv_num_heads \(3\)"):
+        mgx_graph.compile(model, target="ref")
+    model, feeds = gqa_model()
+    model.graph.input[[i.name for i in model.graph.input].index("past_key")].type.tensor_type.shape.dim[3].dim_value = 8
+    with pytest.raises(mgx_graph.ShapeError, match=r"past_key float32\[2,2,8,8\].*\[2, 2, L, 16\]"):
+        mgx_graph.compile(model, target="ref")
+
+
+def test_group_query_attention_seqlens_beyond_cache_raises():
+    model, feeds = gqa_model(past=8, total=8)
+    prog = compile_native(model, "ref", alias=None)
+    with pytest.raises(mgx_graph.ExecutionError, match="no room"):
+        prog.run(dict(feeds, seqlens_k=np.array([8, 3], np.int32)))
+    ok = dict(feeds, seqlens_k=np.array([7, 3], np.int32))
+    assert_gqa_matches(prog.run(ok), ort_outputs(model, ok), ok, 1, np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# MultiHeadAttention
+# ---------------------------------------------------------------------------------------------------
+def mha_model(B=2, S=3, L=4, N=2, H=8, Hv=8, past=0, layout="separate", bias=False, mask=None, attn_bias=False,
+              dtype=np.float32, seed=0, **attrs):
+    rng = np.random.default_rng(seed)
+    f = lambda *s: rng.normal(size=s).astype(dtype)  # noqa: E731
+    T = past + L
+    names = [""] * 8
+    if layout == "packed_qkv":
+        feeds = {"query": f(B, S, N, 3, H)}
+        names[0] = "query"
+    elif layout == "packed_kv":
+        feeds = {"query": f(B, S, N * H), "key": f(B, L, N, 2, H)}
+        names[:2] = ["query", "key"]
+    elif layout == "bnsh_kv":
+        feeds = {"query": f(B, S, N * H), "key": f(B, N, L, H), "value": f(B, N, L, Hv)}
+        names[:3] = ["query", "key", "value"]
+    else:
+        feeds = {"query": f(B, S, N * H), "key": f(B, L, N * H), "value": f(B, L, N * Hv)}
+        names[:3] = ["query", "key", "value"]
+    inits = {}
+    if bias:
+        inits["bias"] = f(2 * N * H + N * Hv)
+        names[3] = "bias"
+    if mask == "lengths":
+        feeds["key_padding_mask"] = np.array([T, 2, T - 1][:B], np.int32)
+    elif mask in ("2d", "3d"):
+        mk = (rng.uniform(size=(B, T) if mask == "2d" else (B, S, T)) > 0.3).astype(np.int32)
+        mk[..., 0] = 1
+        feeds["key_padding_mask"] = mk
+    if mask:
+        names[4] = "key_padding_mask"
+    if attn_bias:
+        feeds["attention_bias"] = f(1, N, S, T)
+        names[5] = "attention_bias"
+    if past:
+        feeds.update(past_key=f(B, N, past, H), past_value=f(B, N, past, Hv))
+        names[6:8] = ["past_key", "past_value"]
+    while names[-1] == "":
+        names.pop()
+    outs = ["output", "present_key", "present_value"] if past else ["output"]
+    node = helper.make_node("MultiHeadAttention", names, outs, domain="com.microsoft", num_heads=N, **attrs)
+    return contrib_model([node], feeds, outs, inits), feeds
+
+
+MHA = {
+    "self": dict(S=4, L=4), "cross": dict(), "value_head_size": dict(Hv=16), "bias": dict(bias=True),
+    "key_lengths": dict(mask="lengths"), "key_mask_2d": dict(mask="2d"), "key_mask_3d": dict(mask="3d"),
+    "attention_bias": dict(attn_bias=True), "scale": dict(scale=0.2), "causal": dict(S=4, L=4, unidirectional=1),
+    "packed_qkv": dict(S=4, L=4, layout="packed_qkv"), "packed_kv": dict(layout="packed_kv"),
+    "bnsh_kv": dict(layout="bnsh_kv"), "decode_past": dict(S=1, L=1, past=5, mask="2d"),
+    "past_causal_bias": dict(S=2, L=2, past=5, unidirectional=1, attn_bias=True, bias=True),
+}
+
+
+def unpacked_mha(case, dtype):
+    """The packed layouts (which onnxruntime CPU does not implement) and the same inputs unpacked into
+    separate 3-D query / key / value: (packed model, its feeds, separate model, its feeds)."""
+    model, feeds = mha_model(dtype=dtype, **MHA[case])
+    sep, _ = mha_model(dtype=dtype, **dict(MHA[case], layout="separate"))
+    B, S = feeds["query"].shape[:2]
+    if MHA[case]["layout"] == "packed_qkv":
+        qkv = feeds["query"]
+        parts = [qkv[:, :, :, j].reshape(B, S, -1) for j in range(3)]
+    else:
+        kv = feeds["key"]
+        parts = [feeds["query"]] + [kv[:, :, :, j].reshape(B, kv.shape[1], -1) for j in range(2)]
+    return model, feeds, sep, dict(zip(("query", "key", "value"), parts))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(MHA))
+def test_multi_head_attention(case, dtype, target):
+    if MHA[case].get("layout", "separate").startswith("packed"):
+        model, feeds, sep, sep_feeds = unpacked_mha(case, dtype)
+        want = ort_outputs(sep, sep_feeds)
+    else:
+        model, feeds = mha_model(dtype=dtype, **MHA[case])
+        want = ort_outputs(model, feeds)
+    prog = compile_native(model, target, alias=None)
+    assert "grouped_attention" in str(prog)
+    for _ in range(2):
+        assert_matches(prog.run(feeds), want, dtype, case)
+
+
+def test_multi_head_attention_unsupported_qk_output():
+    model, _ = mha_model()
+    model.graph.node[0].output.extend(["", "", "qk"])
+    with pytest.raises(mgx_graph.UnsupportedOpError, match="qk"):
+        mgx_graph.compile(model, target="ref")
+
+
+# ---------------------------------------------------------------------------------------------------
+# a decoder layer as onnxruntime-genai's model builder lays it out
+# ---------------------------------------------------------------------------------------------------
+def genai_layer(B=2, D=64, N=4, Nkv=2, P=8, seed=0):
+    """One int4 decoder layer: SimplifiedLayerNormalization -> packed-QKV MatMulNBits ->
+    GroupQueryAttention (rotary, seqlens_k and total_sequence_length computed from attention_mask as the
+    builder does) -> MatMulNBits -> SkipSimplifiedLayerNormalization -> MatMulNBits / FastGelu /
+    MatMulNBits; the KV cache is a shared buffer of P rows (past_key_values.0.* / present.0.*)."""
+    rng = np.random.default_rng(seed)
+    H = D // N
+    inits, nodes = {}, []
+
+    def nbits(name, x, K, Nout):
+        w, _, _, _ = quantized_weights(rng, K, Nout, 4, 16, "packed", np.float32)
+        for k, v in w.items():
+            inits[f"{name}.{k}"] = v
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.B", f"{name}.scales", f"{name}.zero_points"],
+                                      [name], domain="com.microsoft", K=K, N=Nout, bits=4, block_size=16))
+
+    ang = np.arange(32)[:, None] * (10000.0 ** (-np.arange(H // 2) / (H // 2)))[None]
+    inits.update(cos=np.cos(ang).astype(np.float32), sin=np.sin(ang).astype(np.float32),
+                 ln1=rng.uniform(0.5, 1.5, D).astype(np.float32), ln2=rng.uniform(0.5, 1.5, D).astype(np.float32),
+                 one=np.array(1, np.int64), axis1=np.array([1], np.int64), idx1=np.array(1, np.int64))
+    nodes += [helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["msum"], keepdims=0),
+              helper.make_node("Sub", ["msum", "one"], ["msub"]),
+              helper.make_node("Cast", ["msub"], ["seqlens_k"], to=TensorProto.INT32),
+              helper.make_node("Shape", ["attention_mask"], ["mshape"]),
+              helper.make_node("Gather", ["mshape", "idx1"], ["mlen"], axis=0),
+              helper.make_node("Cast", ["mlen"], ["total"], to=TensorProto.INT32),
+              helper.make_node("SimplifiedLayerNormalization", ["hidden", "ln1"], ["n1"], epsilon=1e-6)]
+    nbits("qkv", "n1", D, (N + 2 * Nkv) * H)
+    nodes.append(helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key_values.0.key",
+                                                          "past_key_values.0.value", "seqlens_k", "total", "cos",
+                                                          "sin"], ["attn", "present.0.key", "present.0.value"],
+                                  domain="com.microsoft", num_heads=N, kv_num_heads=Nkv, do_rotary=1))
+    nbits("o_proj", "attn", N * H, D)
+    nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", ["o_proj", "hidden", "ln2"],
+                                  ["n2", "", "", "residual"], domain="com.microsoft", epsilon=1e-6))
+    nbits("up", "n2", D, 2 * D)
+    nodes.append(helper.make_node("FastGelu", ["up"], ["act"], domain="com.microsoft"))
+    nbits("down", "act", 2 * D, D)
+    nodes.append(helper.make_node("Add", ["down", "residual"], ["out"]))
+
+    def model(S, T):
+        ins = {"hidden": np.zeros((B, S, D), np.float32), "attention_mask": np.zeros((B, T), np.int64),
+               "past_key_values.0.key": np.zeros((B, Nkv, P, H), np.float32),
+               "past_key_values.0.value": np.zeros((B, Nkv, P, H), np.float32)}
+        return contrib_model(nodes, ins, ["out", "present.0.key", "present.0.value"], inits)
+
+    return model
+
+
+def test_genai_style_decoder_layer_prompt_then_decode(target):
+    make = genai_layer()
+    rng = np.random.default_rng(13)
+    B, D, Nkv, P, H = 2, 64, 2, 8, 16
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int64)  # the second prompt is right-padded
+    feeds = {"hidden": rng.normal(size=(B, 4, D)).astype(np.float32), "attention_mask": mask,
+             "past_key_values.0.key": np.zeros((B, Nkv, P, H), np.float32),
+             "past_key_values.0.value": np.zeros((B, Nkv, P, H), np.float32)}
+    prompt = make(4, 4)
+    prog = compile_native(prompt, target)
+    assert prog.alias == {"present.0.key": "past_key_values.0.key", "present.0.value": "past_key_values.0.value"}
+    want = ort_outputs(prompt, feeds)
+    got = prog.run(feeds)
+    valid = [4, 2]
+    for b, n in enumerate(valid):
+        assert_matches([got[0][b, :n]], [want[0][b, :n]], np.float32, f"prompt batch {b}")
+        assert_matches([got[1][b, :, :n], got[2][b, :, :n]], [want[1][b, :, :n], want[2][b, :, :n]], np.float32)
+    # one decode step: the second entry continues after its 2 real tokens
+    step = make(1, 5)
+    feeds = {"hidden": rng.normal(size=(B, 1, D)).astype(np.float32),
+             "attention_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int64),
+             "past_key_values.0.key": want[1], "past_key_values.0.value": want[2]}
+    want = ort_outputs(step, feeds)
+    got = compile_native(step, target).run(feeds)
+    assert_matches(got[:1], want[:1], np.float32, "decode output")
+    for b, n in enumerate([5, 3]):
+        assert_matches([got[1][b, :, :n], got[2][b, :, :n]], [want[1][b, :, :n], want[2][b, :, :n]], np.float32)

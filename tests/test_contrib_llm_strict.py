@@ -1,0 +1,146 @@
+"""The contrib-op kernels under CuPy's rules, without a GPU: each kernel of the ops in ``STRICT`` runs with
+a numpy stand-in for ``xp`` that records what CuPy would do differently (allocate: a call without
+``out``; copy: an input that shares memory with ``out`` through another view object; reject: an ``out``
+whose shape is not the broadcast shape, a ``take`` into another dtype, a cast ``copyto`` does not
+allow) and with a ``matmul`` that asks the gpu target's GEMM planner whether the operands need a copy.
+The results are still checked against onnxruntime."""
+import types
+
+import numpy as np
+import pytest
+from test_contrib_llm import (GQA, MHA, assert_gqa_matches, assert_matches, genai_layer, gqa_model, mha_model,
+                              ort_outputs)
+
+import mgx_graph
+from mgx_graph.operators.base import numpy_reduce
+from mgx_graph.passes import lowering
+
+STRICT = {"skip_layer_norm", "rotary_embedding", "matmul_nbits", "kv_cache_update", "grouped_attention",
+          "quick_gelu"}
+UFUNCS = ("add", "subtract", "multiply", "true_divide", "exp", "tanh", "maximum", "minimum", "less", "less_equal",
+          "greater", "greater_equal", "logical_and", "logical_not", "right_shift", "bitwise_and", "sqrt",
+          "reciprocal", "negative", "equal")
+
+
+def strict_xp(found: list):
+    def ufunc(name):
+        fn = getattr(np, name)
+
+        def call(*args, out=None, **kw):
+            if out is None:
+                found.append(f"{name} without out allocates")
+                return fn(*args, **kw)
+            arrays = [a for a in args if isinstance(a, np.ndarray)]
+            if np.broadcast_shapes(*[a.shape for a in arrays], out.shape) != out.shape:
+                found.append(f"{name}: out {out.shape} is not the broadcast shape")
+            if any(a is not out and np.may_share_memory(a, out) for a in arrays):
+                found.append(f"{name}: an input shares memory with out through another view (CuPy copies it)")
+            return fn(*args, out=out, **kw)
+        return call
+
+    def copyto(dst, src, casting="same_kind", where=None):
+        if isinstance(src, np.ndarray):
+            if not np.can_cast(src.dtype, dst.dtype, casting):
+                found.append(f"copyto {src.dtype} -> {dst.dtype} is not a {casting} cast")
+            if src is not dst and np.may_share_memory(src, dst):
+                found.append("copyto: source shares memory with the destination")
+        np.copyto(dst, src, casting=casting, where=True if where is None else where)
+
+    def take(a, idx, axis=None, out=None):
+        if out is None or out.dtype != a.dtype:
+            found.append("take without out, or into another dtype")
+        return np.take(a, idx, axis=axis, out=out)
+
+    def clip(a, lo, hi, out=None):
+        if out is None:
+            found.append("clip without out allocates")
+        return np.clip(a, lo, hi, out=out)
+
+    ns = types.SimpleNamespace(**{n: ufunc(n) for n in UFUNCS})
+    ns.copyto, ns.take, ns.clip, ns.lib, ns.finfo = copyto, take, clip, np.lib, np.finfo
+    return ns
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """Runs the kernels of STRICT ops with the stand-in; yields the list of what CuPy would not do."""
+    from mgx_graph.operators.gpu import _dot_kernel
+    from mgx_graph.shape import Shape
+
+    found, ran = [], []
+
+    def shape(a):
+        return Shape(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])
+
+    def matmul(a, b, out):
+        k = _dot_kernel(None, [shape(a), shape(b)], Shape(out.dtype.name, out.shape))
+        if k is None or k.workspace:
+            found.append(f"matmul operands {a.shape}/{a.strides} x {b.shape}/{b.strides} need a copy for BLAS")
+        np.matmul(a, b, out=out)
+
+    ctx = types.SimpleNamespace(name="gpu-rules", xp=strict_xp(found), reduce=numpy_reduce, matmul=matmul)
+    select = lowering.Lowering.select
+
+    def strict_select(self, op, in_shapes, out_shape, ins, target=None):
+        k = select(self, op, in_shapes, out_shape, ins, target)
+        if op.name in STRICT:
+            def fn(_ctx, out, args, ws, op=op):
+                ran.append(op.name)
+                op.compute(ctx, out, args, ws)
+            k.fn = fn
+        return k
+
+    monkeypatch.setattr(lowering.Lowering, "select", strict_select)
+    yield found, ran
+
+
+@pytest.mark.parametrize("case", ["decode_shared_buffer", "decode_rotary_interleaved_packed", "decode_head_sink",
+                                  "decode_local_window", "prompt_right_padded", "prompt_rotary_packed",
+                                  "prompt_smooth_bias", "chunked_prompt"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+def test_group_query_attention_follows_cupy_rules(case, dtype, strict):
+    found, ran = strict
+    model, feeds = gqa_model(dtype=dtype, **GQA[case])
+    got = mgx_graph.compile(model, target="ref", alias=None).run(feeds)
+    assert_gqa_matches(got, ort_outputs(model, feeds), feeds, GQA[case].get("S", 1), dtype, case)
+    assert {"kv_cache_update", "grouped_attention"} <= set(ran)
+    assert found == []
+
+
+def test_cache_update_in_place_follows_cupy_rules(strict):
+    found, ran = strict
+    model, feeds = gqa_model(past=8, total=8, seqlens=(4, 2), rotary=True)
+    prog = mgx_graph.compile(model, target="ref")
+    assert prog.alias == {"present_key": "past_key", "present_value": "past_value"}
+    got, want = prog.run(feeds), ort_outputs(model, feeds)
+    assert_matches(got[:1], want[:1], np.float32)
+    # in place, the rows past each entry's length keep the buffer's values (onnxruntime's shared buffer);
+    # onnxruntime's separate present output has zeros there
+    for b, n in enumerate(feeds["seqlens_k"] + 1):
+        assert_matches([g[b, :, :n] for g in got[1:]], [w[b, :, :n] for w in want[1:]], np.float32)
+        for g, past in zip(got[1:], (feeds["past_key"], feeds["past_value"])):
+            np.testing.assert_array_equal(g[b, :, n:], past[b, :, n:])
+    assert "rotary_embedding" in ran and found == []
+
+
+@pytest.mark.parametrize("case", ["key_mask_3d", "past_causal_bias", "bnsh_kv", "value_head_size"])
+def test_multi_head_attention_follows_cupy_rules(case, strict):
+    found, ran = strict
+    model, feeds = mha_model(**MHA[case])
+    got = mgx_graph.compile(model, target="ref", alias=None).run(feeds)
+    assert_matches(got, ort_outputs(model, feeds), np.float32, case)
+    assert "grouped_attention" in ran and found == []
+
+
+def test_norm_rotary_nbits_gelu_follow_cupy_rules(strict):
+    """A decoder layer of the ops (fused norms, MatMulNBits, FastGelu, GQA with rotary), fp32."""
+    found, ran = strict
+    model = genai_layer()(4, 4)
+    rng = np.random.default_rng(0)
+    feeds = {"hidden": rng.normal(size=(2, 4, 64)).astype(np.float32), "attention_mask": np.ones((2, 4), np.int64),
+             "past_key_values.0.key": np.zeros((2, 2, 8, 16), np.float32),
+             "past_key_values.0.value": np.zeros((2, 2, 8, 16), np.float32)}
+    got = mgx_graph.compile(model, target="ref", alias=None).run(feeds)
+    assert_matches(got, ort_outputs(model, feeds), np.float32)
+    assert {"skip_layer_norm", "matmul_nbits", "rotary_embedding", "kv_cache_update", "grouped_attention"} <= set(ran)
+    assert found == []
