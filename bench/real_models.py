@@ -133,8 +133,6 @@ def run_peers(args) -> int:
     """``--peers``: one row per model with every column of bench/peers.py; writes the JSON and the PNG."""
     import peers
 
-    import mgx_graph
-
     cache = os.environ.get("MGX_GRAPH_CACHE")
     out = args.out or os.path.join(HERE, "results", f"real_models_{args.target}"
                                    f"{'_h200' if args.target == 'gpu' else '_peers'}.json")
@@ -146,7 +144,7 @@ def run_peers(args) -> int:
         t0 = time.perf_counter()
         try:
             row = peers.run_case(make(), args.target, args.n, args.warmup)
-        except (mgx_graph.MgxError, RuntimeError, ValueError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - a model that cannot load (download, onnxruntime) is one row
             row = {c: None for c in peers.COLUMNS}
             row.update(passed=False, max_abs_err=None, error=f"{type(e).__name__}: {e}")
         row["seconds"] = round(time.perf_counter() - t0, 2)
