@@ -63,7 +63,11 @@ def _normalize(x):
     return numpy_helper.to_array(x) if isinstance(x, TensorProto) else x
 
 
-def run_cases(backend_cls, device, cases, excluded, deadline=None) -> dict:
+def run_cases(backend_cls, device, cases, excluded, deadline=None, hosts=None) -> dict:
+    """``{case name: "pass" | "fail[: error type]" | "excluded" | "not run"}`` for ``cases`` on
+    ``backend_cls`` (an onnx backend) on ``device``; ``excluded``: name patterns not run.  When ``hosts``
+    (a dict) is given, it gets ``{case name: stats()["host_fallback_instructions"]}`` for each passing
+    case of a backend whose prepared rep has a ``program`` (mgx_graph)."""
     res = {}
     for c in cases:
         if deadline is not None and time.time() > deadline:
@@ -78,8 +82,11 @@ def run_cases(backend_cls, device, cases, excluded, deadline=None) -> dict:
             outputs = [_normalize(x) for x in outputs]
             rep = backend_cls.prepare(c.model, device)
             got = rep.run(inputs)
-            res[c.name] = "pass" if _compare(got, outputs, c.rtol, c.atol) else "fail"
+            ok = _compare(got, outputs, c.rtol, c.atol)
+            res[c.name] = "pass" if ok else "fail"
             if hasattr(rep, "program"):
+                if ok and hosts is not None:
+                    hosts[c.name] = int(rep.program.stats()["host_fallback_instructions"])
                 rep.program.release()
         except Exception as e:  # noqa: BLE001 - a crash is a failure of that case
             res[c.name] = f"fail: {type(e).__name__}"
@@ -103,13 +110,15 @@ def main(argv=None) -> int:
         cases = load_model_tests(kind="node")
         device = "CUDA" if args.target == "gpu" else "CPU"
         data = {"target": args.target, "date": datetime.date.today().isoformat(), "cases": len(cases),
-                "op_of": {c.name: op_of(c) for c in cases}, "results": {}}
+                "op_of": {c.name: op_of(c) for c in cases}, "results": {}, "host_instructions": {}}
         for mode, cls in (("eager", MgxBackendEager), ("graph", MgxBackendGraph)):
             t0 = time.time()
             deadline = t0 + args.max_seconds if args.max_seconds else None
-            data["results"][mode] = run_cases(cls, device, cases, KNOWN_FAILURES, deadline)
+            hosts = data["host_instructions"][mode] = {}
+            data["results"][mode] = run_cases(cls, device, cases, KNOWN_FAILURES, deadline, hosts)
+            native, passed = native_count(data["results"][mode], hosts)
             print(f"{args.target} {mode}: {collections.Counter(v.split(':')[0] for v in data['results'][mode].values())}"
-                  f" in {time.time() - t0:.0f} s", flush=True)
+                  f", native {native}/{passed} in {time.time() - t0:.0f} s", flush=True)
         if args.target == "ref":
             try:
                 import onnxruntime.backend as ortb
@@ -125,7 +134,88 @@ def main(argv=None) -> int:
     return 0
 
 
+def native_count(results: dict, hosts: dict | None):
+    """``(native, passed)``: of the passing cases in ``results`` (``{case: "pass" | ...}``), those whose
+    compiled program ran no instruction on the host (``hosts[case] == 0``, ``hosts`` as filled by
+    :func:`run_cases`); None when ``hosts`` is None (a run from before the count existed)."""
+    passed = [k for k, v in results.items() if v == "pass"]
+    if hosts is None:
+        return None
+    return sum(1 for k in passed if hosts.get(k) == 0), len(passed)
+
+
+def _native_cells(d: dict, mode: str) -> list[str]:
+    nc = native_count(d["results"][mode], d.get("host_instructions", {}).get(mode))
+    if nc is None:
+        return ["not measured", "not measured"]
+    native, passed = nc
+    return [str(native), f"{100 * native / max(passed, 1):.1f}%"]
+
+
+def _summary_rows(runs: dict, ort_pass: set) -> list[str]:
+    ref_pass = {m: {k for k, v in runs["ref"]["results"][m].items() if v == "pass"} for m in ("eager", "graph")} \
+        if "ref" in runs else {}
+    lines = ["| target | graph | date | machine | cases | passed | failed | excluded | of the cases onnxruntime passes | "
+             "of the cases ref passes | native | native, % of passed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t, d in runs.items():
+        mach = d.get("machine", {}).get("gpu") or d.get("machine", {}).get("cpu", "")
+        for mode in ("eager", "graph"):
+            r = d["results"][mode]
+            c = collections.Counter(v.split(":")[0] for v in r.values())
+            passed = {k for k, v in r.items() if v == "pass"}
+            of_ort = f"{len(passed & ort_pass)}/{len(ort_pass)} ({100 * len(passed & ort_pass) / max(len(ort_pass), 1):.1f}%)" \
+                if ort_pass else "n/a"
+            rp = ref_pass.get(mode, set())
+            of_ref = f"{len(passed & rp)}/{len(rp)} ({100 * len(passed & rp) / max(len(rp), 1):.1f}%)" if rp else "n/a"
+            lines.append(f"| {t} | {'on' if mode == 'graph' else 'off'} | {d['date']} | {mach} | {d['cases']} | "
+                         f"{c['pass']} | {c['fail']} | {c['excluded']} | {of_ort} | {of_ref} | "
+                         + " | ".join(_native_cells(d, mode)) + " |"
+                         + (f" ({c['not run']} not run: time budget)" if c["not run"] else ""))
+    return lines
+
+
+def _host_rows(runs: dict, op_of_case: dict) -> list[str]:
+    """Per op type, the passing cases that ran an instruction on the host, per measured target and mode."""
+    cols = [(t, m) for t, d in runs.items() for m in ("eager", "graph") if m in d.get("host_instructions", {})]
+    if not cols:
+        return []
+    counts = {}
+    for t, m in cols:
+        d = runs[t]
+        for k, n in d["host_instructions"][m].items():
+            if n and d["results"][m].get(k) == "pass":
+                counts.setdefault(op_of_case.get(k, "?"), collections.Counter())[(t, m)] += 1
+    lines = ["", "## Passing cases with host instructions, per op type", "",
+             "Cases that pass but whose compiled program runs instructions on the host (`onnx_op` through "
+             "`onnx.reference`, or another op with no device kernel): the cases counted as not native above.", "",
+             "| op | " + " | ".join(f"{t} {m}" for t, m in cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {op} | " + " | ".join(str(c[col]) for col in cols) + " |" for op, c in sorted(counts.items())]
+    return lines
+
+
+def _per_op_rows(runs: dict, op_of_case: dict, ort: dict) -> list[str]:
+    ops = sorted(set(op_of_case.values()))
+    cols = [(t, m) for t in runs for m in ("eager", "graph")]
+    lines = ["", "## Per op type", "", "pass / fail / excluded, per target and graph mode" +
+             (", and onnxruntime's passes" if ort else ""), "",
+             "| op | " + " | ".join(f"{t} {'graph' if m == 'graph' else 'eager'}" for t, m in cols) +
+             (" | onnxruntime |" if ort else " |"),
+             "|---|" + "---|" * (len(cols) + (1 if ort else 0))]
+    for op in ops:
+        names = [k for k, v in op_of_case.items() if v == op]
+        row = [op]
+        for t, m in cols:
+            r = runs[t]["results"][m]
+            c = collections.Counter(r.get(n, "excluded").split(":")[0] for n in names)
+            row.append(f"{c['pass']} / {c['fail']} / {c['excluded']}")
+        if ort:
+            row.append(str(sum(1 for n in names if ort.get(n) == "pass")))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def write_report(out_dir: str, path: str) -> None:
+    """``path`` (markdown) from every ``conformance_<target>.json`` in ``out_dir``; nothing when none."""
     runs = {}
     for t in ("ref", "gpu"):
         p = os.path.join(out_dir, f"conformance_{t}.json")
@@ -141,24 +231,11 @@ def write_report(out_dir: str, path: str) -> None:
              "`mgx_graph.backend` on each target, with graphs off (eager) and on (`graph_launch`, "
              "min_partition_size 1), compared to the expected outputs with each case's tolerances. "
              "`excluded`: the known failures listed with their reasons in `mgx_graph.backend.KNOWN_FAILURES`. "
-             "Generated by `bench/conformance.py`.", "",
-             "| target | graph | date | machine | cases | passed | failed | excluded | of the cases onnxruntime passes | "
-             "of the cases ref passes |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ref_pass = {m: {k for k, v in runs["ref"]["results"][m].items() if v == "pass"} for m in ("eager", "graph")} \
-        if "ref" in runs else {}
-    for t, d in runs.items():
-        mach = d.get("machine", {}).get("gpu") or d.get("machine", {}).get("cpu", "")
-        for mode in ("eager", "graph"):
-            r = d["results"][mode]
-            c = collections.Counter(v.split(":")[0] for v in r.values())
-            passed = {k for k, v in r.items() if v == "pass"}
-            of_ort = f"{len(passed & ort_pass)}/{len(ort_pass)} ({100 * len(passed & ort_pass) / max(len(ort_pass), 1):.1f}%)" \
-                if ort_pass else "n/a"
-            rp = ref_pass.get(mode, set())
-            of_ref = f"{len(passed & rp)}/{len(rp)} ({100 * len(passed & rp) / max(len(rp), 1):.1f}%)" if rp else "n/a"
-            lines.append(f"| {t} | {'on' if mode == 'graph' else 'off'} | {d['date']} | {mach} | {d['cases']} | "
-                         f"{c['pass']} | {c['fail']} | {c['excluded']} | {of_ort} | {of_ref} |"
-                         + (f" ({c['not run']} not run: time budget)" if c["not run"] else ""))
+             "`native`: passing cases whose compiled program runs no instruction on the host in place of a device "
+             "kernel (no `onnx_op`, no host fallback: `stats()[\"host_fallback_instructions\"] == 0`; on `ref` the "
+             "instructions the `gpu` build would run on the host); `not measured`: a run from before this count. "
+             "Generated by `bench/conformance.py`.", ""]
+    lines += _summary_rows(runs, ort_pass)
     if ort:
         c = collections.Counter(ort.values())
         lines += ["", f"onnxruntime (CPU) on the same cases: {c['pass']} pass, {len(ort) - c['pass']} fail."]
@@ -167,23 +244,8 @@ def write_report(out_dir: str, path: str) -> None:
     lines += ["", "## Known failures (excluded)", "", "| pattern | reason |", "|---|---|"]
     lines += [f"| `{p}` | {r} |" for p, r in KNOWN_FAILURES.items()]
     op_of_case = next(iter(runs.values()))["op_of"]
-    ops = sorted(set(op_of_case.values()))
-    cols = [(t, m) for t in runs for m in ("eager", "graph")]
-    lines += ["", "## Per op type", "", "pass / fail / excluded, per target and graph mode" +
-              (", and onnxruntime's passes" if ort else ""), "",
-              "| op | " + " | ".join(f"{t} {'graph' if m == 'graph' else 'eager'}" for t, m in cols) +
-              (" | onnxruntime |" if ort else " |"),
-              "|---|" + "---|" * (len(cols) + (1 if ort else 0))]
-    for op in ops:
-        names = [k for k, v in op_of_case.items() if v == op]
-        row = [op]
-        for t, m in cols:
-            r = runs[t]["results"][m]
-            c = collections.Counter(r.get(n, "excluded").split(":")[0] for n in names)
-            row.append(f"{c['pass']} / {c['fail']} / {c['excluded']}")
-        if ort:
-            row.append(str(sum(1 for n in names if ort.get(n) == "pass")))
-        lines.append("| " + " | ".join(row) + " |")
+    lines += _host_rows(runs, op_of_case)
+    lines += _per_op_rows(runs, op_of_case, ort)
     failing = []
     for t, d in runs.items():
         for m in ("eager", "graph"):

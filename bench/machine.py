@@ -23,11 +23,17 @@ def machine_info(ctx=None) -> dict:
             info["gpu"] = out
     except Exception:
         pass
-    for mod in ("numpy", "onnx", "cupy", "torch", "transformers", "nvmath", "onnxruntime"):
+    for mod in ("numpy", "onnx", "cupy", "torch", "transformers", "nvmath", "onnxruntime", "matplotlib"):
         try:
             info[f"{mod}_version"] = __import__(mod).__version__
         except Exception:
             pass
+    try:
+        import onnxruntime
+
+        info["onnxruntime_providers"] = list(onnxruntime.get_available_providers())
+    except Exception:
+        pass
     try:
         import mgx_graph
 

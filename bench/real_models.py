@@ -8,6 +8,13 @@ state fed back; the error is the worst chunk's).
 
     python bench/real_models.py --target ref --out bench/results/real_models_ref.json
     python bench/real_models.py --target gpu --out bench/results/real_models_h200.json
+
+``--peers``: the same models timed on mgx_graph (eager, graph) next to onnxruntime CPU, CUDA EP and CUDA EP
+with CUDA graphs, with the error against onnxruntime CPU (see ``bench/peers.py``); writes
+``{"machine", "target", "runs", "warmup", "models": {name: {...}}}`` and a PNG bar chart beside it:
+
+    python bench/real_models.py --target gpu --peers -n 50     # -> bench/results/real_models_gpu_h200.json
+    python bench/real_models.py --target ref --peers -n 3 --out /tmp/peers.json --only magika
 """
 from __future__ import annotations
 
@@ -110,12 +117,71 @@ def run_silero(name, target, hip_graph, cache):
                 time.perf_counter() - t0, chunks=len(worst))
 
 
+def peer_cases(cache) -> list:
+    """(name, function returning a :class:`peers.Case`) for every model the peer benchmark covers."""
+    from peers import minilm_case, pypi_case, silero_case
+
+    from mgx_graph.models.pypi import REAL_MODELS, SILERO_MODELS
+
+    jobs = [(n, lambda n=n: pypi_case(n, cache)) for n in sorted(REAL_MODELS)]
+    jobs += [("minilm", lambda: minilm_case(cache, MINILM_SENTENCES, MINILM_ATOL))]
+    jobs += [(n, lambda n=n: silero_case(n, cache)) for n in sorted(SILERO_MODELS)]
+    return jobs
+
+
+def run_peers(args) -> int:
+    """``--peers``: one row per model with every column of bench/peers.py; writes the JSON and the PNG."""
+    import peers
+
+    cache = os.environ.get("MGX_GRAPH_CACHE")
+    out = args.out or os.path.join(HERE, "results", f"real_models_{args.target}"
+                                   f"{'_h200' if args.target == 'gpu' else '_peers'}.json")
+    res = {"machine": machine_info(), "target": args.target, "runs": args.n, "warmup": args.warmup,
+           "cuda_unavailable": peers.cuda_unavailable(), "models": {}}
+    for name, make in peer_cases(cache):
+        if args.only and name not in args.only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            row = peers.run_case(make(), args.target, args.n, args.warmup)
+        except Exception as e:  # noqa: BLE001 - a model that cannot load (download, onnxruntime) is one row
+            row = {c: None for c in peers.COLUMNS}
+            row.update(passed=False, max_abs_err=None, error=f"{type(e).__name__}: {e}")
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        res["models"][name] = row
+        print(f"{name:32s} " + "  ".join(f"{c[:-3]} {row[c]:.3f}" if row.get(c) is not None else f"{c[:-3]} -"
+                                         for c in peers.COLUMNS)
+              + f"  host {row.get('host_fallback_instructions', '-')}  max abs {row.get('max_abs_err')}  "
+              f"{'PASS' if row['passed'] else 'FAIL'}" + (f"  {row['error']}" if "error" in row else ""), flush=True)
+    png = os.path.splitext(out)[0] + ".png"
+    why = peers.write_chart(res, png)
+    res["chart"] = None if why else os.path.basename(png)
+    if why:
+        res["chart_reason"] = why
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    n_pass = sum(r["passed"] for r in res["models"].values())
+    print(f"{n_pass}/{len(res['models'])} passed; wrote {out}" + (f" and {png}" if not why else f" (no chart: {why})"))
+    return 0 if n_pass == len(res["models"]) else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="ref", choices=["ref", "gpu"])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="JSON to write (required without --peers; with it the default is "
+                                  "bench/results/real_models_gpu_h200.json for gpu, real_models_ref_peers.json for ref)")
     ap.add_argument("--only", nargs="*", help="model names to run (default: all)")
+    ap.add_argument("--peers", action="store_true", help="time mgx_graph against onnxruntime CPU / CUDA / CUDA graph")
+    ap.add_argument("-n", type=int, default=50, help="--peers: timed runs per column (median)")
+    ap.add_argument("--warmup", type=int, default=5, help="--peers: untimed runs before the timed ones")
     args = ap.parse_args(argv)
+    if args.peers:
+        if args.n < 1 or args.warmup < 0:
+            ap.error("-n must be at least 1 and --warmup at least 0")
+        return run_peers(args)
+    if not args.out:
+        ap.error("--out is required without --peers")
     import mgx_graph
     from mgx_graph.models.pypi import REAL_MODELS, SILERO_MODELS
 

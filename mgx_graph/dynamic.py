@@ -351,6 +351,7 @@ class Dispatcher:
         return {"target": self.target, "regions": regions, **agg,
                 "launches_per_run": last["launches_per_run"] if last else 0,
                 "launches_per_run_eager": last["launches_per_run_eager"] if last else 0,
+                "host_fallback_instructions": len(getattr(progs[-1], "host_instructions", ())) if progs else 0,
                 "specializations": len(progs), "specialization_compiles": self.compiles,
                 "specialization_misses": self.misses, "specialization_evictions": self.evictions,
                 "prefix_programs": n_prefixes, "prefix_evictions": self.prefixes.evictions,

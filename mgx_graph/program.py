@@ -166,11 +166,15 @@ def _run_async(self: Program, params: dict, queue=None) -> list:
 
 def _stats(self: Program) -> dict:
     """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
-    eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes."""
+    eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes, and
+    ``host_fallback_instructions``: the instructions that run on the host in place of a device kernel
+    (``len(program.host_instructions)``, see :func:`mgx_graph.passes.lowering.host_instructions`)."""
     d = getattr(self, "_dispatch", None)
     if d is not None:
         return d.stats()
-    return _executor(self).stats()
+    st = _executor(self).stats()
+    st["host_fallback_instructions"] = len(getattr(self, "host_instructions", ()))
+    return st
 
 
 def _release(self: Program) -> None:

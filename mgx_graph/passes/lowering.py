@@ -44,6 +44,26 @@ def insert_host_fallback(m, ins) -> None:
         m.replace_instruction(ins, m.insert_instruction(nxt, make_op("copy_to_gpu"), [ins]))
 
 
+def host_instructions(program) -> list[str]:
+    """Every instruction of ``program`` (all modules) that runs on the host in place of a device kernel,
+    as ``"module:@index op"`` (``onnx_op`` with its ONNX op type): those lowering placed on the host
+    (host fallback, ``host_ops``, string tensors) and those whose op has no device kernel at all
+    (``gpu_supported`` False: ``onnx_op`` evaluated by onnx.reference, ``unique``, ...), on either
+    target, so a ``ref`` program reports what its ``gpu`` build would run on the host.  Views, builtins,
+    the ``copy_from_gpu`` / ``copy_to_gpu`` around a fallback and control flow (``if`` / ``loop``,
+    whose bodies are counted instruction by instruction) are not counted."""
+    res = []
+    for m in program.module_order():
+        for ins in m.instructions:
+            op = ins.op
+            if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
+                continue
+            if ins.meta.get("on_host") or not op.gpu_supported:
+                kind = f"{op.name}({op.attrs['op_type']})" if "op_type" in op.attrs else op.name
+                res.append(f"{m.name}:{m.label_of(ins)} {kind}")
+    return res
+
+
 def _has_strings(ins) -> bool:
     shapes = list(ins.shape) if isinstance(ins.shape, tuple) else [ins.shape]
     shapes += [i.shape for i in ins.inputs if not isinstance(i.shape, tuple)]
@@ -52,9 +72,10 @@ def _has_strings(ins) -> bool:
 
 class Lowering(Pass):
     """Lower to ``target`` (``ref`` or ``gpu``; None: the pass context's target), running the ops
-    named in ``host_ops`` on the host.  Sets ``program.host_fallback_ops`` (sorted op names); warns
-    once on gpu listing the ops with no gpu kernel; raises CompileError for a string tensor off
-    ``ref`` or a kernel that cannot be chosen (naming the instruction's op)."""
+    named in ``host_ops`` on the host.  Sets ``program.host_fallback_ops`` (sorted op names) and
+    ``program.host_instructions`` (see :func:`host_instructions`); warns once on gpu listing every
+    instruction with no gpu kernel; raises CompileError for a string tensor off ``ref`` or a kernel
+    that cannot be chosen (naming the instruction's op)."""
 
     name = "lowering"
     required = True
@@ -94,18 +115,19 @@ class Lowering(Pass):
                 if (target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
                     insert_host_fallback(m, ins)
                     fallback.append(op.name)
-        if fallback and target == "gpu":
-            import warnings
-
-            names = sorted(set(fallback))
-            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
-                          f"{', '.join(names)}", stacklevel=4)
         program.host_fallback_ops = sorted(set(fallback))
         strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
         if strings and target != "ref":
             raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
         for ins in strings:
             ins.meta["on_host"] = True
+        program.host_instructions = host_instructions(program)
+        if fallback and target == "gpu":
+            import warnings
+
+            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
+                          f"{', '.join(program.host_fallback_ops)}: {'; '.join(program.host_instructions)}",
+                          stacklevel=4)
 
     def select(self, op, in_shapes, out_shape, ins, target: str | None = None) -> Kernel:
         """The kernel of ``op`` on ``target`` (default: the pass's target)."""

@@ -1,0 +1,205 @@
+"""The bench scripts on tiny inputs: the peer benchmark's JSON and chart, the conformance report's native
+count, and the ``host_fallback_instructions`` counter they both read (against numpy / onnxruntime)."""
+import json
+import os
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mgx_graph
+from util import make_model, ort_run
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+
+import conformance  # noqa: E402
+import real_models  # noqa: E402
+
+
+def _det_relu_model():
+    """y = relu(x) (native), d = Det(x) (onnx.reference only: an onnx_op)."""
+    x = np.random.default_rng(0).normal(size=(4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Det", ["x"], ["d"])]
+    return make_model(nodes, {"x": x}, ["y", "d"]), {"x": x}
+
+
+def _compile_quiet(model, target, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return mgx_graph.compile(model, target=target, **kw)
+
+
+# -- host_fallback_instructions ------------------------------------------------------------------------
+
+def test_host_fallback_instructions_counts_each_onnx_reference_op(target):
+    model, feeds = _det_relu_model()
+    prog = _compile_quiet(model, target)
+    y, d = prog.run(feeds)
+    np.testing.assert_allclose(y, np.maximum(feeds["x"], 0))
+    np.testing.assert_allclose(d, np.linalg.det(feeds["x"].astype(np.float64)), rtol=1e-5, atol=1e-6)
+    assert prog.stats()["host_fallback_instructions"] == 1
+    assert [s.split(" ", 1)[1] for s in prog.host_instructions] == ["onnx_op(Det)"]
+
+
+def test_host_fallback_instructions_is_zero_without_a_host_op(target):
+    x = np.random.default_rng(1).normal(size=(2, 5)).astype(np.float32)
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])],
+                       {"x": x}, ["y"])
+    prog = _compile_quiet(model, target)
+    np.testing.assert_allclose(prog.run({"x": x})[0], np.tanh(np.maximum(x, 0)), rtol=1e-6, atol=1e-6)
+    assert prog.stats()["host_fallback_instructions"] == 0
+
+
+def test_host_fallback_instructions_counts_every_use_and_host_ops(target):
+    x = np.random.default_rng(2).normal(size=(3, 2, 2)).astype(np.float32)
+    nodes = [helper.make_node("Det", ["x"], ["d1"]), helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Det", ["n"], ["d2"]), helper.make_node("Add", ["d1", "d2"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"])
+    want = ort_run(model, {"x": x})[0]
+    prog = _compile_quiet(model, target)
+    np.testing.assert_allclose(prog.run({"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    assert prog.stats()["host_fallback_instructions"] == 2
+    forced = _compile_quiet(model, target, host_ops=("neg",))
+    np.testing.assert_allclose(forced.run({"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    assert forced.stats()["host_fallback_instructions"] == 3
+
+
+def test_host_fallback_instructions_of_a_dynamic_program(target):
+    x = np.random.default_rng(3).normal(size=(5, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Det", ["x"], ["d"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 3])],
+                          [helper.make_tensor_value_info("d", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    prog = _compile_quiet(model, target)
+    np.testing.assert_allclose(prog.run({"x": x})[0], np.linalg.det(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    assert prog.stats()["host_fallback_instructions"] == 1
+
+
+def test_a_string_op_counts_on_ref():
+    a = np.array(["ab", "c"], dtype=object)
+    b = np.array(["x", "yz"], dtype=object)
+    g = helper.make_graph([helper.make_node("StringConcat", ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info(n, TensorProto.STRING, [2]) for n in ("a", "b")],
+                          [helper.make_tensor_value_info("y", TensorProto.STRING, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 8
+    want = ort_run(model, {"a": a, "b": b})[0]
+    prog = mgx_graph.compile(model, target="ref")
+    assert list(prog.run({"a": a, "b": b})[0]) == list(want)
+    assert prog.stats()["host_fallback_instructions"] == 1
+
+
+@pytest.mark.gpu
+def test_the_gpu_warning_lists_each_host_instruction():
+    model, _ = _det_relu_model()
+    with pytest.warns(UserWarning, match=r"1 instruction\(s\) run on the host.*onnx_op\(Det\)"):
+        mgx_graph.compile(model, target="gpu")
+
+
+# -- conformance: the native count ---------------------------------------------------------------------
+
+def _one_node(op, x, out_shape):
+    """A checker-valid one-node float model (the backend runs onnx.checker on what it prepares)."""
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def _case(name, model, feeds, outputs):
+    return types.SimpleNamespace(name=name, model=model, data_sets=[(list(feeds.values()), outputs)],
+                                 rtol=1e-5, atol=1e-6)
+
+
+def test_conformance_native_count(target):
+    from mgx_graph.backend import MgxBackendEager
+
+    x = np.random.default_rng(4).normal(size=(2, 3, 3)).astype(np.float32)
+    det, relu = _one_node("Det", x, [2]), _one_node("Relu", x, x.shape)
+    cases = [_case("test_det_host", det, {"x": x}, ort_run(det, {"x": x})),
+             _case("test_relu_native", relu, {"x": x}, ort_run(relu, {"x": x})),
+             _case("test_relu_wrong", relu, {"x": x}, [np.maximum(x, 0) + 1])]
+    hosts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = conformance.run_cases(MgxBackendEager, "CUDA" if target == "gpu" else "CPU", cases, [], hosts=hosts)
+    assert res == {"test_det_host": "pass", "test_relu_native": "pass", "test_relu_wrong": "fail"}
+    assert hosts == {"test_det_host": 1, "test_relu_native": 0}
+    assert conformance.native_count(res, hosts) == (1, 2)
+    assert conformance.native_count(res, None) is None
+
+
+def test_conformance_report_native_columns(tmp_path):
+    results = {"test_a": "pass", "test_b": "pass", "test_c": "fail", "test_d": "excluded"}
+    base = {"date": "2026-12-01", "cases": 4, "op_of": {"test_a": "Relu", "test_b": "Det", "test_c": "Relu",
+                                                          "test_d": "Relu"},
+            "results": {"eager": results, "graph": results}}
+    ref = dict(base, target="ref", machine={"cpu": "cpu"},
+               host_instructions={"eager": {"test_a": 0, "test_b": 2}, "graph": {"test_a": 0, "test_b": 2}})
+    gpu = dict(base, target="gpu", machine={"gpu": "gpu"})  # from before the count: not measured
+    for t, d in (("ref", ref), ("gpu", gpu)):
+        with open(tmp_path / f"conformance_{t}.json", "w") as f:
+            json.dump(d, f)
+    conformance.write_report(str(tmp_path), str(tmp_path / "c.md"))
+    rows = [r for r in (tmp_path / "c.md").read_text().splitlines() if r.startswith(("| ref |", "| gpu |"))]
+    assert len(rows) == 4
+    assert all(r.endswith("| 1 | 50.0% |") for r in rows[:2]), rows
+    assert all(r.endswith("| not measured | not measured |") for r in rows[2:]), rows
+    text = (tmp_path / "c.md").read_text()
+    assert "| Det | 1 | 1 |" in text  # passing cases with host instructions, per op (ref eager, ref graph)
+
+
+# -- real_models --peers -------------------------------------------------------------------------------
+
+def test_real_models_peers_json(tmp_path, model_cache, monkeypatch):
+    import onnxruntime as ort
+
+    from mgx_graph.models.pypi import REAL_MODELS, errors, model_path, random_feeds
+
+    try:
+        path = model_path("magika", model_cache)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("MGX_GRAPH_CACHE", model_cache)
+    out = tmp_path / "peers.json"
+    rc = real_models.main(["--target", "ref", "--peers", "-n", "2", "--warmup", "0", "--out", str(out),
+                           "--only", "magika"])
+    res = json.loads(out.read_text())
+    assert rc == 0 and set(res) >= {"machine", "models", "target", "runs"} and list(res["models"]) == ["magika"]
+    row = res["models"]["magika"]
+    for k in ("mgx_eager_ms", "mgx_graph_ms", "ort_cpu_ms"):
+        assert isinstance(row[k], float) and row[k] > 0, k
+    for k in ("mgx_eager_kernels_per_run", "mgx_graph_kernels_per_run", "mgx_eager_host_us_per_run",
+              "mgx_graph_host_us_per_run", "mgx_graph_regions", "host_fallback_instructions"):
+        assert isinstance(row[k], (int, float)) and row[k] >= 0, k
+    assert row["mgx_graph_regions"] >= 1 and row["mgx_graph_launches_per_run"] < row["mgx_graph_kernels_per_run"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert isinstance(row["ort_cuda_ms"], float)
+    else:
+        assert row["ort_cuda_ms"] is None and row["ort_cuda_graph_ms"] is None
+        assert "CUDAExecutionProvider" in row["ort_cuda_reason"] and "CUDAExecutionProvider" in row["ort_cuda_graph_reason"]
+    # the error against an independent run of onnxruntime CPU on the same seeded inputs
+    m = REAL_MODELS["magika"]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feeds = random_feeds(sess, m.input_dims, m.int_high)
+    want = sess.run(None, feeds)
+    got = mgx_graph.compile(path, target="ref", input_dims={k: list(v.shape) for k, v in feeds.items()}).run(feeds)
+    assert row["max_abs_err"] == pytest.approx(max(a for a, _ in errors(got, want)), rel=1e-6, abs=1e-12)
+    assert row["passed"] is all(np.allclose(g, w, rtol=m.rtol, atol=m.atol) for g, w in zip(got, want))
+    assert (row["rtol"], row["atol"]) == (m.rtol, m.atol)
+    png = tmp_path / "peers.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert res["chart"] is None and "matplotlib" in res["chart_reason"] and not png.exists()
+        return
+    assert res["chart"] == "peers.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
