@@ -24,9 +24,11 @@ from .staging import InputStaging
 
 
 class Executor:
-    def __init__(self, program, ctx, *, options: GraphOptions | None = None, budget: GraphBudget | None = None,
+    def __init__(self, program, result, ctx, *, options: GraphOptions | None = None, budget: GraphBudget | None = None,
                  label: str = ""):
         self.program = program
+        self.result = result
+        self.plan = result.memory_plan
         self.ctx = ctx
         self.lock = threading.RLock()
         self.budget = budget or GraphBudget(options or GraphOptions.from_env())
@@ -43,7 +45,7 @@ class Executor:
     # -- finalize --------------------------------------------------------------------------------
     def _finalize(self) -> None:
         prog, ctx = self.program, self.ctx
-        plan = prog.memory_plan
+        plan = self.plan
         modules = prog.module_order()
         self.slot = {}
         self._slot_ins = {}
@@ -166,7 +168,7 @@ class Executor:
                 step = _host_step(k.fn, out, ins_slots, ws)
             else:
                 k = ins.meta["kernel"]
-                ws = [ctx.array(self.arena, o, s) for o, s in zip(self.program.memory_plan.workspace.get(id(ins), []),
+                ws = [ctx.array(self.arena, o, s) for o, s in zip(self.plan.workspace.get(id(ins), []),
                                                                  k.workspace)]
                 total += k.launches
                 hook = getattr(op, "on_launch", None)
@@ -440,8 +442,8 @@ class Executor:
         return {"target": self.ctx.name, "runs": self.runs, "regions": regions, **tot,
                 "launches_per_run": self.last_launches, "launches_per_run_eager": eager_launches,
                 "graph_bytes": self.budget.live_bytes,
-                "scratch_bytes": self.program.memory_plan.arena_bytes,
-                "literal_bytes": self.program.memory_plan.literal_bytes}
+                "scratch_bytes": self.plan.arena_bytes,
+                "literal_bytes": self.plan.literal_bytes}
 
     def close(self) -> None:
         with self.lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from . import env
+from .compile_result import CompileResult
 from .errors import CompileError, DeviceError, MgxError
 from .executor import Executor
 from .ir import Program
@@ -68,11 +69,9 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         alias_map, strict = dict(alias or {}), True
     options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
                               host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
-    manager = PassManager(pipeline(tname, options), PassContext(tname))
-    self.alias = {}
-    manager.run(self)
-    binder = manager.find("bind_outputs")
-    self.alias_skipped = dict(binder.skipped) if binder is not None else {}
+    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)))
+    PassManager(pipeline(tname, options), pctx).run(self)
+    result = pctx.result
     if budget is None:
         from .graph_launch import GraphBudget, GraphOptions
 
@@ -81,27 +80,28 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
                                                    validate=validate, gate_slower=gate_slower))
     ctx = make_context(tname)
     try:  # a failed finalize leaves nothing allocated and no queue open
-        _check_memory(self, ctx)
+        _check_memory(self, result, ctx)
         try:
-            self._compiled = Executor(self, ctx, budget=budget, label=_label)
+            self._compiled = Executor(self, result, ctx, budget=budget, label=_label)
         except DeviceError as e:
             if e.code not in OUT_OF_MEMORY:
                 raise
-            raise CompileError(_memory_message(self, ctx, str(e))) from e
+            raise CompileError(_memory_message(self, result, ctx, str(e))) from e
     except BaseException:
         ctx.close()
         raise
-    self.target = tname
-    self.hip_graph = hip_graph
-    self.fp16 = fp16
+    self.result = result
+    self.target, self.hip_graph, self.fp16 = tname, hip_graph, fp16
+    self.alias, self.alias_skipped = result.alias, result.alias_skipped
+    self.memory_plan, self.host_fallback_ops = result.memory_plan, result.host_fallback_ops
     return self
 
 
-def memory_demand(self: Program) -> tuple[int, dict, list]:
+def memory_demand(program: Program, result: CompileResult) -> tuple[int, dict, list]:
     """Device bytes a compiled (planned) program allocates at finalize: ``(total, {"scratch arena": n,
     "literals": n, "parameters": n}, [(bytes, what)] of the largest buffers, largest first)``."""
-    plan = self.memory_plan
-    params = [i for i in self.get_main_module().instructions if i.op.name == "@param"]
+    plan = result.memory_plan
+    params = [i for i in program.get_main_module().instructions if i.op.name == "@param"]
     pbytes = sum((p.shape.bytes() + 255) // 256 * 256 for p in params if p.shape.dtype != "object")
     parts = {"scratch arena": plan.arena_bytes, "literals": plan.literal_bytes, "parameters": pbytes}
     largest = [(p.shape.bytes(), f"parameter '{p.op.parameter}' {p.shape.brief()}") for p in params
@@ -110,20 +110,20 @@ def memory_demand(self: Program) -> tuple[int, dict, list]:
     return sum(parts.values()), parts, largest[:3]
 
 
-def _memory_message(self: Program, ctx, detail: str) -> str:
-    need, parts, largest = memory_demand(self)
+def _memory_message(program: Program, result: CompileResult, ctx, detail: str) -> str:
+    need, parts, largest = memory_demand(program, result)
     split = ", ".join(f"{k} {v}" for k, v in parts.items())
     big = "; ".join(f"{what}: {n} bytes" for n, what in largest)
     return f"the program needs {need} bytes of {ctx.name} memory ({split}): {detail}; largest: {big}"
 
 
-def _check_memory(self: Program, ctx) -> None:
+def _check_memory(program: Program, result: CompileResult, ctx) -> None:
     """CompileError (naming the largest parameters / instructions) when the program needs more bytes than
     the device has in all (``hipMemGetInfo`` total; the host's physical memory on ``ref``)."""
-    need = memory_demand(self)[0]
+    need = memory_demand(program, result)[0]
     total = ctx.runtime.hipMemGetInfo()[1]
     if need > total:
-        raise CompileError(_memory_message(self, ctx, f"the device has {total} bytes in all"))
+        raise CompileError(_memory_message(program, result, ctx, f"the device has {total} bytes in all"))
 
 
 def _executor(self: Program) -> Executor:

@@ -52,7 +52,8 @@ def _has_strings(ins) -> bool:
 
 class Lowering(Pass):
     """Lower to ``target`` (``ref`` or ``gpu``; None: the pass context's target), running the ops
-    named in ``host_ops`` on the host.  Sets ``program.host_fallback_ops`` (sorted op names); warns
+    named in ``host_ops`` on the host.  Records the sorted names of the ops put on the host in the
+    compile result (``ctx.result.host_fallback_ops``); warns
     once on gpu listing the ops with no gpu kernel; raises CompileError for a string tensor off
     ``ref`` or a kernel that cannot be chosen (naming the instruction's op)."""
 
@@ -65,7 +66,9 @@ class Lowering(Pass):
 
     def apply(self, program, ctx=None) -> None:
         target = self.target or (ctx.target if ctx is not None else "ref")
-        self._place_on_host(program, target)
+        fallback = self._place_on_host(program, target)
+        if ctx is not None:
+            ctx.result.host_fallback_ops = fallback
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op
@@ -82,9 +85,9 @@ class Lowering(Pass):
                 except Exception as e:  # pragma: no cover - defensive: name the instruction
                     raise CompileError(f"lowering {op} to '{target}' failed: {type(e).__name__}: {e}") from e
 
-    def _place_on_host(self, program, target: str) -> None:
+    def _place_on_host(self, program, target: str) -> list[str]:
         """Host fallback for ops without a kernel on ``target`` and for ``host_ops``; string tensors
-        run on the host (ref only)."""
+        run on the host (ref only).  Returns the sorted names of the ops put on the host."""
         fallback = []
         for m in program.module_order():
             for ins in list(m.instructions):
@@ -100,12 +103,12 @@ class Lowering(Pass):
             names = sorted(set(fallback))
             warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
                           f"{', '.join(names)}", stacklevel=4)
-        program.host_fallback_ops = sorted(set(fallback))
         strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
         if strings and target != "ref":
             raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
         for ins in strings:
             ins.meta["on_host"] = True
+        return sorted(set(fallback))
 
     def select(self, op, in_shapes, out_shape, ins, target: str | None = None) -> Kernel:
         """The kernel of ``op`` on ``target`` (default: the pass's target)."""
