@@ -30,6 +30,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import env
+from .counters import GraphCounters
 from .errors import CompileError, MgxError, ParameterError
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
 
@@ -126,8 +127,7 @@ class Dispatcher:
         self.misses = 0
         self.compiles = 0
         self.budget = compile_kw.get("budget")
-        self._retired = {k: 0 for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs", "updates",
-                                         "evictions", "validations", "validation_mismatches")}
+        self.retired = GraphCounters()  # graph counters of the specializations released so far
 
     @property
     def evictions(self) -> int:
@@ -250,10 +250,9 @@ class Dispatcher:
         """Release programs no run holds any more, adding their graph counters to the retired totals."""
         for prog in progs:
             if fold:
-                st = prog._compiled.stats()
+                counts = prog._compiled.counters()
                 with self.lock:
-                    for k in self._retired:
-                        self._retired[k] += st.get(k, 0)
+                    self.retired.add(counts)
             prog._compiled.close()
 
     def _select(self, shapes, known, params, device) -> _Entry:
@@ -338,17 +337,15 @@ class Dispatcher:
 
     def stats(self) -> dict:
         with self.lock:
-            agg = dict(self._retired)
+            agg = self.retired.copy()
             progs = self.specs.programs()
             n_prefixes, n_hints = len(self.prefixes), len(self.hints)
         regions = []
         for prog in progs:
-            st = prog._compiled.stats()
-            for k in agg:
-                agg[k] += st.get(k, 0)
-            regions += st["regions"]
+            agg.add(prog._compiled.counters())
+            regions += prog._compiled.stats()["regions"]
         last = progs[-1]._compiled.stats() if progs else None
-        return {"target": self.target, "regions": regions, **agg,
+        return {"target": self.target, "regions": regions, **agg.program_dict(),
                 "launches_per_run": last["launches_per_run"] if last else 0,
                 "launches_per_run_eager": last["launches_per_run_eager"] if last else 0,
                 "specializations": len(progs), "specialization_compiles": self.compiles,

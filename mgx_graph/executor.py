@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from .counters import GraphCounters
 from .errors import ExecutionError, MgxError, ParameterError
 from .graph_launch import GraphBudget, GraphLaunchState, GraphOptions, Validator
 from .operators.base import HOST
@@ -433,11 +434,13 @@ class Executor:
         if self._closed:
             raise MgxError("the program was released")
 
+    def counters(self) -> GraphCounters:
+        """The graph counters of every region of this program, summed."""
+        return GraphCounters.total(r.counters for r in self.regions)
+
     def stats(self) -> dict:
         regions = [r.stats() for r in self.regions]
-        tot = {k: sum(r[k] for r in regions) for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs",
-                                                          "updates", "evictions", "validations",
-                                                          "validation_mismatches")}
+        tot = self.counters().program_dict()
         eager_launches = self.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
         return {"target": self.ctx.name, "runs": self.runs, "regions": regions, **tot,
                 "launches_per_run": self.last_launches, "launches_per_run_eager": eager_launches,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import env
+from .counters import GraphCounters
 from .errors import CaptureError, DeviceError
 from .operators.base import Operation, register_op
 from .runtime import CAPTURE_MODES, hipStreamCaptureStatusNone
@@ -150,8 +151,7 @@ class GraphLaunchState:
         self.warm: dict = {}
         self.lock = threading.RLock()
         self.calls = 0
-        self.warmups = self.captures = self.replays = self.fallbacks = self.eager_runs = self.updates = 0
-        self.evictions = self.refreshes = self.validations = self.validation_mismatches = self.disabled = 0
+        self.counters = GraphCounters()
         self.last_launches = 0
         self.last_event = ""
         self.capture_ms = 0.0
@@ -175,11 +175,7 @@ class GraphLaunchState:
 
     def stats(self) -> dict:
         return {"region": self.region, "instructions": self.n_instructions, "launches_eager": self.body_launches,
-                "warmups": self.warmups, "captures": self.captures, "updates": self.updates,
-                "replays": self.replays, "fallbacks": self.fallbacks, "eager_runs": self.eager_runs,
-                "evictions": self.evictions, "refreshes": self.refreshes, "validations": self.validations,
-                "validation_mismatches": self.validation_mismatches, "disabled": self.disabled,
-                "keys": len(self.entries), "graph_bytes": sum(e.bytes for e in self.entries.values()),
+                **self.counters.region_dict(), "keys": len(self.entries), "graph_bytes": sum(e.bytes for e in self.entries.values()),
                 "failed_keys": {self._short(k): f.reason for k, f in self.failed.items()},
                 "graph_nodes": [e.nodes for e in self.entries.values() if e.exec is not None],
                 "capture_ms": round(self.capture_ms, 3)}
@@ -211,8 +207,8 @@ class GraphLaunchState:
                 if t is not None:
                     self.eager_times.append(t)
                 self.warm[queue] = done + 1
-                self.warmups += 1
-                self.eager_runs += 1
+                self.counters.warmups += 1
+                self.counters.eager_runs += 1
                 self.last_launches = self.body_launches
                 self.trace("WARMUP", self.key_summary(key), f"run {done + 1}/{self.warmup} on this queue")
                 return read_outputs()
@@ -228,7 +224,7 @@ class GraphLaunchState:
             if len(e.times) == 3 and len(self.eager_times) >= 1:
                 g, ea = statistics.median(e.times), statistics.median(self.eager_times)
                 if g > ea:
-                    self.disabled += 1
+                    self.counters.disabled += 1
                     self._drop(e)
                     key = next(k for k, v in self.entries.items() if v is e)
                     del self.entries[key]
@@ -239,7 +235,7 @@ class GraphLaunchState:
         else:
             self.rt.hipGraphLaunch(e.exec, queue)
         e.replays += 1
-        self.replays += 1
+        self.counters.replays += 1
         self.last_launches = 1
         self.trace("REPLAY", e.key_str)
         return e.outputs
@@ -258,7 +254,7 @@ class GraphLaunchState:
 
     def _eager(self, run_body, read_outputs, reason, key, quiet=False):
         run_body()
-        self.eager_runs += 1
+        self.counters.eager_runs += 1
         self.last_launches = self.body_launches
         if not quiet:
             self.trace("EAGER", self.key_summary(key), f"reason={reason}")
@@ -306,13 +302,13 @@ class GraphLaunchState:
                 e = victim
                 e.key_str, e.replays, e.validations, e.times = key_str, 0, 0, []
                 e.updates += 1
-                self.updates += 1
+                self.counters.updates += 1
                 event = "UPDATE"
             else:
                 if victim.updates >= o.max_updates_per_exec:
-                    self.refreshes += 1
+                    self.counters.refreshes += 1
                 self._drop(victim)
-                self.evictions += 1
+                self.counters.evictions += 1
                 self.trace("EVICT", victim.key_str, "reason=" + ("exec updated too often, replaced" if
                                                                  victim.updates >= o.max_updates_per_exec else
                                                                  "topology changed, cannot update"))
@@ -337,7 +333,7 @@ class GraphLaunchState:
                 e.nodes = -1
             _safe(rt.hipGraphDestroy, graph)
             e.bytes = max(0, free0 - self._free()) if free0 is not None else 0
-            self.captures += 1
+            self.counters.captures += 1
             with self.budget.lock:
                 self.budget.lifetime_captures[self.family] = self.budget.lifetime_captures.get(self.family, 0) + 1
                 self.budget.live_bytes += e.bytes
@@ -351,7 +347,7 @@ class GraphLaunchState:
         self.trace(event, key_str, f"nodes={e.nodes} ({ms:.1f} ms)")
         if self._validation_due(e):  # the first launch of a new exec is checked too
             e.replays -= 1
-            self.replays -= 1
+            self.counters.replays -= 1
             return self._replay_validated(e, key, queue, run_body, read_outputs)
         rt.hipGraphLaunch(e.exec, queue)
         self.last_launches = 1
@@ -377,7 +373,7 @@ class GraphLaunchState:
             k, victim = next(iter(self.entries.items()))
             del self.entries[k]
             self._drop(victim)
-            self.evictions += 1
+            self.counters.evictions += 1
             self.trace("EVICT", victim.key_str, f"reason=graph memory above the cap ({cap} bytes; "
                                                 f"MIGRAPHX_HIP_GRAPH_MAX_BYTES)")
 
@@ -385,10 +381,10 @@ class GraphLaunchState:
         attempts = (failure.attempts + 1) if failure is not None else 1
         wait = min(self.options.retry_after << (attempts - 1), 1024)
         self.failed[key] = _Failure(reason, self.calls + wait, attempts)
-        self.fallbacks += 1
+        self.counters.fallbacks += 1
         self.trace("FALLBACK", self.key_summary(key), f"reason={reason}; retry in {wait} calls")
         run_body()
-        self.eager_runs += 1
+        self.counters.eager_runs += 1
         self.last_launches = self.body_launches
         return read_outputs()
 
@@ -405,18 +401,18 @@ class GraphLaunchState:
         snap = v.snapshot(queue)
         self.rt.hipGraphLaunch(e.exec, queue)
         e.replays += 1
-        self.replays += 1
+        self.counters.replays += 1
         graph_out = v.copy_outputs(e.outputs, queue)
         v.restore(snap, queue)
         run_body()
         eager_out = read_outputs()
         err = v.max_error(graph_out, eager_out, queue, self.options.rtol, self.options.atol)
-        self.validations += 1
+        self.counters.validations += 1
         self.last_launches = 1 + self.body_launches
         if err is None:
             self.trace("VALIDATE", e.key_str, "replay == eager")
             return eager_out
-        self.validation_mismatches += 1
+        self.counters.validation_mismatches += 1
         del self.entries[key]
         self._drop(e)
         self.failed[key] = _Failure(f"validation mismatch: max error {err:.3g} between replay and eager", NEVER, 1)
