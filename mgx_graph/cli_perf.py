@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 
-from .program import _executor
 
 
 def common_average(v) -> float:
@@ -146,7 +145,7 @@ def measure(prog, feeds: dict, n: int, offload: bool = False, progress: bool = T
     if n < 1:
         raise ValueError("the number of iterations must be at least 1")
     prog.run(feeds)  # untimed: allocates, specializes a dynamic program
-    ex = _executor(prog)
+    ex = prog.active_executor()
     dev = device_inputs(prog, feeds)
     with tqdm(total=3 * n + 1, desc="perf", unit="run", file=sys.stderr, disable=not progress, leave=False) as bar:
         _timed_runs(prog, feeds, dev, 1, offload, bar)  # untimed: the first run of the timed kind
