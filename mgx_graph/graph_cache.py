@@ -124,6 +124,9 @@ class GraphLaunchState(ValidatedReplay):
     the body (for stats); ``budget`` / ``options``: the program's caps and settings; ``family``: the
     name lifetime captures are counted under (the submodule, shared by specializations);
     ``validator``: a :class:`~mgx_graph.graph_validation.Validator` for validation mode.
+
+    ``last_launches`` is the number of graph launches the last call issued (0 or 1); the kernels of a
+    body run eagerly are counted by whoever runs the body (the eval loop's ``run`` callback).
     """
 
     def __init__(self, region: str, ctx, body_launches: int, n_instructions: int, warmup: int = 2,
@@ -205,13 +208,13 @@ class GraphLaunchState(ValidatedReplay):
                     return self._eager(run_body, read_outputs, f"key failed earlier ({f.reason}); retry {wait}", key)
             done = self.warm.get(queue, 0)
             if done < self.warmup:
-                t = self._timed(run_body, queue) if self.options.gate_slower else run_body()
+                t = _timed(self.rt, run_body, queue) if self.options.gate_slower else run_body()
                 if t is not None:
                     self.eager_times.append(t)
                 self.warm[queue] = done + 1
                 self.counters.warmups += 1
                 self.counters.eager_runs += 1
-                self.last_launches = self.body_launches
+                self.last_launches = 0
                 self.trace("WARMUP", self.key_summary(key), f"run {done + 1}/{self.warmup} on this queue")
                 return read_outputs()
             limit = self.options.max_graphs
@@ -222,7 +225,7 @@ class GraphLaunchState(ValidatedReplay):
 
     def _replay(self, e, key, queue):
         if self.options.gate_slower and len(e.times) < 3:
-            e.times.append(self._timed(lambda: self.rt.hipGraphLaunch(e.exec, queue), queue))
+            e.times.append(_timed(self.rt, lambda: self.rt.hipGraphLaunch(e.exec, queue), queue))
             if len(e.times) == 3 and len(self.eager_times) >= 1:
                 g, ea = statistics.median(e.times), statistics.median(self.eager_times)
                 if g > ea:
@@ -238,54 +241,17 @@ class GraphLaunchState(ValidatedReplay):
         self.trace("REPLAY", e.key_str)
         return e.outputs
 
-    def _timed(self, fn, queue) -> float:
-        rt = self.rt
-        a, b = rt.hipEventCreate(), rt.hipEventCreate()
-        rt.hipEventRecord(a, queue)
-        fn()
-        rt.hipEventRecord(b, queue)
-        rt.hipEventSynchronize(b)
-        ms = rt.hipEventElapsedTime(a, b)
-        rt.hipEventDestroy(a)
-        rt.hipEventDestroy(b)
-        return ms
-
     def _eager(self, run_body, read_outputs, reason, key, quiet=False):
         run_body()
         self.counters.eager_runs += 1
-        self.last_launches = self.body_launches
+        self.last_launches = 0
         if not quiet:
             self.trace("EAGER", self.key_summary(key), f"reason={reason}")
         return read_outputs()
 
-    def _record(self, queue, run_body_capture):
-        """Record the body; returns (graph, None) or (None, reason)."""
-        rt = self.rt
-        try:
-            rt.hipStreamBeginCapture(queue, self.mode)
-        except DeviceError as ex:
-            return None, f"hipStreamBeginCapture failed: {ex}"
-        err = None
-        try:
-            run_body_capture()
-        except BaseException as ex:  # noqa: BLE001 - any failure inside capture means: fall back
-            err = ex
-        try:
-            graph = rt.hipStreamEndCapture(queue)
-        except DeviceError as ex:
-            graph = None
-            err = err or ex
-        if err is not None or graph is None:
-            if graph is not None:
-                _safe(rt.hipGraphDestroy, graph)
-            if isinstance(err, KeyboardInterrupt):
-                raise err
-            return None, _reason(err)
-        return graph, None
-
     def _capture(self, key, queue, run_body, run_body_capture, read_outputs, failure):
         t0 = time.perf_counter()
-        graph, reason = self._record(queue, run_body_capture)
+        graph, reason = _record(self.rt, self.mode, queue, run_body_capture)
         if graph is None:
             return self._fallback(key, reason, run_body, read_outputs, failure)
         key_str = self.key_summary(key)
@@ -347,7 +313,7 @@ class GraphLaunchState(ValidatedReplay):
     def _instantiate(self, graph, key_str):
         """A new exec of ``graph`` (destroyed here); returns ``(entry, None)`` or ``(None, reason)``."""
         rt = self.rt
-        free0 = self._free()
+        free0 = _free_bytes(rt)
         try:
             exe = rt.hipGraphInstantiate(graph)
         except DeviceError as ex:
@@ -360,18 +326,12 @@ class GraphLaunchState(ValidatedReplay):
         except DeviceError:
             e.nodes = -1
         _safe(rt.hipGraphDestroy, graph)
-        e.bytes = max(0, free0 - self._free()) if free0 is not None else 0
+        e.bytes = max(0, free0 - _free_bytes(rt)) if free0 is not None else 0
         self.counters.captures += 1
         with self.budget.lock:
             self.budget.lifetime_captures[self.family] = self.budget.lifetime_captures.get(self.family, 0) + 1
             self.budget.live_bytes += e.bytes
         return e, None
-
-    def _free(self):
-        try:
-            return self.rt.hipMemGetInfo()[0] if self.rt.platform != "host" else None
-        except Exception:
-            return None
 
     def _drop(self, e) -> None:
         if e.exec is not None:
@@ -405,7 +365,7 @@ class GraphLaunchState(ValidatedReplay):
         self.trace("FALLBACK", self.key_summary(key), f"reason={reason}; retry in {wait} calls")
         run_body()
         self.counters.eager_runs += 1
-        self.last_launches = self.body_launches
+        self.last_launches = 0
         return read_outputs()
 
     # -- teardown --------------------------------------------------------------------------------
@@ -415,6 +375,53 @@ class GraphLaunchState(ValidatedReplay):
             for e in self.entries.values():
                 self._drop(e)
             self.entries.clear()
+
+
+def _record(rt, mode: int, queue, run_body_capture):
+    """Record the body into a graph on ``queue``; returns ``(graph, None)`` or ``(None, reason)``.  Any
+    failure ends the capture cleanly (its partial graph destroyed); only KeyboardInterrupt propagates."""
+    try:
+        rt.hipStreamBeginCapture(queue, mode)
+    except DeviceError as ex:
+        return None, f"hipStreamBeginCapture failed: {ex}"
+    err = None
+    try:
+        run_body_capture()
+    except BaseException as ex:  # noqa: BLE001 - any failure inside capture means: fall back
+        err = ex
+    try:
+        graph = rt.hipStreamEndCapture(queue)
+    except DeviceError as ex:
+        graph = None
+        err = err or ex
+    if err is not None or graph is None:
+        if graph is not None:
+            _safe(rt.hipGraphDestroy, graph)
+        if isinstance(err, KeyboardInterrupt):
+            raise err
+        return None, _reason(err)
+    return graph, None
+
+
+def _timed(rt, fn, queue) -> float:
+    """Milliseconds ``fn()`` takes on ``queue``, between two events (synchronizes on the second)."""
+    a, b = rt.hipEventCreate(), rt.hipEventCreate()
+    rt.hipEventRecord(a, queue)
+    fn()
+    rt.hipEventRecord(b, queue)
+    rt.hipEventSynchronize(b)
+    ms = rt.hipEventElapsedTime(a, b)
+    rt.hipEventDestroy(a)
+    rt.hipEventDestroy(b)
+    return ms
+
+
+def _free_bytes(rt):
+    """Free device memory in bytes (None on the host runtime or when the runtime cannot say)."""
+    try:
+        return rt.hipMemGetInfo()[0] if rt.platform != "host" else None
+    except Exception:
+        return None
 
 
 def _reason(err) -> str:
