@@ -3,6 +3,6 @@
 Importing this package registers every op; :func:`make_op` builds one by its MIGraphX-style name.
 """
 from .base import Operation, make_op, register_op, registered_ops  # noqa: F401
-from . import pointwise, shape_ops, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
+from . import pointwise, shape_ops, gather_scatter, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]
