@@ -22,5 +22,6 @@ from .shape import Shape  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = ["compile", "parse_onnx", "Program", "CompiledProgram", "CompileResult", "GraphCounters", "Module",
-           "Instruction", "Shape", "gpu_available", "MgxError", "ParseError", "UnsupportedOpError", "ShapeError", "CompileError", "ParameterError",
-           "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env", "__version__"]
+           "Instruction", "Shape", "gpu_available", "MgxError", "ParseError", "UnsupportedOpError", "ShapeError",
+           "CompileError", "ParameterError", "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env",
+           "__version__"]

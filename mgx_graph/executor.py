@@ -57,7 +57,8 @@ class Executor:
         self.param_area, self.param_buffers = b.param_area, b.param_buffers
         self.param_specs = [(p.op.parameter, slot[id(p)], p.shape) for p in b.params]
         self.param_names = {p.op.parameter for p in b.params}
-        self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape) for name, s, shape in self.param_specs]
+        self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape)
+                              for name, s, shape in self.param_specs]
         self.bound = [(slot[id(i)], slot[id(main.get_parameter(i.meta["bind_param"]))], i.shape)
                       for m in b.modules for i in m.instructions if "bind_param" in i.meta]
         self._bound_views = {}
