@@ -415,7 +415,7 @@ class Program:
     and returns the :class:`~mgx_graph.compiled.CompiledProgram`, which this program keeps in
     ``compiled``, so that :meth:`run` / :meth:`run_async` / :meth:`stats` / :meth:`release` here
     run it too.  ``metadata``: the model's metadata properties (``{key: value}``);
-    ``symbolic_inputs``: the inputs whose dims were left symbolic (``{name: [dim names or values]}``).
+    ``symbolic_inputs``: the inputs whose dims were left symbolic (``{name: [dim indices]}``).
     """
 
     def __init__(self):
