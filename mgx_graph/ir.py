@@ -498,6 +498,7 @@ class Program:
         return self.compiled
 
     def is_compiled(self) -> bool:
+        """True once :meth:`compile` made an executor (see ``CompiledProgram.is_compiled``)."""
         return self.compiled is not None and self.compiled.is_compiled()
 
     def run(self, params: dict) -> list:
@@ -520,11 +521,14 @@ class Program:
 
     @property
     def queue(self) -> int:
+        """The compiled program's default queue (stream handle)."""
         return self._require_compiled().queue
 
     @property
     def context(self):
+        """The compiled program's target context."""
         return self._require_compiled().context
 
     def param_buffer(self, name: str):
+        """The compiled program's own device buffer of parameter ``name``."""
         return self._require_compiled().param_buffer(name)

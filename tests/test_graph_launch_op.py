@@ -174,9 +174,9 @@ def run_calls(monkeypatch):
     return calls
 
 
-def test_if_runs_the_branch_it_picks_through_the_run_callback(run_calls):
+def test_if_runs_the_branch_it_picks_through_the_run_callback(run_calls, target):
     model = if_model()
-    prog = mgx_graph.compile(model, target="ref", hip_graph=True, min_partition_size=2)
+    prog = mgx_graph.compile(model, target=target, hip_graph=True, min_partition_size=2)
     (if_ins,) = [i for i in prog.get_main_module().instructions if i.op.name == "if"]
     then_m, else_m = (m.name for m in if_ins.module_inputs)
     for shift in (1.0, -1.0, 1.0, -1.0):
@@ -190,9 +190,9 @@ def test_if_runs_the_branch_it_picks_through_the_run_callback(run_calls):
 
 
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
-def test_loop_runs_its_body_through_the_run_callback(run_calls, hip_graph):
+def test_loop_runs_its_body_through_the_run_callback(run_calls, target, hip_graph):
     model = loop_model(scan=False)
-    prog = mgx_graph.compile(model, target="ref", hip_graph=hip_graph, min_partition_size=2)
+    prog = mgx_graph.compile(model, target=target, hip_graph=hip_graph, min_partition_size=2)
     (loop_ins,) = [i for i in prog.get_main_module().instructions if i.op.name == "loop"]
     body = loop_ins.module_inputs[0].name
     trips = (3, 0, 5, 2)
