@@ -46,7 +46,7 @@ def _per_call_us(fn, inputs_for, block: int, blocks: int) -> float:
 def measure(info, target: str, block: int, blocks: int, steps: int) -> dict:
     prog = mgx_graph.compile(str(info.onnx_path), target=target, hip_graph=False)
     dec = Decoder(prog)
-    ex = prog._compiled
+    ex = prog.executor
     values = [(s, dec.params[name]) for name, s, _ in ex.param_specs]
     staging = ex.staging
     same = _per_call_us(staging.check, lambda i: values, block, blocks)

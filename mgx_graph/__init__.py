@@ -1,12 +1,15 @@
 """mgx_graph: a MIGraphX-style ONNX executor with a ``graph_launch`` compiler pass.
 
     import mgx_graph
-    prog = mgx_graph.compile("model.onnx", target="auto", hip_graph=True)
+    prog = mgx_graph.compile("model.onnx", target="auto", hip_graph=True)   # a CompiledProgram
     outputs = prog.run({"x": x})          # numpy in, numpy out
     print(prog)                           # the compiled program, one instruction per line
     print(prog.stats())                   # captures, replays, fallbacks, launches per run, ...
 """
 from . import operators  # noqa: F401  (registers ops)
+from .compile_result import CompileResult  # noqa: F401
+from .compiled import CompiledProgram  # noqa: F401
+from .counters import GraphCounters  # noqa: F401
 from .errors import (CaptureError, CompileError, DeviceError, ExecutionError, MgxError, ParameterError,  # noqa: F401
                      ParseError, ShapeError, UnsupportedOpError)
 from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
@@ -18,6 +21,7 @@ from .shape import Shape  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["compile", "parse_onnx", "Program", "Module", "Instruction", "Shape", "gpu_available",
-           "MgxError", "ParseError", "UnsupportedOpError", "ShapeError", "CompileError", "ParameterError",
-           "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env", "__version__"]
+__all__ = ["compile", "parse_onnx", "Program", "CompiledProgram", "CompileResult", "GraphCounters", "Module",
+           "Instruction", "Shape", "gpu_available", "MgxError", "ParseError", "UnsupportedOpError", "ShapeError",
+           "CompileError", "ParameterError", "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env",
+           "__version__"]

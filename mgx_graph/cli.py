@@ -236,7 +236,7 @@ def _specialized(prog):
     """The compiled program that ran: ``prog`` itself, or a dynamic program's last specialization."""
     if prog.is_compiled():
         return prog
-    d = getattr(prog, "_dispatch", None)
+    d = prog.dispatcher
     return d.last() if d is not None else None
 
 
@@ -274,7 +274,7 @@ def _n_instructions(module) -> int:
 
 
 def _known_values(prog) -> dict:
-    known = prog._dispatch.last_known()
+    known = prog.dispatcher.last_known()
     return {k: np.asarray(v).tolist() for k, v in sorted(known.items())}
 
 

@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 
-from .program import _executor
 
 
 def common_average(v) -> float:
@@ -80,62 +79,31 @@ def _timed_runs(prog, host: dict, dev: dict, n: int, offload: bool, bar) -> list
 
 
 def _profiled_runs(ex, host: dict, dev: dict, n: int, offload: bool, bar):
-    """Per-instruction times of ``main`` (as :meth:`Executor.profile`, on device-resident inputs unless
-    ``offload``) and, per run, the wall time outside the timed instructions."""
-    ctx = ex.ctx
-    q = ctx.queue
-    steps, labels = ex.steps["main"], ex.labels["main"]
-    per = [[] for _ in steps]
+    """Per-instruction times of ``main`` (:meth:`Executor.profile_steps`, on device-resident inputs
+    unless ``offload``) and, per run, the wall time outside the timed instructions."""
+    labels = ex.step_labels()
+    per = [[] for _ in labels]
     outside, run_ms = [], []
-    with ex.lock:
-        for _ in range(n):
-            r0 = time.perf_counter()
-            if offload:
-                for name, a in host.items():
-                    ctx.copy_from_host(ex.param_buffers[name], a, q)
-                ex.bind({name: ex.param_buffers[name] for name in host}, device=True)
-            else:
-                ex.bind(dev, device=True)
-            inside = 0.0
-            with ctx.on_queue(q):
-                ctx.current_queue = q
-                for k, step in enumerate(steps):
-                    t0 = time.perf_counter()
-                    step(ex.env, q)
-                    ctx.synchronize(q)
-                    dt = time.perf_counter() - t0
-                    per[k].append(dt * 1e3)
-                    inside += dt
-            if offload:
-                for s in ex.out_slots:
-                    ctx.to_host(ex.env[s], q)
-            total = time.perf_counter() - r0
-            run_ms.append(total * 1e3)
-            outside.append((total - inside) * 1e3)
-            bar.update()
+    for _ in range(n):
+        times, total = ex.profile_steps(host, device=False) if offload else ex.profile_steps(dev, device=True)
+        for k, t in enumerate(times):
+            per[k].append(t)
+        run_ms.append(total)
+        outside.append(total - sum(times))
+        bar.update()
     rows = [(lab, lab.split(" ", 1)[1].split("[")[0], t) for lab, t in zip(labels, per)]
     return rows, outside, run_ms
 
 
 def _dry_runs(ex, dev: dict, n: int, bar) -> list:
-    """Runs with every step of ``main`` replaced by nothing (migraphx-driver's dry run)."""
+    """Runs in which no instruction executes (:meth:`Executor.dry_run`, migraphx-driver's dry run)."""
     times = []
-    with ex.lock:
-        saved = ex.steps["main"]
-        ex.steps["main"] = [_nothing] * len(saved)
-        try:
-            for _ in range(n):
-                t0 = time.perf_counter()
-                ex.run_async(dev)
-                times.append((time.perf_counter() - t0) * 1e3)
-                bar.update()
-        finally:
-            ex.steps["main"] = saved
+    for _ in range(n):
+        t0 = time.perf_counter()
+        ex.dry_run(dev)
+        times.append((time.perf_counter() - t0) * 1e3)
+        bar.update()
     return times
-
-
-def _nothing(env, queue) -> None:
-    return None
 
 
 def measure(prog, feeds: dict, n: int, offload: bool = False, progress: bool = True) -> dict:
@@ -146,7 +114,7 @@ def measure(prog, feeds: dict, n: int, offload: bool = False, progress: bool = T
     if n < 1:
         raise ValueError("the number of iterations must be at least 1")
     prog.run(feeds)  # untimed: allocates, specializes a dynamic program
-    ex = _executor(prog)
+    ex = prog.active_executor()
     dev = device_inputs(prog, feeds)
     with tqdm(total=3 * n + 1, desc="perf", unit="run", file=sys.stderr, disable=not progress, leave=False) as bar:
         _timed_runs(prog, feeds, dev, 1, offload, bar)  # untimed: the first run of the timed kind

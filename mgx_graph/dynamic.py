@@ -30,6 +30,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import env
+from .counters import GraphCounters
 from .errors import CompileError, MgxError, ParameterError
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
 
@@ -108,6 +109,11 @@ class ProgramCache:
 
 
 class Dispatcher:
+    """The specializations of one dynamic-shape program (see the module docstring): ``model`` (an
+    ``onnx.ModelProto``) is parsed with ``parse_kw`` and compiled with ``compile_kw`` for ``target`` per
+    call's shapes and values; each specialization and prefix program is a static
+    :class:`~mgx_graph.compiled.CompiledProgram`."""
+
     def __init__(self, model, parse_kw: dict, compile_kw: dict, target: str, max_specializations: int = 8,
                  debug: bool = False):
         self.model = model
@@ -118,16 +124,15 @@ class Dispatcher:
         self.debug = debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
         self.lock = threading.RLock()  # selection, caches, hints, counters
         self.compile_lock = threading.RLock()  # one compile (and its prefix runs) at a time
-        self.specs = ProgramCache(self.cap)  # (shapes, frozen known) -> Program
-        self.prefixes = ProgramCache(self.cap)  # (tensor, fn, shapes, frozen known) -> prefix Program
+        self.specs = ProgramCache(self.cap)  # (shapes, frozen known) -> CompiledProgram
+        self.prefixes = ProgramCache(self.cap)  # (tensor, fn, shapes, frozen known) -> prefix CompiledProgram
         self.hints: OrderedDict = OrderedDict()  # shapes -> values of their latest specialization
         self.max_hints = HINTS_PER_SPECIALIZATION * self.cap
         self.released = False
         self.misses = 0
         self.compiles = 0
         self.budget = compile_kw.get("budget")
-        self._retired = {k: 0 for k in ("warmups", "captures", "replays", "fallbacks", "eager_runs", "updates",
-                                         "evictions", "validations", "validation_mismatches")}
+        self.retired = GraphCounters()  # graph counters of the specializations released so far
 
     @property
     def evictions(self) -> int:
@@ -143,7 +148,10 @@ class Dispatcher:
 
     # -- specializations -------------------------------------------------------------------------
     def _compile(self, shapes: tuple, known: dict, params, device: bool):
+        """The specialization (a static :class:`~mgx_graph.compiled.CompiledProgram`) for ``shapes`` and
+        the run-time values ``known`` (completed here with the values the frontend still needs)."""
         from .onnx import parse_onnx
+        from .program import compile_program
 
         for _ in range(MAX_ATTEMPTS):
             try:
@@ -163,14 +171,16 @@ class Dispatcher:
                 continue
             self.compiles += 1
             label = f"[spec {self.compiles}] "
-            prog.compile(self.target, alias=None, _label=label, **self.compile_kw)
+            spec = compile_program(prog, self.target, alias=None, _label=label, **self.compile_kw)
             self.trace("SPECIALIZE", f"{label}shapes={_fmt_shapes(shapes)}" +
                        (f" values={_fmt_known(known)}" if known else ""))
-            return prog
+            return spec
         raise MgxError(f"could not specialize the program after {MAX_ATTEMPTS} attempts (values {list(known)})")
 
     def _prefix_value(self, nv: NeedsValue, shapes, known, params, device):
         """Run the program parsed up to the node that needs the value (it ends in the tensor)."""
+        from .program import compile_program
+
         pkey = (nv.tensor, nv.fn, shapes, _freeze(known))
         with self.lock:
             self._check_open()
@@ -182,9 +192,10 @@ class Dispatcher:
                 raise MgxError(f"node '{nv.node}': {nv.fn}({nv.tensor}) is needed inside a subgraph; "
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
-            prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
+            compiled = compile_program(prog, self.target, hip_graph=False, alias=None,
+                                       fp16=self.compile_kw.get("fp16", False))
             with self.lock:
-                entry, pushed, free = self.prefixes.insert(pkey, prog, use=True)
+                entry, pushed, free = self.prefixes.insert(pkey, compiled, use=True)
             self._retire(free, fold=False)
             if pushed:
                 self.trace("PRUNE", f"prefix program cap {self.cap} reached: released the least recently used")
@@ -203,13 +214,15 @@ class Dispatcher:
 
     def _prefix_eval(self, nv: NeedsValue, shapes, known, params, device) -> dict:
         """Run the program parsed so far, returning the node's inputs, and evaluate them on the host."""
+        from .program import compile_program
+
         prog = nv.program
         main = prog.get_main_module()
         if any(i.module is not main for i in nv.inputs):
             raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
-        prog.compile(self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
+        prog = compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
         try:
             self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
             sub = {n: params[n] for n in prog.get_parameter_names()}
@@ -237,10 +250,10 @@ class Dispatcher:
                 while len(self.hints) > self.max_hints:
                     self.hints.popitem(last=False)
         if entry is None:
-            prog._compiled.close()
+            prog.release()
             raise MgxError("the program was released")
         if stale is not None:
-            stale._compiled.close()
+            stale.release()
         for _ in range(pushed):
             self.trace("EVICT", f"specialization cap {self.cap} reached: released the least recently used")
         self._retire(free)
@@ -250,11 +263,10 @@ class Dispatcher:
         """Release programs no run holds any more, adding their graph counters to the retired totals."""
         for prog in progs:
             if fold:
-                st = prog._compiled.stats()
+                counts = prog.counters()
                 with self.lock:
-                    for k in self._retired:
-                        self._retired[k] += st.get(k, 0)
-            prog._compiled.close()
+                    self.retired.add(counts)
+            prog.release()
 
     def _select(self, shapes, known, params, device) -> _Entry:
         """The specialization for ``shapes`` and ``known`` with this run counted on it (compiled if new)."""
@@ -316,7 +328,7 @@ class Dispatcher:
         for _ in range(MAX_ATTEMPTS):
             entry = self._select(shapes, known, params, device)
             try:
-                exe = entry.prog._compiled
+                exe = entry.prog.executor
                 return exe.run_async(params, queue) if device else exe.run(params)
             except SpecializationMiss as miss:
                 with self.lock:
@@ -328,6 +340,7 @@ class Dispatcher:
         raise MgxError(f"run-time values keep changing under the program (last known {list(known)})")
 
     def last(self):
+        """The most recently used specialization (a :class:`~mgx_graph.compiled.CompiledProgram`), or None."""
         with self.lock:
             return next(reversed(self.specs.items.values())).prog if self.specs.items else None
 
@@ -336,22 +349,26 @@ class Dispatcher:
         with self.lock:
             return dict(next(reversed(self.hints.values()))) if self.hints else {}
 
-    def stats(self) -> dict:
+    def counters(self) -> GraphCounters:
+        """The graph counters of every specialization, those kept and those released, summed."""
         with self.lock:
-            agg = dict(self._retired)
-            progs = self.specs.programs()
+            retired, progs = self.retired.copy(), self.specs.programs()
+        return GraphCounters.total([retired] + [p.counters() for p in progs])
+
+    def stats(self) -> dict:
+        """The counters of :meth:`counters`, the regions of the kept specializations, the last one's
+        launches and bytes, and the specialization / prefix-program / hint counts."""
+        with self.lock:
+            retired, progs = self.retired.copy(), self.specs.programs()
             n_prefixes, n_hints = len(self.prefixes), len(self.hints)
-        regions = []
-        for prog in progs:
-            st = prog._compiled.stats()
-            for k in agg:
-                agg[k] += st.get(k, 0)
-            regions += st["regions"]
-        last = progs[-1]._compiled.stats() if progs else None
-        return {"target": self.target, "regions": regions, **agg,
+        stats = [prog.stats() for prog in progs]
+        agg = GraphCounters.total([retired] + [p.counters() for p in progs])
+        regions = [r for st in stats for r in st["regions"]]
+        last = stats[-1] if stats else None
+        return {"target": self.target, "regions": regions, **agg.program_dict(),
                 "launches_per_run": last["launches_per_run"] if last else 0,
                 "launches_per_run_eager": last["launches_per_run_eager"] if last else 0,
-                "host_fallback_instructions": len(getattr(progs[-1], "host_instructions", ())) if progs else 0,
+                "host_fallback_instructions": last["host_fallback_instructions"] if last else 0,
                 "specializations": len(progs), "specialization_compiles": self.compiles,
                 "specialization_misses": self.misses, "specialization_evictions": self.evictions,
                 "prefix_programs": n_prefixes, "prefix_evictions": self.prefixes.evictions,

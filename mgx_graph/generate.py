@@ -38,7 +38,7 @@ class GenerationResult:
 
 
 class Decoder:
-    """Runs a compiled decode-step :class:`~mgx_graph.ir.Program` token by token.
+    """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) token by token.
 
     ``program`` must have parameters ``input_ids`` (int64 [1,1]) and ``cache_position`` (int64 [1])
     and an output ``logits`` ([1,1,vocab]); every other parameter is treated as cache state and

@@ -1,51 +1,33 @@
 """The ``graph_launch`` operation: capture a submodule once, replay it as one graph launch.
 
-State machine of one region (MIGraphX ``hip::graph`` / PR #5261 style):
+As MIGraphX's ``gpu::hip_graph`` op (``src/targets/gpu/hip_graph.cpp``), the op owns its behaviour:
 
-``WARMUP``   the first ``warmup`` calls on a queue run the body eagerly on that queue (library handles,
-             kernel compilation and caches reach their steady state on the queue the capture will use);
-``CAPTURE``  a call with a new key records the body with ``hipStreamBeginCapture`` (thread-local mode by
-             default) under an allocation guard, instantiates a graph exec and launches it;
-``UPDATE``   once the region holds ``max_graphs`` execs, a new key re-records the body and updates the
-             least recently used exec in place (``hipGraphExecUpdate``) instead of instantiating another:
-             only pointers changed, the topology is the same; an exec updated ``max_updates_per_exec``
-             times is replaced by a fresh one (long-lived, per-call-updated execs have hit driver bugs);
-``REPLAY``   a call with a known key launches its exec: one launch for the whole region;
-``FALLBACK`` a capture that fails in any way is ended cleanly, its partial graph destroyed, the key
-             remembered as failed with the reason, and the body runs eagerly (results stay correct); the
-             key is retried after ``retry_after`` calls, the wait doubling on each new failure (at most
-             1024 calls);
-``EAGER``    a call run eagerly for a stated reason: the caller is capturing the queue, the key failed,
-             the region's capture limit is reached, the key was disabled;
-``VALIDATE`` in validation mode the first ``validate_first`` replays of a key and every
-             ``validate_every``-th after run eagerly too and are compared; a mismatch disables the key.
+* ``finalize(ctx, ins, run)`` (once, before any run) binds the fixed inputs (``meta["fixed_inputs"]``,
+  recorded by the ``hip_graph`` pass: arena buffers, literals, loop-owned buffers) to the submodule's
+  parameters for good, and creates the op's state, a :class:`~mgx_graph.graph_cache.GraphLaunchState`
+  (the graph cache: warmup, capture, update, replay, fallback, eager; validation mode in
+  :mod:`mgx_graph.graph_validation`);
+* ``compute_modules(ctx, queue, out, args, mods, run)`` (every call) builds the graph key from the
+  movable inputs (``meta["movable_inputs"]``) and lets the state run the submodule through the eval
+  loop's ``run`` callback: eagerly, for a capture, or not at all (a replay).
 
-The key is the queue plus the sorted ``(parameter name, device pointer, shape, dtype)`` of the
-region's dynamic inputs; outputs are cached per key.  Every call is a real step: warmup, capture and
-update calls compute that call's results exactly once, so state updated in place (a KV cache bound
-with ``alias``) advances once per call, never more.
+The key is the queue plus ``(parameter name, device pointer, shape, dtype char)`` of every movable
+input, in sorted parameter-name order.  Graph APIs are called only through the runtime layer.
 """
 from __future__ import annotations
 
-import hashlib
-import statistics
-import sys
-import threading
-import time
-from collections import OrderedDict
-from dataclasses import dataclass
-
-import numpy as np
-
-from . import env
-from .errors import CaptureError, DeviceError
+from .errors import CompileError
+from .graph_cache import GraphBudget, GraphLaunchState, GraphOptions  # noqa: F401  (the op's state and settings)
+from .graph_validation import Validator
 from .operators.base import Operation, register_op
-from .runtime import CAPTURE_MODES, hipStreamCaptureStatusNone
+from .passes.hip_graph import launch_count
 
 
 @register_op
 class GraphLaunch(Operation):
-    """Runs its submodule; shape: the submodule's return shape (a tuple when it returns several)."""
+    """Runs its submodule as a graph; shape: the submodule's return shape (a tuple when it returns
+    several).  One op object per instruction (the ``hip_graph`` pass makes one per region): the
+    state made by :meth:`finalize` belongs to that instruction."""
 
     name = "graph_launch"
     capturable = False
@@ -55,430 +37,55 @@ class GraphLaunch(Operation):
         outs = mods[0].get_output_shapes()
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def finalize(self, ctx, ins, run) -> GraphLaunchState:
+        """Bind the fixed inputs and create this region's :class:`GraphLaunchState` (named
+        ``<label><submodule>``, counted under the program's graph budget).
 
-@dataclass
-class GraphOptions:
-    """Graph settings of a compiled program (compile options; MIGRAPHX_* variables give the defaults)."""
+        An instruction with no placement record (not made by the ``hip_graph`` pass) treats every input
+        as movable.  Raises CompileError naming the instruction when the record does not list the
+        submodule's parameters, when a fixed input is in fact bound per call, or when the op was
+        finalized before (an op object shared by two instructions)."""
+        if self.__dict__.get("state") is not None:
+            raise CompileError(f"{_where(ins)}: finalized twice (one graph_launch op object per instruction)")
+        sub = ins.module_inputs[0]
+        names = sorted(sub.get_parameter_names())
+        movable = list(ins.meta.get("movable_inputs", names))
+        fixed = list(ins.meta.get("fixed_inputs", ()))
+        if sorted(movable + fixed) != names:
+            raise CompileError(f"{_where(ins)}: input placement lists {sorted(movable + fixed)}, the submodule "
+                               f"'{sub.name}' has parameters {names}")
+        index = {n: k for k, n in enumerate(names)}
+        moved = [n for n in fixed if run.moves(ins.inputs[index[n]])]
+        if moved:
+            raise CompileError(f"{_where(ins)}: input(s) {moved} recorded as fixed are bound per call "
+                               f"(was the program changed after the hip_graph pass?)")
+        run.bind(sub, {n: run.value(ins.inputs[index[n]]) for n in fixed})
+        self._movable = sorted((index[n], n) for n in movable)
+        self._single = len(sub.get_return().inputs) == 1
+        main = ins.module.program.get_main_module()
+        written = [main.get_parameter(i.meta["bind_param"]) for i in sub.instructions if "bind_param" in i.meta]
+        validator = Validator(ctx, lambda: [run.value(p) for p in written])
+        self.state = GraphLaunchState(f"{run.label}{sub.name}", ctx, sum(launch_count(i) for i in sub.instructions),
+                                      sum(1 for i in sub.instructions if not i.op.builtin), budget=run.budget,
+                                      family=sub.name, validator=validator)
+        return self.state
 
-    warmup: int = 2
-    max_graphs: int = 8                 # execs per region, and captures per region over its lifetime
-    max_graph_bytes: int = 1 << 30      # device memory of all graph execs of the program
-    capture_mode: str = "thread_local"
-    validate: bool = False
-    validate_first: int = 3
-    validate_every: int = 100
-    rtol: float = 1e-3
-    atol: float = 1e-4
-    retry_after: int = 16
-    max_updates_per_exec: int = 1000
-    gate_slower: bool = False
-    debug: bool = False
+    def graph_key(self, ctx, queue, args) -> tuple:
+        """``(queue, ((name, device pointer, shape, dtype char), ...))`` of the movable inputs."""
+        ptr = ctx.data_ptr
+        return queue, tuple((n, ptr(args[k]), args[k].shape, args[k].dtype.char) for k, n in self._movable)
 
-    @classmethod
-    def from_env(cls, **overrides) -> "GraphOptions":
-        o = cls()
-        o.max_graphs = env.value_of("MIGRAPHX_HIP_GRAPH_MAX", o.max_graphs) or o.max_graphs
-        o.max_graph_bytes = env.value_of("MIGRAPHX_HIP_GRAPH_MAX_BYTES", o.max_graph_bytes) or o.max_graph_bytes
-        o.validate = env.enabled("MIGRAPHX_HIP_GRAPH_VALIDATE")
-        o.debug = env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
-        for k, v in overrides.items():
-            if v is not None:
-                setattr(o, k, v)
-        if o.capture_mode not in CAPTURE_MODES:
-            raise ValueError(f"capture_mode must be one of {sorted(CAPTURE_MODES)}, got {o.capture_mode!r}")
-        return o
-
-
-class GraphBudget:
-    """Caps shared by every region of one program (and of its specializations)."""
-
-    def __init__(self, options: GraphOptions):
-        self.options = options
-        self.lifetime_captures: dict[str, int] = {}
-        self.live_bytes = 0
-        self.lock = threading.RLock()
-
-
-class _Entry:
-    __slots__ = ("exec", "outputs", "nodes", "replays", "key_str", "bytes", "updates", "validations", "times")
-
-    def __init__(self, key_str):
-        self.exec = None
-        self.outputs = None
-        self.nodes = -1
-        self.replays = 0
-        self.key_str = key_str
-        self.bytes = 0
-        self.updates = 0
-        self.validations = 0
-        self.times = []
+    def compute_modules(self, ctx, queue, out, args, mods, run):
+        """One call of the region: its state warms up, captures, replays or runs eagerly; returns the
+        submodule's results (one array, or a tuple)."""
+        sub, state = mods[0], self.state
+        params = {n: args[k] for k, n in self._movable}
+        outs = state.execute(self.graph_key(ctx, queue, args), queue, lambda: run(sub, queue, params),
+                             lambda: run(sub, queue, params, capture=True), lambda: run.outputs(sub))
+        run.add_launches(state.last_launches)
+        return outs[0] if self._single else tuple(outs)
 
 
-class _Failure:
-    __slots__ = ("reason", "retry_at", "attempts")
-
-    def __init__(self, reason, retry_at, attempts):
-        self.reason, self.retry_at, self.attempts = reason, retry_at, attempts
-
-
-NEVER = 1 << 62
-
-
-class GraphLaunchState:
-    """Runtime state of one graph_launch instruction."""
-
-    def __init__(self, region: str, ctx, body_launches: int, n_instructions: int, warmup: int = 2,
-                 debug: bool = False, budget: GraphBudget | None = None, options: GraphOptions | None = None,
-                 family: str | None = None, validator=None):
-        self.options = options or (budget.options if budget is not None else GraphOptions.from_env(warmup=warmup))
-        if options is None and budget is None:
-            self.options.warmup = warmup
-        self.budget = budget or GraphBudget(self.options)
-        self.region = region
-        self.family = family or region
-        self.ctx = ctx
-        self.rt = ctx.runtime
-        self.warmup = self.options.warmup
-        self.debug = debug or self.options.debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
-        self.force_eager = env.value_of("MIGRAPHX_TRACE_EVAL", 0) > 0
-        self.mode = CAPTURE_MODES[self.options.capture_mode]
-        self.body_launches = body_launches
-        self.n_instructions = n_instructions
-        self.validator = validator
-        self.entries: OrderedDict = OrderedDict()
-        self.failed: dict = {}
-        self.warm: dict = {}
-        self.lock = threading.RLock()
-        self.calls = 0
-        self.warmups = self.captures = self.replays = self.fallbacks = self.eager_runs = self.updates = 0
-        self.evictions = self.refreshes = self.validations = self.validation_mismatches = self.disabled = 0
-        self.last_launches = 0
-        self.last_event = ""
-        self.capture_ms = 0.0
-        self.eager_times: list = []
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def trace(self, event: str, key_str: str, detail: str = "") -> None:
-        self.last_event = event
-        if self.debug:
-            print(f"[mgx_graph] {event:<8} {self.region} key={key_str}" + (f" {detail}" if detail else ""),
-                  file=sys.stderr, flush=True)
-
-    @staticmethod
-    def key_summary(key) -> str:
-        h = hashlib.blake2s(repr(key).encode(), digest_size=4).hexdigest()
-        queue, items = key
-        return f"{h} ({len(items)} dynamic inputs, queue {queue:#x})"
-
-    def _short(self, key) -> str:
-        return hashlib.blake2s(repr(key).encode(), digest_size=4).hexdigest()
-
-    def stats(self) -> dict:
-        return {"region": self.region, "instructions": self.n_instructions, "launches_eager": self.body_launches,
-                "warmups": self.warmups, "captures": self.captures, "updates": self.updates,
-                "replays": self.replays, "fallbacks": self.fallbacks, "eager_runs": self.eager_runs,
-                "evictions": self.evictions, "refreshes": self.refreshes, "validations": self.validations,
-                "validation_mismatches": self.validation_mismatches, "disabled": self.disabled,
-                "keys": len(self.entries), "graph_bytes": sum(e.bytes for e in self.entries.values()),
-                "failed_keys": {self._short(k): f.reason for k, f in self.failed.items()},
-                "graph_nodes": [e.nodes for e in self.entries.values() if e.exec is not None],
-                "capture_ms": round(self.capture_ms, 3)}
-
-    # -- the state machine -----------------------------------------------------------------------
-    def execute(self, key, queue, run_body, run_body_capture, read_outputs):
-        """Run the region for one call; returns its outputs (list of arrays)."""
-        with self.lock:
-            self.calls += 1
-            if self.force_eager:
-                return self._eager(run_body, read_outputs, "MIGRAPHX_TRACE_EVAL is set", key, quiet=True)
-            if self.rt.hipStreamIsCapturing(queue) != hipStreamCaptureStatusNone:
-                return self._eager(run_body, read_outputs, "the caller is capturing the queue: the kernels go "
-                                                           "into the caller's graph", key)
-            e = self.entries.get(key)
-            if e is not None:
-                self.entries.move_to_end(key)
-                if self._validation_due(e):
-                    return self._replay_validated(e, key, queue, run_body, read_outputs)
-                return self._replay(e, queue)
-            f = self.failed.get(key)
-            if f is not None:
-                if self.calls < f.retry_at:
-                    wait = "never" if f.retry_at >= NEVER else f"in {f.retry_at - self.calls} calls"
-                    return self._eager(run_body, read_outputs, f"key failed earlier ({f.reason}); retry {wait}", key)
-            done = self.warm.get(queue, 0)
-            if done < self.warmup:
-                t = self._timed(run_body, queue) if self.options.gate_slower else run_body()
-                if t is not None:
-                    self.eager_times.append(t)
-                self.warm[queue] = done + 1
-                self.warmups += 1
-                self.eager_runs += 1
-                self.last_launches = self.body_launches
-                self.trace("WARMUP", self.key_summary(key), f"run {done + 1}/{self.warmup} on this queue")
-                return read_outputs()
-            limit = self.options.max_graphs
-            if not self.entries and self.budget.lifetime_captures.get(self.family, 0) >= limit:
-                return self._eager(run_body, read_outputs, f"capture limit reached ({limit} graphs captured for "
-                                                           f"this region; MIGRAPHX_HIP_GRAPH_MAX)", key)
-            return self._capture(key, queue, run_body, run_body_capture, read_outputs, f)
-
-    def _replay(self, e, queue):
-        if self.options.gate_slower and len(e.times) < 3:
-            e.times.append(self._timed(lambda: self.rt.hipGraphLaunch(e.exec, queue), queue))
-            if len(e.times) == 3 and len(self.eager_times) >= 1:
-                g, ea = statistics.median(e.times), statistics.median(self.eager_times)
-                if g > ea:
-                    self.disabled += 1
-                    self._drop(e)
-                    key = next(k for k, v in self.entries.items() if v is e)
-                    del self.entries[key]
-                    self.failed[key] = _Failure(f"graph replay slower than eager ({g:.3f} ms vs {ea:.3f} ms)",
-                                                NEVER, 1)
-                    self.trace("DISABLE", e.key_str, f"reason=graph replay slower than eager ({g:.3f} ms vs "
-                                                     f"{ea:.3f} ms)")
-        else:
-            self.rt.hipGraphLaunch(e.exec, queue)
-        e.replays += 1
-        self.replays += 1
-        self.last_launches = 1
-        self.trace("REPLAY", e.key_str)
-        return e.outputs
-
-    def _timed(self, fn, queue) -> float:
-        rt = self.rt
-        a, b = rt.hipEventCreate(), rt.hipEventCreate()
-        rt.hipEventRecord(a, queue)
-        fn()
-        rt.hipEventRecord(b, queue)
-        rt.hipEventSynchronize(b)
-        ms = rt.hipEventElapsedTime(a, b)
-        rt.hipEventDestroy(a)
-        rt.hipEventDestroy(b)
-        return ms
-
-    def _eager(self, run_body, read_outputs, reason, key, quiet=False):
-        run_body()
-        self.eager_runs += 1
-        self.last_launches = self.body_launches
-        if not quiet:
-            self.trace("EAGER", self.key_summary(key), f"reason={reason}")
-        return read_outputs()
-
-    def _record(self, queue, run_body_capture):
-        """Record the body; returns (graph, None) or (None, reason)."""
-        rt = self.rt
-        try:
-            rt.hipStreamBeginCapture(queue, self.mode)
-        except DeviceError as ex:
-            return None, f"hipStreamBeginCapture failed: {ex}"
-        err = None
-        try:
-            run_body_capture()
-        except BaseException as ex:  # noqa: BLE001 - any failure inside capture means: fall back
-            err = ex
-        try:
-            graph = rt.hipStreamEndCapture(queue)
-        except DeviceError as ex:
-            graph = None
-            err = err or ex
-        if err is not None or graph is None:
-            if graph is not None:
-                _safe(rt.hipGraphDestroy, graph)
-            if isinstance(err, KeyboardInterrupt):
-                raise err
-            return None, _reason(err)
-        return graph, None
-
-    def _capture(self, key, queue, run_body, run_body_capture, read_outputs, failure):
-        rt, o = self.rt, self.options
-        t0 = time.perf_counter()
-        graph, reason = self._record(queue, run_body_capture)
-        if graph is None:
-            return self._fallback(key, reason, run_body, read_outputs, failure)
-        key_str = self.key_summary(key)
-        e = None
-        if len(self.entries) >= o.max_graphs or \
-                (self.entries and self.budget.lifetime_captures.get(self.family, 0) >= o.max_graphs):
-            victim_key, victim = next(iter(self.entries.items()))
-            del self.entries[victim_key]
-            if victim.updates < o.max_updates_per_exec and rt.hipGraphExecUpdate(victim.exec, graph):
-                _safe(rt.hipGraphDestroy, graph)
-                e = victim
-                e.key_str, e.replays, e.validations, e.times = key_str, 0, 0, []
-                e.updates += 1
-                self.updates += 1
-                event = "UPDATE"
-            else:
-                if victim.updates >= o.max_updates_per_exec:
-                    self.refreshes += 1
-                self._drop(victim)
-                self.evictions += 1
-                self.trace("EVICT", victim.key_str, "reason=" + ("exec updated too often, replaced" if
-                                                                 victim.updates >= o.max_updates_per_exec else
-                                                                 "topology changed, cannot update"))
-                refresh = victim.updates >= o.max_updates_per_exec  # replacing a worn exec is not a new variant
-                if not refresh and self.budget.lifetime_captures.get(self.family, 0) >= o.max_graphs:
-                    _safe(rt.hipGraphDestroy, graph)
-                    return self._eager(run_body, read_outputs, f"capture limit reached ({o.max_graphs} graphs "
-                                                               f"captured for this region; MIGRAPHX_HIP_GRAPH_MAX)",
-                                       key)
-        if e is None:
-            free0 = self._free()
-            try:
-                exe = rt.hipGraphInstantiate(graph)
-            except DeviceError as ex:
-                _safe(rt.hipGraphDestroy, graph)
-                return self._fallback(key, f"hipGraphInstantiate failed: {ex}", run_body, read_outputs, failure)
-            e = _Entry(key_str)
-            e.exec = exe
-            try:
-                e.nodes = rt.hipGraphGetNodeCount(graph)
-            except DeviceError:
-                e.nodes = -1
-            _safe(rt.hipGraphDestroy, graph)
-            e.bytes = max(0, free0 - self._free()) if free0 is not None else 0
-            self.captures += 1
-            with self.budget.lock:
-                self.budget.lifetime_captures[self.family] = self.budget.lifetime_captures.get(self.family, 0) + 1
-                self.budget.live_bytes += e.bytes
-            event = "CAPTURE"
-        self.failed.pop(key, None)
-        self.entries[key] = e
-        self._enforce_bytes()
-        e.outputs = read_outputs()
-        ms = (time.perf_counter() - t0) * 1e3
-        self.capture_ms += ms
-        self.trace(event, key_str, f"nodes={e.nodes} ({ms:.1f} ms)")
-        if self._validation_due(e):  # the first launch of a new exec is checked too
-            e.replays -= 1
-            self.replays -= 1
-            return self._replay_validated(e, key, queue, run_body, read_outputs)
-        rt.hipGraphLaunch(e.exec, queue)
-        self.last_launches = 1
-        return e.outputs
-
-    def _free(self):
-        try:
-            return self.rt.hipMemGetInfo()[0] if self.rt.platform != "host" else None
-        except Exception:
-            return None
-
-    def _drop(self, e) -> None:
-        if e.exec is not None:
-            _safe(self.rt.hipGraphExecDestroy, e.exec)
-            e.exec = None
-        with self.budget.lock:
-            self.budget.live_bytes -= e.bytes
-        e.bytes = 0
-
-    def _enforce_bytes(self) -> None:
-        cap = self.options.max_graph_bytes
-        while self.budget.live_bytes > cap and len(self.entries) > 1:
-            k, victim = next(iter(self.entries.items()))
-            del self.entries[k]
-            self._drop(victim)
-            self.evictions += 1
-            self.trace("EVICT", victim.key_str, f"reason=graph memory above the cap ({cap} bytes; "
-                                                f"MIGRAPHX_HIP_GRAPH_MAX_BYTES)")
-
-    def _fallback(self, key, reason, run_body, read_outputs, failure):
-        attempts = (failure.attempts + 1) if failure is not None else 1
-        wait = min(self.options.retry_after << (attempts - 1), 1024)
-        self.failed[key] = _Failure(reason, self.calls + wait, attempts)
-        self.fallbacks += 1
-        self.trace("FALLBACK", self.key_summary(key), f"reason={reason}; retry in {wait} calls")
-        run_body()
-        self.eager_runs += 1
-        self.last_launches = self.body_launches
-        return read_outputs()
-
-    # -- validation ------------------------------------------------------------------------------
-    def _validation_due(self, e) -> bool:
-        if not self.options.validate or self.validator is None:
-            return False
-        n = e.replays
-        return n < self.options.validate_first or (n - self.options.validate_first) % self.options.validate_every \
-            == self.options.validate_every - 1
-
-    def _replay_validated(self, e, key, queue, run_body, read_outputs):
-        v = self.validator
-        snap = v.snapshot(queue)
-        self.rt.hipGraphLaunch(e.exec, queue)
-        e.replays += 1
-        self.replays += 1
-        graph_out = v.copy_outputs(e.outputs, queue)
-        v.restore(snap, queue)
-        run_body()
-        eager_out = read_outputs()
-        err = v.max_error(graph_out, eager_out, queue, self.options.rtol, self.options.atol)
-        self.validations += 1
-        self.last_launches = 1 + self.body_launches
-        if err is None:
-            self.trace("VALIDATE", e.key_str, "replay == eager")
-            return eager_out
-        self.validation_mismatches += 1
-        del self.entries[key]
-        self._drop(e)
-        self.failed[key] = _Failure(f"validation mismatch: max error {err:.3g} between replay and eager", NEVER, 1)
-        self.trace("VALIDATE", e.key_str, f"MISMATCH max error {err:.3g}: key disabled, eager from now on")
-        return eager_out
-
-    # -- teardown --------------------------------------------------------------------------------
-    def release(self) -> None:
-        """Destroy every graph exec (after the queue is synchronized)."""
-        with self.lock:
-            for e in self.entries.values():
-                self._drop(e)
-            self.entries.clear()
-
-
-class Validator:
-    """Snapshots and compares for validation mode: ``state`` are the arrays a region writes in place."""
-
-    def __init__(self, ctx, state_arrays_fn):
-        self.ctx = ctx
-        self.state_arrays_fn = state_arrays_fn
-
-    def snapshot(self, queue):
-        xp = self.ctx.xp
-        with self.ctx.on_queue(queue):
-            return [(a, xp.array(a, copy=True)) for a in self.state_arrays_fn()]
-
-    def restore(self, snap, queue):
-        for dst, src in snap:
-            self.ctx.copy(queue, dst, src)
-
-    def copy_outputs(self, outs, queue):
-        xp = self.ctx.xp
-        with self.ctx.on_queue(queue):
-            return [xp.array(o, copy=True) for o in outs]
-
-    def max_error(self, a, b, queue, rtol, atol):
-        """None when every pair is within ``atol + rtol * |b|``, else the largest absolute error."""
-        worst, bad = 0.0, False
-        for x, y in zip(a, b):
-            hx = np.asarray(self.ctx.to_host(x, queue), dtype=np.float64)
-            hy = np.asarray(self.ctx.to_host(y, queue), dtype=np.float64)
-            diff = np.abs(hx - hy)
-            both_nan = np.isnan(hx) & np.isnan(hy)
-            diff = np.where(both_nan, 0.0, diff)
-            if np.any(np.isnan(diff)) or np.any(diff > atol + rtol * np.abs(hy)):
-                bad = True
-            if diff.size:
-                worst = max(worst, float(np.nanmax(diff)) if not np.all(np.isnan(diff)) else float("inf"))
-        return worst if bad else None
-
-
-def _reason(err) -> str:
-    if err is None:
-        return "capture produced no graph"
-    if isinstance(err, (CaptureError, DeviceError)):
-        return str(err)
-    return f"{type(err).__name__}: {err}"
-
-
-def _safe(fn, *args) -> None:
-    try:
-        fn(*args)
-    except Exception:
-        pass
+def _where(ins) -> str:
+    m = ins.module
+    return f"graph_launch {m.name}:{m.label_of(ins)}" if m is not None else "graph_launch"

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import CompileError, MgxError, ShapeError
 from .operators.base import Operation
 from .shape import Shape, check_size
 
@@ -290,7 +290,6 @@ class Module:
         a ``get_tuple_elem`` of it.  Returns ``(submodule, {parameter name: outer value bound to it})``.
         Raises CompileError when the run has no output or the module belongs to no program.
         """
-        from .errors import CompileError
         from .operators import make_op
 
         inputs, outputs = self.run_io(run)
@@ -412,14 +411,19 @@ def _shape_str(shape) -> str:
 class Program:
     """A set of modules with a root module ``main``.
 
-    Created by :func:`mgx_graph.parse_onnx`; :meth:`compile` runs the passes and lowers it to a
-    target, after which :meth:`run` / :meth:`run_async` execute it.
+    Created by :func:`mgx_graph.parse_onnx`; :meth:`compile` runs the passes, lowers it to a target
+    and returns the :class:`~mgx_graph.compiled.CompiledProgram`, which this program keeps in
+    ``compiled``, so that :meth:`run` / :meth:`run_async` / :meth:`stats` / :meth:`release` here
+    run it too.  ``metadata``: the model's metadata properties (``{key: value}``);
+    ``symbolic_inputs``: the inputs whose dims were left symbolic (``{name: [dim indices]}``).
     """
 
     def __init__(self):
         self.modules: dict[str, Module] = {}
         self.create_module("main")
-        self._compiled = None  # set by compile()
+        self.metadata: dict = {}
+        self.symbolic_inputs: dict = {}
+        self.compiled = None  # the CompiledProgram made by compile()
 
     def create_module(self, name: str) -> Module:
         if name in self.modules:
@@ -475,4 +479,56 @@ class Program:
     def instruction_count(self) -> int:
         return sum(len(m) for m in self.module_order())
 
-    # compile/run are attached in program.py to keep this module free of target code
+    # -- compiling (the target code lives in mgx_graph.program; imported when used) ----------------
+    def compile(self, target: str = "auto", **options):
+        """Run the target's pass pipeline over this program (in place) and finalize it on ``target``
+        (``ref``, ``gpu`` or ``auto``); returns the :class:`~mgx_graph.compiled.CompiledProgram`, also
+        kept in ``compiled``.  ``options`` and the errors raised: :func:`mgx_graph.program.compile_program`;
+        CompileError when the program is compiled already."""
+        from .program import compile_program
+
+        if self.compiled is not None:
+            raise CompileError("program is already compiled")
+        self.compiled = compile_program(self, target, **options)
+        return self.compiled
+
+    def _require_compiled(self):
+        if self.compiled is None:
+            raise MgxError("program is not compiled: call compile() first")
+        return self.compiled
+
+    def is_compiled(self) -> bool:
+        """True once :meth:`compile` made an executor (see ``CompiledProgram.is_compiled``)."""
+        return self.compiled is not None and self.compiled.is_compiled()
+
+    def run(self, params: dict) -> list:
+        """:meth:`CompiledProgram.run <mgx_graph.compiled.CompiledProgram.run>` of the compiled program
+        (MgxError when not compiled)."""
+        return self._require_compiled().run(params)
+
+    def run_async(self, params: dict, queue=None) -> list:
+        """:meth:`CompiledProgram.run_async <mgx_graph.compiled.CompiledProgram.run_async>`."""
+        return self._require_compiled().run_async(params, queue)
+
+    def stats(self) -> dict:
+        """:meth:`CompiledProgram.stats <mgx_graph.compiled.CompiledProgram.stats>`."""
+        return self._require_compiled().stats()
+
+    def release(self) -> None:
+        """Release the compiled program (nothing when not compiled); safe to call more than once."""
+        if self.compiled is not None:
+            self.compiled.release()
+
+    @property
+    def queue(self) -> int:
+        """The compiled program's default queue (stream handle)."""
+        return self._require_compiled().queue
+
+    @property
+    def context(self):
+        """The compiled program's target context."""
+        return self._require_compiled().context
+
+    def param_buffer(self, name: str):
+        """The compiled program's own device buffer of parameter ``name``."""
+        return self._require_compiled().param_buffer(name)

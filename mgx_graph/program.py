@@ -1,20 +1,32 @@
-"""Compilation and execution API attached to :class:`mgx_graph.ir.Program`.
+"""Compiling a program: the target's pass pipeline, the typed result, and the executor.
 
-``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
+:func:`compile_program` (what ``Program.compile(target, ...)`` calls) runs the target's pipeline
+through the pass manager (``mgx_graph/targets/ref.py`` / ``gpu.py`` ``pipeline()``):
 
-    eliminate_dead_code, propagate_constant, simplify_reshapes, fuse_norms, eliminate_dead_code,
-    [quantize_fp16, propagate_constant], [bind_outputs], lowering, [hip_graph], memory_coloring
+    simplify: eliminate_dead_code, propagate_constant, simplify_reshapes
+    fuse: fuse_norms, eliminate_dead_code
+    precision (fp16): quantize_fp16, propagate_constant
+    outputs: bind_outputs
+    lower: lowering
+    graph (hip_graph): hip_graph
+    memory: memory_coloring
+
+which fills a :class:`~mgx_graph.compile_result.CompileResult`, then finalizes an
+:class:`~mgx_graph.executor.Executor` on the target and returns a
+:class:`~mgx_graph.compiled.CompiledProgram`.  :func:`compile` parses an ONNX model first and returns
+a dynamic-shape program (a dispatcher of specializations) when shapes are not all known.
 
 ``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
 no ``graph_launch`` exists anywhere and execution is the plain eager path.
 """
 from __future__ import annotations
 
-import os
-
 from . import env
-from .errors import CompileError, DeviceError, MgxError
+from .compile_result import CompileResult
+from .compiled import CompiledProgram
+from .errors import CompileError, DeviceError
 from .executor import Executor
+from .graph_cache import GraphBudget, GraphOptions
 from .ir import Program
 from .passes import PassContext, PassManager, PipelineOptions
 from .passes.bind_outputs import detect_alias
@@ -29,12 +41,14 @@ def hip_graph_from_env() -> bool:
     return env.enabled("MIGRAPHX_HIP_GRAPH")
 
 
-def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
-             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
-             debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
-             max_graph_bytes: int | None = None, capture_mode: str | None = None, validate: bool | None = None,
-             gate_slower: bool | None = None, _label: str = "") -> Program:
-    """Run the pass pipeline and lower the program to ``target`` (``ref``, ``gpu`` or ``auto``).
+def compile_program(program: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
+                    alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
+                    debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
+                    max_graph_bytes: int | None = None, capture_mode: str | None = None,
+                    validate: bool | None = None, gate_slower: bool | None = None,
+                    _label: str = "") -> CompiledProgram:
+    """Run the pass pipeline over ``program`` (in place), lower it to ``target`` (``ref``, ``gpu`` or
+    ``auto``) and finalize it; returns the :class:`~mgx_graph.compiled.CompiledProgram`.
 
     Parameters
     ----------
@@ -55,53 +69,47 @@ def _compile(self: Program, target: str = "auto", *, hip_graph: bool | None = No
         a mismatch disables the key (``MIGRAPHX_HIP_GRAPH_VALIDATE``).
     gate_slower: time the first replays against the warmups and stop using a graph that is slower.
 
-    Raises CompileError (unknown/unusable target, impossible alias, or more memory than the device
-    has: the message names the largest parameters / instructions and their bytes) or ShapeError.
+    Raises CompileError (unknown/unusable target, impossible alias, a program lowered already, or
+    more memory than the device has: the message names the largest parameters / instructions and
+    their bytes) or ShapeError.  A failed compile leaves nothing allocated.
     """
-    if self._compiled is not None:
+    if any("kernel" in i.meta for m in program.module_order() for i in m.instructions):
         raise CompileError("program is already compiled")
     tname = resolve_target(target)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
     if alias == "auto":
-        alias_map, strict = detect_alias(self, getattr(self, "metadata", None)), False
+        alias_map, strict = detect_alias(program, program.metadata), False
     else:
         alias_map, strict = dict(alias or {}), True
     options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
                               host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
-    manager = PassManager(pipeline(tname, options), PassContext(tname))
-    self.alias = {}
-    manager.run(self)
-    binder = manager.find("bind_outputs")
-    self.alias_skipped = dict(binder.skipped) if binder is not None else {}
+    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)))
+    PassManager(pipeline(tname, options), pctx).run(program)
+    result = pctx.result
     if budget is None:
-        from .graph_launch import GraphBudget, GraphOptions
-
         budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
                                                    max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
                                                    validate=validate, gate_slower=gate_slower))
     ctx = make_context(tname)
     try:  # a failed finalize leaves nothing allocated and no queue open
-        _check_memory(self, ctx)
+        _check_memory(program, result, ctx)
         try:
-            self._compiled = Executor(self, ctx, budget=budget, label=_label)
+            executor = Executor(program, result, ctx, budget=budget, label=_label)
         except DeviceError as e:
             if e.code not in OUT_OF_MEMORY:
                 raise
-            raise CompileError(_memory_message(self, ctx, str(e))) from e
+            raise CompileError(_memory_message(program, result, ctx, str(e))) from e
     except BaseException:
         ctx.close()
         raise
-    self.target = tname
-    self.hip_graph = hip_graph
-    self.fp16 = fp16
-    return self
+    return CompiledProgram(program, result, executor=executor)
 
 
-def memory_demand(self: Program) -> tuple[int, dict, list]:
+def memory_demand(program: Program, result: CompileResult) -> tuple[int, dict, list]:
     """Device bytes a compiled (planned) program allocates at finalize: ``(total, {"scratch arena": n,
     "literals": n, "parameters": n}, [(bytes, what)] of the largest buffers, largest first)``."""
-    plan = self.memory_plan
-    params = [i for i in self.get_main_module().instructions if i.op.name == "@param"]
+    plan = result.memory_plan
+    params = [i for i in program.get_main_module().instructions if i.op.name == "@param"]
     pbytes = sum((p.shape.bytes() + 255) // 256 * 256 for p in params if p.shape.dtype != "object")
     parts = {"scratch arena": plan.arena_bytes, "literals": plan.literal_bytes, "parameters": pbytes}
     largest = [(p.shape.bytes(), f"parameter '{p.op.parameter}' {p.shape.brief()}") for p in params
@@ -110,117 +118,20 @@ def memory_demand(self: Program) -> tuple[int, dict, list]:
     return sum(parts.values()), parts, largest[:3]
 
 
-def _memory_message(self: Program, ctx, detail: str) -> str:
-    need, parts, largest = memory_demand(self)
+def _memory_message(program: Program, result: CompileResult, ctx, detail: str) -> str:
+    need, parts, largest = memory_demand(program, result)
     split = ", ".join(f"{k} {v}" for k, v in parts.items())
     big = "; ".join(f"{what}: {n} bytes" for n, what in largest)
     return f"the program needs {need} bytes of {ctx.name} memory ({split}): {detail}; largest: {big}"
 
 
-def _check_memory(self: Program, ctx) -> None:
+def _check_memory(program: Program, result: CompileResult, ctx) -> None:
     """CompileError (naming the largest parameters / instructions) when the program needs more bytes than
     the device has in all (``hipMemGetInfo`` total; the host's physical memory on ``ref``)."""
-    need = memory_demand(self)[0]
+    need = memory_demand(program, result)[0]
     total = ctx.runtime.hipMemGetInfo()[1]
     if need > total:
-        raise CompileError(_memory_message(self, ctx, f"the device has {total} bytes in all"))
-
-
-def _executor(self: Program) -> Executor:
-    if self._compiled is None:
-        d = getattr(self, "_dispatch", None)
-        last = d.last() if d is not None else None
-        if last is not None:
-            return last._compiled
-        if d is not None and d.released:
-            raise MgxError("the program was released")
-        raise MgxError("program is not compiled: call compile() first" if d is None else
-                       "program is specialized at its first run (its shapes depend on run-time values)")
-    return self._compiled
-
-
-def _run(self: Program, params: dict) -> list:
-    """Run with host (numpy) inputs; returns host copies of the outputs (blocks until done).
-
-    ``params`` maps every parameter name to a numpy array of exactly the parameter's shape and dtype.
-    Raises ParameterError naming the parameter and the expected vs given shape/dtype.
-    """
-    d = getattr(self, "_dispatch", None)
-    if d is not None:
-        return d.run(params, device=False)
-    return _executor(self).run(params)
-
-
-def _run_async(self: Program, params: dict, queue=None) -> list:
-    """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
-    default: the context's queue) without synchronizing.  Returns device arrays that alias the
-    program's output buffers: they are valid until the next run (copy them to keep them).
-
-    A queue given here must outlive the program (its release synchronizes it); a release while a
-    capture is open on it frees nothing until that capture ends."""
-    d = getattr(self, "_dispatch", None)
-    if d is not None:
-        return d.run(params, device=True, queue=queue)
-    return _executor(self).run_async(params, queue)
-
-
-def _stats(self: Program) -> dict:
-    """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
-    eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes, and
-    ``host_fallback_instructions``: the instructions that run on the host in place of a device kernel
-    (``len(program.host_instructions)``, see :func:`mgx_graph.passes.lowering.host_instructions`)."""
-    d = getattr(self, "_dispatch", None)
-    if d is not None:
-        return d.stats()
-    st = _executor(self).stats()
-    st["host_fallback_instructions"] = len(getattr(self, "host_instructions", ()))
-    return st
-
-
-def _release(self: Program) -> None:
-    """Synchronize, destroy graphs, free device memory.  Safe to call more than once; later runs raise
-    MgxError.  While a capture is open on a queue the program used (its own, or one given to
-    ``run_async``), the frees wait until that capture ends (``hipFree`` would invalidate it)."""
-    d = getattr(self, "_dispatch", None)
-    if d is not None:
-        d.release()
-    if self._compiled is not None:
-        self._compiled.close()
-
-
-def _queue(self: Program) -> int:
-    return _executor(self).ctx.queue
-
-
-def _context(self: Program):
-    return _executor(self).ctx
-
-
-def _is_compiled(self: Program) -> bool:
-    return self._compiled is not None
-
-
-def _param_buffer(self: Program, name: str):
-    return _executor(self).param_buffers[name]
-
-
-def _del(self):
-    try:
-        _release(self)
-    except Exception:
-        pass
-
-
-Program.compile = _compile
-Program.run = _run
-Program.run_async = _run_async
-Program.stats = _stats
-Program.release = _release
-Program.queue = property(_queue)
-Program.context = property(_context)
-Program.is_compiled = _is_compiled
-Program.param_buffer = _param_buffer
-Program.__del__ = _del
+        raise CompileError(_memory_message(program, result, ctx, f"the device has {total} bytes in all"))
 
 
 def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input_dims: dict | None = None,
@@ -228,9 +139,11 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
             alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
             debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
             host_ops=(), max_graphs: int | None = None, max_graph_bytes: int | None = None,
-            capture_mode: str | None = None, validate: bool | None = None, gate_slower: bool | None = None) -> Program:
+            capture_mode: str | None = None, validate: bool | None = None,
+            gate_slower: bool | None = None) -> CompiledProgram:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
-    :meth:`Program.compile` for the parameters and the errors raised.
+    :func:`compile_program` for the parameters and the errors raised.  Returns a
+    :class:`~mgx_graph.compiled.CompiledProgram`.
 
     When inputs have symbolic dims (not fixed by ``input_dims``) or shapes depend on data, the returned
     program dispatches each call to a specialization for that call's shapes and values (compiled on
@@ -253,25 +166,21 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
         symbolic = {}  # every symbolic dim is given a value
     tname = resolve_target(target)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
-    from .graph_launch import GraphBudget, GraphOptions
-
     budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
                                                max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
                                                validate=validate, gate_slower=gate_slower))
     ckw = dict(hip_graph=hip_graph, fp16=fp16, warmup=warmup, min_partition_size=min_partition_size, debug=debug,
                budget=budget, host_ops=tuple(host_ops))
     if prog is not None and not symbolic:
-        return prog.compile(tname, alias=alias, **ckw)
+        return compile_program(prog, tname, alias=alias, **ckw)
     if alias not in (None, "auto", {}):
         raise CompileError("alias (outputs written in place) needs static shapes; this model has run-time shapes "
                            f"(symbolic inputs: {sorted(symbolic)})")
     disp = Dispatcher(proto, parse_kw, ckw, tname, max_specializations=max_specializations, debug=bool(debug))
     if prog is None:
-        prog = Program()
-        prog.metadata = {}
-    else:
-        prog.compile(tname, alias=None, _label="[spec 0] ", **ckw)
-        shapes = tuple(sorted((n, tuple(s.lens)) for n, s in prog.get_parameter_shapes().items()))
-        disp._insert(shapes, {}, prog)
-    prog._dispatch = disp
-    return prog
+        return CompiledProgram(Program(), CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)),
+                               dispatcher=disp)
+    spec0 = compile_program(prog, tname, alias=None, _label="[spec 0] ", **ckw)
+    shapes = tuple(sorted((n, tuple(s.lens)) for n, s in prog.get_parameter_shapes().items()))
+    disp._insert(shapes, {}, spec0)
+    return CompiledProgram(prog, spec0.result, executor=spec0.executor, dispatcher=disp)

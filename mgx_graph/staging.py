@@ -44,7 +44,7 @@ class InputStaging:
     @classmethod
     def for_executor(cls, ex) -> "InputStaging":
         """Collect the owned ranges of a finalized :class:`~mgx_graph.executor.Executor`."""
-        ctx, plan = ex.ctx, ex.program.memory_plan
+        ctx, plan = ex.ctx, ex.plan
         ptr = ctx.data_ptr
         ranges = []
         if ex.arena is not None:

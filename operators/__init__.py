@@ -3,7 +3,7 @@
 Importing this package registers every op; :func:`make_op` builds one by its MIGraphX-style name.
 """
 from .base import Operation, make_op, register_op, registered_ops  # noqa: F401
-from . import pointwise, views, shape_ops, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
+from . import pointwise, views, shape_ops, gather_scatter, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
 from . import pooling, conv_transpose, resize  # noqa: F401  (native spatial ops)
 from . import normalization, index_ops, detection, activation  # noqa: F401
 from . import normalization_contrib, rotary, quantized, attention  # noqa: F401  (onnxruntime contrib ops)

@@ -22,7 +22,7 @@ from ..errors import ShapeError
 from ..shape import Shape
 from .base import Operation, check_inputs, register_op
 from .normalization_contrib import FLOATS
-from .shape_ops import _same_buffer
+from .gather_scatter import _same_buffer
 
 
 def _check_index(name: str, what: str, v: Shape, lens) -> None:

@@ -55,6 +55,8 @@ class Operation:
 
     Subclasses set ``name`` and implement ``compute_shape``.  Compute ops implement
     ``compute(ctx, out, args, ws)``; view ops set ``is_view = True`` and implement ``view(xp, x, shape)``.
+    Ops with submodules (``if``, ``loop``, ``graph_launch``) implement
+    ``compute_modules(ctx, queue, out, args, mods, run)`` and may keep state made by ``finalize``.
 
     Class flags
     -----------
@@ -75,6 +77,7 @@ class Operation:
     builtin = False
     side_effects = False  # kept by dead-code elimination even when nothing reads it
     gpu_supported = True  # False: the gpu target runs it on the host (host fallback)
+    step_kind: str | None = None  # eval-loop step this op needs ("guard", "copy_from_gpu", ...); None: the default
 
     def __init__(self, **attrs):
         self.attrs = attrs
@@ -99,6 +102,22 @@ class Operation:
 
     def view(self, xp, x, shape: Shape):
         raise NotImplementedError(self.name)
+
+    # -- ops with submodules (MIGraphX's compute(ctx, output, args, module_args, run)) ---------------
+    def finalize(self, ctx, ins, run):
+        """Called once for an instruction with submodules when its program is finalized, before any run
+        (its buffers are allocated, ``run`` is the eval loop's callback, see
+        :class:`mgx_graph.eval_loop.ModuleRunner`).  Returns a state object reported in ``stats()``
+        and released with the program (``stats()`` / ``counters`` / ``release()``), or None."""
+        return None
+
+    def compute_modules(self, ctx, queue, out, args, mods, run):
+        """Run the instruction on ``queue``: ``out`` is its own buffer (an array, a tuple of arrays, or
+        None when it has none), ``args`` the values of its inputs, ``mods`` its submodules.  The op
+        decides which submodule runs and how often, through ``run(module, queue, params=None,
+        capture=False)``, which issues the module's instructions and returns its return values.
+        Returns the instruction's value (``out`` or the submodule's results)."""
+        raise NotImplementedError(f"{self.name}: no compute over submodules")
 
     def workspace(self, inputs: list[Shape], output: Shape) -> list[Shape]:
         """Scratch buffers the generic kernel needs (planned by memory planning)."""

@@ -11,7 +11,7 @@ from util import ort_run
 
 def program_text(prog) -> str:
     """The printed program, or every specialization of a program compiled per run-time value."""
-    d = getattr(prog, "_dispatch", None)
+    d = getattr(prog, "dispatcher", None)
     if d is not None and len(d.specs):
         return "\n".join(p.print() for p in d.specs.programs())
     return prog.print()
@@ -19,7 +19,7 @@ def program_text(prog) -> str:
 
 def kernels(prog) -> list:
     """(op name, kernel) of every lowered instruction, of every specialization."""
-    d = getattr(prog, "_dispatch", None)
+    d = getattr(prog, "dispatcher", None)
     progs = d.specs.programs() if d is not None and len(d.specs) else [prog]
     return [(i.op.name, i.meta["kernel"]) for p in progs for m in p.modules.values() for i in m.instructions
             if "kernel" in i.meta]

@@ -475,7 +475,7 @@ def test_group_query_attention_total_length_input_specializes_once():
     for total, seqlens in ((6, (5, 3)), (7, (6, 6)), (8, (7, 2))):
         f = dict(feeds, total_sequence_length=np.array(total, np.int32), seqlens_k=np.array(seqlens, np.int32))
         assert_gqa_matches(prog.run(f), ort_outputs(model, f), f, 1, np.float32, f"total {total}")
-    assert prog._dispatch.compiles == 1
+    assert prog.dispatcher.compiles == 1
 
 
 @pytest.mark.parametrize("change,match", [

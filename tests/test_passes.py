@@ -237,7 +237,7 @@ def test_graph_boundary_at_each_host_sync_kind(kind, target):
     want = ort_run(model, inputs)[0]
     for o in outs:
         np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
-    spec = prog if "graph_launch" in prog.print() else prog._dispatch.last()
+    spec = prog if "graph_launch" in prog.print() else prog.dispatcher.last()
     main = spec.get_main_module()
     seq = [i.op.name for i in main.instructions if not i.op.builtin and i.op.name not in ("get_tuple_elem",)]
     b = BOUNDARY[kind]

@@ -372,7 +372,7 @@ def test_b26_many_exec_updates(target):
     model = chain()
     prog = mgx_graph.compile(model, target=target, hip_graph=True, warmup=1, max_graphs=1)
     xp = prog.context.xp
-    opts = prog._compiled.options
+    opts = prog.executor.options
     opts.max_updates_per_exec = 200
     n = 600 if target == "ref" else 10000
     for i in range(n):
@@ -451,7 +451,7 @@ def test_validation_mode_disables_a_wrong_replay(target, capfd):
 
     def wrong_replay(exe, q):
         real(exe, q)
-        out_buf = prog._compiled.env[prog._compiled.out_slots[0]]  # the region's output buffer
+        out_buf = prog.executor.env[prog.executor.out_slots[0]]  # the region's output buffer
         prog.context.copy(q, out_buf, out_buf + 1.0) if target == "gpu" else rt.hipLaunchHostFunc(
             q, np.add, (out_buf, 1.0, out_buf))
 
@@ -474,7 +474,7 @@ def test_env_validate_and_max(monkeypatch):
     monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_VALIDATE", "1")
     monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_MAX", "3")
     prog = mgx_graph.compile(chain(), target="ref", hip_graph=True)
-    opts = prog._compiled.options
+    opts = prog.executor.options
     assert opts.validate and opts.max_graphs == 3
 
 

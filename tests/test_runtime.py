@@ -271,7 +271,8 @@ def test_hip_backend_runs_the_graph_launch_state_machine(style):
     for _ in range(5):
         state.execute(key, q, body, body, lambda: [acc])
     assert acc[0] == 5  # warmup, warmup, capture(+launch), replay, replay: each computed once
-    assert (state.warmups, state.captures, state.replays, state.fallbacks) == (2, 1, 2, 0)
+    c = state.counters
+    assert (c.warmups, c.captures, c.replays, c.fallbacks) == (2, 1, 2, 0)
     assert ("hipStreamBeginCapture", 1) in fake.calls  # thread-local capture mode
     assert ("hipGraphInstantiateWithFlags", 0) in fake.calls
     assert state.stats()["graph_nodes"] == [-1]  # hipGraphGetNodes is not trusted on hip-python
@@ -294,7 +295,7 @@ def test_hip_backend_failed_capture_falls_back():
 
     for _ in range(3):
         state.execute((q, ()), q, body, body, lambda: [acc])
-    assert acc[0] == 3 and state.fallbacks == 1 and state.captures == 0
+    assert acc[0] == 3 and state.counters.fallbacks == 1 and state.counters.captures == 0
     assert "hipErrorStreamCaptureUnsupported" in next(iter(state.failed.values())).reason
 
 

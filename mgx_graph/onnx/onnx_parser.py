@@ -363,8 +363,8 @@ def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int 
     """
     m = load_model(model, external_data_dir)
     prog = OnnxParser(m, input_dims, default_dim_value, dim_params, check_shapes, known_values).parse(output_names)
-    prog.metadata = {p.key: p.value for p in m.metadata_props}
-    prog.symbolic_inputs = symbolic_inputs(m, input_dims)
+    prog.metadata.update({p.key: p.value for p in m.metadata_props})
+    prog.symbolic_inputs.update(symbolic_inputs(m, input_dims))
     return prog
 
 

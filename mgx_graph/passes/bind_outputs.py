@@ -75,7 +75,8 @@ def _readers(param):
 class BindOutputs(Pass):
     """Bind ``alias`` pairs (output name -> parameter name) in place; with ``strict`` a pair that
     cannot be bound raises CompileError, otherwise it is recorded in ``skipped`` with the reason.
-    Sets ``program.alias`` to the pairs bound."""
+    Records the pairs bound and skipped in the compile result (``ctx.result.alias`` /
+    ``alias_skipped``) when run with a pass context."""
 
     name = "bind_outputs"
     required = True  # it also copies outputs that would expose a literal or the caller's input
@@ -102,7 +103,9 @@ class BindOutputs(Pass):
                     raise
                 self.skipped[out_name] = str(e)
         copy_outputs(m, skip=set(self.bound))
-        program.alias = dict(self.bound)
+        if ctx is not None:
+            ctx.result.alias = dict(self.bound)
+            ctx.result.alias_skipped = dict(self.skipped)
 
     def _bind(self, m, ret, names, order, out_name, pname, taken):
         if out_name not in names:

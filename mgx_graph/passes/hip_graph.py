@@ -7,10 +7,17 @@ literals neither join nor cut a run.  A run with at least ``min_partition_size``
 becomes a submodule ``<module>:graph_launch<N>`` whose parameters ``x0..`` are the run's inputs
 (bound by sorted name) and whose return values are the run's values used after it; consumers outside
 the run read them through ``get_tuple_elem``.  Running the pass twice equals running it once.
+
+The pass then records on every ``graph_launch`` instruction which of its inputs are *movable*
+(``meta["movable_inputs"]``: values the eval loop binds per call, whose device pointer may change
+from one call to the next, :func:`movable_values`) and which are *fixed* (``meta["fixed_inputs"]``:
+scratch-arena buffers, literals and loop-owned buffers, at one address for the program's life).  The
+op binds the fixed ones once when the program is finalized and keys its graphs on the movable ones.
 """
 from __future__ import annotations
 
 from ..operators import make_op
+from .memory_coloring import param_bindings
 from .pass_manager import Pass
 
 
@@ -29,8 +36,44 @@ def launch_count(ins) -> int:
     return k.launches if k is not None else 0
 
 
+def movable_values(program) -> set[int]:
+    """``id`` of every instruction whose value the eval loop binds per call, so that its array (and its
+    device pointer) may differ between calls: parameters (except a loop body's, bound to the loop's own
+    buffers), ``graph_launch`` results, ``@return``, instructions writing into a parameter
+    (``bind_param``), guards, and views of any of these.  Every other value has a fixed address for
+    the program's life (a scratch-arena buffer, a literal, a host buffer)."""
+    binds = param_bindings(program)
+    moving: set[int] = set()
+    for m in program.module_order():  # parents first: an outer value is classified before its readers
+        for ins in m.instructions:
+            op = ins.op
+            if op.name == "@param":
+                b = binds.get(id(ins))
+                if b is None or b[0] not in ("loop", "loopvar"):
+                    moving.add(id(ins))
+            elif op.name in ("graph_launch", "@return") or "bind_param" in ins.meta:
+                moving.add(id(ins))
+            elif op.is_view and (op.name == "guard" or id(ins.inputs[0]) in moving):
+                moving.add(id(ins))
+    return moving
+
+
+def record_input_placement(program) -> None:
+    """Set ``meta["movable_inputs"]`` / ``meta["fixed_inputs"]`` (submodule parameter names, sorted)
+    on every ``graph_launch`` instruction of ``program``."""
+    moving = movable_values(program)
+    for m in program.module_order():
+        for ins in m.instructions:
+            if ins.op.name != "graph_launch":
+                continue
+            names = sorted(ins.module_inputs[0].get_parameter_names())
+            ins.meta["movable_inputs"] = [n for n, v in zip(names, ins.inputs) if id(v) in moving]
+            ins.meta["fixed_inputs"] = [n for n, v in zip(names, ins.inputs) if id(v) not in moving]
+
+
 class HipGraph(Pass):
-    """Wrap runs of at least ``min_partition_size`` kernel launches (see the module docstring)."""
+    """Wrap runs of at least ``min_partition_size`` kernel launches and record each region's movable and
+    fixed inputs (see the module docstring)."""
 
     name = "hip_graph"
 
@@ -44,6 +87,7 @@ class HipGraph(Pass):
                 continue  # no nested capture
             for run in self.find_runs(m):
                 self.wrap(m, run, counter)
+        record_input_placement(program)
 
     def find_runs(self, m) -> list[list]:
         """Maximal runs of capturable instructions of ``m`` with enough launches, in order."""

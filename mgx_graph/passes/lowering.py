@@ -72,10 +72,11 @@ def _has_strings(ins) -> bool:
 
 class Lowering(Pass):
     """Lower to ``target`` (``ref`` or ``gpu``; None: the pass context's target), running the ops
-    named in ``host_ops`` on the host.  Sets ``program.host_fallback_ops`` (sorted op names) and
-    ``program.host_instructions`` (see :func:`host_instructions`); warns once on gpu listing every
-    instruction with no gpu kernel; raises CompileError for a string tensor off ``ref`` or a kernel
-    that cannot be chosen (naming the instruction's op)."""
+    named in ``host_ops`` on the host.  Records in the compile result the sorted names of the ops put
+    on the host (``ctx.result.host_fallback_ops``) and every host instruction
+    (``ctx.result.host_instructions``, see :func:`host_instructions`); warns once on gpu listing every
+    instruction with no gpu kernel; raises CompileError for a string tensor off
+    ``ref`` or a kernel that cannot be chosen (naming the instruction's op)."""
 
     name = "lowering"
     required = True
@@ -86,7 +87,10 @@ class Lowering(Pass):
 
     def apply(self, program, ctx=None) -> None:
         target = self.target or (ctx.target if ctx is not None else "ref")
-        self._place_on_host(program, target)
+        fallback = self._place_on_host(program, target)
+        if ctx is not None:
+            ctx.result.host_fallback_ops = fallback
+            ctx.result.host_instructions = host_instructions(program)
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op
@@ -103,9 +107,9 @@ class Lowering(Pass):
                 except Exception as e:  # pragma: no cover - defensive: name the instruction
                     raise CompileError(f"lowering {op} to '{target}' failed: {type(e).__name__}: {e}") from e
 
-    def _place_on_host(self, program, target: str) -> None:
+    def _place_on_host(self, program, target: str) -> list[str]:
         """Host fallback for ops without a kernel on ``target`` and for ``host_ops``; string tensors
-        run on the host (ref only)."""
+        run on the host (ref only).  Returns the sorted names of the ops put on the host."""
         fallback = []
         for m in program.module_order():
             for ins in list(m.instructions):
@@ -115,19 +119,18 @@ class Lowering(Pass):
                 if (target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
                     insert_host_fallback(m, ins)
                     fallback.append(op.name)
-        program.host_fallback_ops = sorted(set(fallback))
+        if fallback and target == "gpu":
+            import warnings
+
+            names = sorted(set(fallback))
+            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
+                          f"{', '.join(names)}: {'; '.join(host_instructions(program))}", stacklevel=4)
         strings = [i for m in program.module_order() for i in m.instructions if not i.op.builtin and _has_strings(i)]
         if strings and target != "ref":
             raise CompileError(f"string tensors run on the ref target only ({strings[0].op} uses one)")
         for ins in strings:
             ins.meta["on_host"] = True
-        program.host_instructions = host_instructions(program)
-        if fallback and target == "gpu":
-            import warnings
-
-            warnings.warn(f"gpu target: {len(fallback)} instruction(s) run on the host (no gpu kernel): "
-                          f"{', '.join(program.host_fallback_ops)}: {'; '.join(program.host_instructions)}",
-                          stacklevel=4)
+        return sorted(set(fallback))
 
     def select(self, op, in_shapes, out_shape, ins, target: str | None = None) -> Kernel:
         """The kernel of ``op`` on ``target`` (default: the pass's target)."""

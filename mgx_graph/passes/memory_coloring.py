@@ -8,7 +8,8 @@ state) live across its whole body, and values its body reads live until it finis
 many times).  Scratch buffers of a kernel live for that kernel only.  Buffers are packed first-fit by
 ascending start with 256-byte alignment, so two buffers whose lives overlap never share bytes.
 Literals go to a separate constant area; host-fallback values live in host memory.  The result is
-``program.memory_plan`` (offsets keyed by ``(id(instruction), tuple index or None)``).
+a :class:`MemoryPlan` (offsets keyed by ``(id(instruction), tuple index or None)``), stored in the
+compile result (``ctx.result.memory_plan``).
 """
 from __future__ import annotations
 
@@ -179,12 +180,19 @@ def _keep_largest(largest: list, nbytes: int, ins, shape, what: str = "", n: int
 
 
 class MemoryColoring(Pass):
-    """Plan every buffer of the program (see the module docstring); sets ``program.memory_plan``."""
+    """Plan every buffer of the program (see the module docstring); the plan goes to
+    ``ctx.result.memory_plan`` (and is returned by :meth:`plan`)."""
 
     name = "memory_coloring"
     required = True
 
     def apply(self, program, ctx=None) -> None:
+        plan = self.plan(program)
+        if ctx is not None:
+            ctx.result.memory_plan = plan
+
+    def plan(self, program) -> MemoryPlan:
+        """The memory plan of ``program`` (lowered; the IR is not changed)."""
         main = program.get_main_module()
         order = linear_order(main)
         pos = {id(i): n for n, i in enumerate(order)}
@@ -256,4 +264,4 @@ class MemoryColoring(Pass):
                     plan.literal_offsets[id(ins)] = off
                     off += _align(max(ins.shape.bytes(), 1))
         plan.literal_bytes = off
-        program.memory_plan = plan
+        return plan

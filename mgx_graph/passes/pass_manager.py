@@ -26,16 +26,26 @@ import time
 from dataclasses import dataclass, field
 
 from .. import env
+from ..compile_result import CompileResult
 from ..errors import CompileError
 from .validate import InvalidProgram, validate_program
 
 
 @dataclass
 class PassContext:
-    """What a pass may read besides the program: ``target``, the name of the target compiled for
-    (``ref`` or ``gpu``)."""
+    """What a pass may read besides the program, and where it writes what it found.
+
+    target: the name of the target compiled for (``ref`` or ``gpu``).
+    result: the :class:`~mgx_graph.compile_result.CompileResult` the passes fill (memory plan,
+        host-fallback ops, outputs bound in place); a fresh one for ``target`` when not given.
+    """
 
     target: str = "ref"
+    result: CompileResult | None = None
+
+    def __post_init__(self):
+        if self.result is None:
+            self.result = CompileResult(target=self.target)
 
 
 class Pass:

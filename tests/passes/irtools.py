@@ -54,8 +54,9 @@ def assert_same_ir(got: Program, want: Program, meta=()) -> None:
     assert g == w
 
 
-def run_pass(p, prog: Program, target: str = "ref") -> Program:
-    """Run one pass alone, then check that the result is valid IR."""
-    p.apply(prog, PassContext(target))
+def run_pass(p, prog: Program, target: str = "ref", ctx: PassContext | None = None) -> Program:
+    """Run one pass alone (with ``ctx``, whose ``result`` collects what the pass records, or a fresh
+    context for ``target``), then check that the result is valid IR."""
+    p.apply(prog, ctx if ctx is not None else PassContext(target))
     validate_program(prog)
     return prog

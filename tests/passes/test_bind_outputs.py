@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mgx_graph import CompileError, Program
-from mgx_graph.passes import BindOutputs
+from mgx_graph.passes import BindOutputs, PassContext
 from mgx_graph.passes.bind_outputs import detect_alias
 
 from irtools import S, assert_same_ir, lit, op, run_pass
@@ -31,11 +31,12 @@ def _cache_update(read_after=False, transposed=False):
 def test_scatter_into_the_cache_is_bound():
     prog, w = _cache_update()
     p = BindOutputs({"present": "past"})
-    run_pass(p, prog)
+    ctx = PassContext("ref")
+    run_pass(p, prog, ctx=ctx)
     want, ww = _cache_update()
     ww.meta.update(bind_param="past", bind_layout=S("float32", 3, 2))  # the cache's own layout
     assert_same_ir(prog, want, meta=("bind_param", "bind_layout"))
-    assert prog.alias == {"present": "past"} and p.bound == {"present": "past"} and p.skipped == {}
+    assert ctx.result.alias == {"present": "past"} and p.bound == {"present": "past"} and p.skipped == {}
 
 
 def test_writer_behind_layout_views_takes_the_parameter_layout():
@@ -65,10 +66,12 @@ def test_a_read_after_the_write_is_refused_naming_the_reader():
 def test_not_strict_records_why_a_pair_is_skipped():
     prog, w = _cache_update(read_after=True)
     p = BindOutputs({"present": "past", "nothing": "past"}, strict=False)
-    run_pass(p, prog)
-    assert p.bound == {} and prog.alias == {}
+    ctx = PassContext("ref")
+    run_pass(p, prog, ctx=ctx)
+    assert p.bound == {} and ctx.result.alias == {}
     assert "read by neg" in p.skipped["present"]
     assert "'nothing' is not an output" in p.skipped["nothing"]
+    assert ctx.result.alias_skipped == p.skipped
     assert "bind_param" not in w.meta
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from mgx_graph import CompileError, Program
-from mgx_graph.passes import Lowering
+from mgx_graph.passes import Lowering, PassContext
 from mgx_graph.passes.lowering import Kernel
 
 from irtools import S, assert_same_ir, lit, op, run_pass
@@ -28,12 +28,13 @@ def _chain():
 
 def test_ref_gives_each_compute_instruction_one_host_kernel():
     prog, _ = _chain()
-    run_pass(Lowering("ref"), prog)
+    ctx = PassContext("ref")
+    run_pass(Lowering("ref"), prog, ctx=ctx)
     want, (n, t, y) = _chain()
     n.meta["kernel"] = _k("host", 1)
     y.meta["kernel"] = _k("host", 1)  # the transpose is a view: no kernel
     assert_same_ir(prog, want, META)
-    assert prog.host_fallback_ops == []
+    assert ctx.result.host_fallback_ops == []
 
 
 def test_target_comes_from_the_pass_context():
@@ -44,7 +45,8 @@ def test_target_comes_from_the_pass_context():
 
 def test_host_ops_run_between_copies():
     prog, _ = _chain()
-    run_pass(Lowering("ref", host_ops=("neg",)), prog)
+    ctx = PassContext("ref")
+    run_pass(Lowering("ref", host_ops=("neg",)), prog, ctx=ctx)
 
     want = Program()
     w = want.get_main_module()
@@ -59,7 +61,7 @@ def test_host_ops_run_between_copies():
     n.meta["kernel"] = _k("host fallback", 0, capturable=False)
     y.meta["kernel"] = _k("host", 1)
     assert_same_ir(prog, want, META)
-    assert prog.host_fallback_ops == ["neg"]
+    assert ctx.result.host_fallback_ops == ["neg"]
 
 
 def test_a_tuple_result_on_the_host_is_copied_back_per_element():

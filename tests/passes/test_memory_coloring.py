@@ -4,7 +4,7 @@ first fit by ascending start)."""
 import numpy as np
 
 from mgx_graph import Program
-from mgx_graph.passes import Lowering, MemoryColoring
+from mgx_graph.passes import Lowering, MemoryColoring, PassContext
 
 from irtools import S, lit, op, run_pass
 
@@ -12,9 +12,10 @@ from irtools import S, lit, op, run_pass
 def _plan(prog):
     run_pass(Lowering("ref"), prog)
     before = prog.print()
-    run_pass(MemoryColoring(), prog)
+    ctx = PassContext("ref")
+    run_pass(MemoryColoring(), prog, ctx=ctx)
     assert prog.print() == before  # the pass only plans
-    return prog.memory_plan
+    return ctx.result.memory_plan
 
 
 def test_a_chain_reuses_the_buffer_freed_two_steps_back():

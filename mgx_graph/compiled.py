@@ -1,0 +1,198 @@
+"""The compiled program: what :func:`mgx_graph.compile` and :meth:`mgx_graph.ir.Program.compile` return.
+
+One type over both kinds of program:
+
+* *static* (every shape known at compile time): one :class:`~mgx_graph.executor.Executor`;
+* *dynamic* (symbolic input dims, or shapes that depend on values): a
+  :class:`~mgx_graph.dynamic.Dispatcher` of specializations, each itself a static compiled program,
+  compiled on first use for each call's shapes (and values).  When the model could also be compiled
+  for its default dims at compile time, that specialization (spec 0) is the program's ``executor``.
+
+Both run through the same ``run`` / ``run_async`` / ``stats`` / ``release`` and report the same
+counters (:class:`~mgx_graph.counters.GraphCounters`).  The IR the program was compiled from (the
+lowered IR, with ``graph_launch`` submodules) and the typed compile result
+(:class:`~mgx_graph.compile_result.CompileResult`) stay readable.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .compile_result import CompileResult
+from .counters import GraphCounters
+from .errors import MgxError
+
+
+class CompiledProgram:
+    """A program compiled for a target (see the module docstring).
+
+    ``program``: the :class:`~mgx_graph.ir.Program` (lowered IR; for a dynamic program the one of
+    spec 0, or an empty program); ``result``: its :class:`CompileResult`; ``executor``: the
+    executor of a static program (or of spec 0), None otherwise; ``dispatcher``: the
+    specializations of a dynamic program, None for a static one.
+    """
+
+    def __init__(self, program, result: CompileResult, executor=None, dispatcher=None):
+        if executor is None and dispatcher is None:
+            raise ValueError("a compiled program needs an executor or a dispatcher")
+        self.program = program
+        self.result = result
+        self.executor = executor
+        self.dispatcher = dispatcher
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, params: dict) -> list[np.ndarray]:
+        """Run with host (numpy) inputs; returns host copies of the outputs (blocks until done).
+
+        ``params`` maps every parameter name to a numpy array of exactly the parameter's shape and dtype
+        (a dynamic program: of a shape its model allows).  Raises ParameterError naming the parameter and
+        the expected vs given shape/dtype, MgxError once released."""
+        if self.dispatcher is not None:
+            return self.dispatcher.run(params, device=False)
+        return self.executor.run(params)
+
+    def run_async(self, params: dict, queue=None) -> list:
+        """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
+        default: the context's queue) without synchronizing.  Returns device arrays that alias the
+        program's output buffers: they are valid until the next run (copy them to keep them).
+
+        A queue given here must outlive the program (its release synchronizes it); a release while a
+        capture is open on it frees nothing until that capture ends."""
+        if self.dispatcher is not None:
+            return self.dispatcher.run(params, device=True, queue=queue)
+        return self.executor.run_async(params, queue)
+
+    def stats(self) -> dict:
+        """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
+        eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes,
+        ``host_fallback_instructions`` (the instructions that run on the host in place of a device kernel,
+        :attr:`CompileResult.host_instructions`); a dynamic program adds its specialization counts."""
+        if self.dispatcher is not None:
+            return self.dispatcher.stats()
+        st = self.executor.stats()
+        st["host_fallback_instructions"] = len(self.result.host_instructions)
+        return st
+
+    def counters(self) -> GraphCounters:
+        """The graph counters ``stats()`` reports, summed over every region (and specialization)."""
+        if self.dispatcher is not None:
+            return self.dispatcher.counters()
+        return self.executor.counters()
+
+    def release(self) -> None:
+        """Synchronize, destroy graphs, free device memory.  Safe to call more than once; later runs raise
+        MgxError.  While a capture is open on a queue the program used (its own, or one given to
+        ``run_async``), the frees wait until that capture ends (``hipFree`` would invalidate it)."""
+        if self.dispatcher is not None:
+            self.dispatcher.release()
+        if self.executor is not None:
+            self.executor.close()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    # -- the executor behind queue / context / param_buffer ----------------------------------------
+    def is_compiled(self) -> bool:
+        """True when an executor exists now: a static program, or a dynamic one with spec 0."""
+        return self.executor is not None
+
+    def active_executor(self):
+        """The executor ``queue``, ``context`` and ``param_buffer`` refer to: the program's own (static,
+        or spec 0), else the most recently used specialization's.  Raises MgxError when a dynamic
+        program has run no specialization yet, or was released."""
+        if self.executor is not None:
+            return self.executor
+        last = self.dispatcher.last()
+        if last is not None:
+            return last.executor
+        if self.dispatcher.released:
+            raise MgxError("the program was released")
+        raise MgxError("program is specialized at its first run (its shapes depend on run-time values)")
+
+    @property
+    def queue(self) -> int:
+        """The queue (stream handle) runs use by default."""
+        return self.active_executor().ctx.queue
+
+    @property
+    def context(self):
+        """The target context (``xp``, ``to_host``, ``synchronize``, ``runtime``, ...)."""
+        return self.active_executor().ctx
+
+    def param_buffer(self, name: str):
+        """The program's own device buffer of parameter ``name`` (what ``run`` uploads into)."""
+        return self.active_executor().param_buffers[name]
+
+    # -- the compile result ------------------------------------------------------------------------
+    @property
+    def target(self) -> str:
+        return self.result.target
+
+    @property
+    def hip_graph(self) -> bool:
+        return self.result.hip_graph
+
+    @property
+    def fp16(self) -> bool:
+        return self.result.fp16
+
+    @property
+    def alias(self) -> dict:
+        """``{output name: parameter name}`` bound in place."""
+        return self.result.alias
+
+    @property
+    def alias_skipped(self) -> dict:
+        return self.result.alias_skipped
+
+    @property
+    def memory_plan(self):
+        return self.result.memory_plan
+
+    @property
+    def host_fallback_ops(self) -> list:
+        return self.result.host_fallback_ops
+
+    @property
+    def host_instructions(self) -> list:
+        """The instructions that run on the host in place of a device kernel (``"module:@index op"``)."""
+        return self.result.host_instructions
+
+    # -- the IR ------------------------------------------------------------------------------------
+    @property
+    def modules(self) -> dict:
+        return self.program.modules
+
+    @property
+    def metadata(self) -> dict:
+        return self.program.metadata
+
+    def get_main_module(self):
+        return self.program.get_main_module()
+
+    def module_order(self) -> list:
+        return self.program.module_order()
+
+    def get_parameter_names(self) -> list[str]:
+        return self.program.get_parameter_names()
+
+    def get_parameter_shapes(self) -> dict:
+        return self.program.get_parameter_shapes()
+
+    def get_output_shapes(self) -> list:
+        return self.program.get_output_shapes()
+
+    def get_output_names(self) -> list[str]:
+        return self.program.get_output_names()
+
+    def instruction_count(self) -> int:
+        return self.program.instruction_count()
+
+    def print(self, file=None) -> str:
+        """The lowered program, one instruction per line (``graph_launch`` submodules included)."""
+        return self.program.print(file)
+
+    def __str__(self) -> str:
+        return self.program.print()
