@@ -120,16 +120,22 @@ def _stable_argsort(xp, key, axis):
 
 def topk_order(xp, x, axis: int, largest: bool):
     """Positions along ``axis`` in TopK order: descending (``largest``) or ascending, ties by the lower
-    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime orders them."""
-    key = -x if largest else x
+    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime orders them.
+
+    NaNs are ordered by an explicit second stable pass rather than by the sort itself, since numpy
+    and CuPy do not place NaN keys alike."""
+    nan = xp.isnan(x) if x.dtype.kind == "f" else None
+    key = xp.where(nan, x.dtype.type(0), x) if nan is not None else x
     if x.dtype.kind == "b":
         key = -x.astype(np.int8) if largest else x.astype(np.int8)
     elif x.dtype.kind == "u" and largest:
         key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
-    order = _stable_argsort(xp, key, axis)  # NaN sorts last
-    if largest and x.dtype.kind == "f":  # a second stable pass moves the NaNs to the front
-        nan = xp.isnan(xp.take_along_axis(x, order, axis)).astype(np.int8)
-        order = xp.take_along_axis(order, _stable_argsort(xp, -nan, axis), axis)
+    elif largest:
+        key = -key
+    order = _stable_argsort(xp, key, axis)
+    if nan is not None:  # NaNs to the front (largest) or the back, each group keeping its order
+        flag = xp.take_along_axis(nan, order, axis).astype(np.int8)
+        order = xp.take_along_axis(order, _stable_argsort(xp, -flag if largest else flag, axis), axis)
     return order
 
 
