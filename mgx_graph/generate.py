@@ -51,6 +51,8 @@ class GenerationResult:
         tokens: the generated token ids (an end-of-sequence id that ended it included).
         text: their decoded text, cut before a stop string ("" without a tokenizer).
         finish_reason: "eos", "stop" (a stop string), "length" (max_new_tokens) or "cache_full".
+        logits: with ``output_logits=True``, the raw logits (float32 [vocab]) each token was chosen
+            from, one per token; else empty.
         prefill_s: seconds to feed the prompt but its last token (all rows together).
         decode_s: seconds from the first generated token to the last (all rows together).
         host_us_per_step: mean host µs per program run (``run_async``) after the first new token.
@@ -62,6 +64,7 @@ class GenerationResult:
     tokens: list = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
+    logits: list = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     host_us_per_step: float = 0.0
@@ -237,10 +240,10 @@ def _token_ids(value, name: str, vocab: int) -> list[int]:
 class _Rows:
     """The state of the B rows of one generation (left padding, masks, results, stopping)."""
 
-    def __init__(self, decoder: Decoder, prompts, max_new, eos, pad, texts, on_token, sampler):
+    def __init__(self, decoder: Decoder, prompts, max_new, eos, pad, texts, on_token, sampler, keep_logits=False):
         b, m = decoder.batch, decoder.max_len
         self.prompts, self.max_new, self.eos, self.pad = prompts, max_new, eos, pad
-        self.texts, self.on_token, self.sampler = texts, on_token, sampler
+        self.texts, self.on_token, self.sampler, self.keep_logits = texts, on_token, sampler, keep_logits
         self.longest = max(len(p) for p in prompts)
         n = len(prompts)
         self.pads = [self.longest - len(p) for p in prompts] + [self.longest] * (b - n)  # extra rows: all padding
@@ -268,13 +271,15 @@ class _Rows:
         mask[:, slot] = 1
         return tokens, positions, mask
 
-    def accept(self, chosen: np.ndarray) -> None:
+    def accept(self, chosen: np.ndarray, logits: np.ndarray | None) -> None:
         """Append each unfinished row's chosen token; finish rows on eos, a stop string or max_new."""
         for r, res in enumerate(self.results):
             if self.done[r]:
                 continue
             tok = int(chosen[r])
             res.tokens.append(tok)
+            if self.keep_logits:
+                res.logits.append(logits[r].copy())
             self.last[r] = tok
             self.sampler.observe(r, (tok,))
             if self.on_token[r] is not None:
@@ -305,10 +310,11 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
         if slot < rows.longest - 1:
             continue
         host.append(decoder.last_host_s)
-        chosen = sampler.choose(decoder.logits_rows()) if sampler.needs_logits else decoder.greedy_next()
+        logits = decoder.logits_rows() if sampler.needs_logits or rows.keep_logits else None
+        chosen = sampler.choose(logits) if logits is not None else decoder.greedy_next()
         if t1 is None:
             t1 = time.perf_counter()  # decode timing starts after the first generated token
-        rows.accept(chosen)
+        rows.accept(chosen, logits)
         if rows.all_done():
             break
     for r, res in enumerate(rows.results):
@@ -320,7 +326,7 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
 def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_id=None, on_token=None, *,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = 50, top_p: float = 1.0,
              min_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None, stop=None,
-             streamer=None, tokenizer=None, pad_token_id: int | None = None):
+             streamer=None, tokenizer=None, pad_token_id: int | None = None, output_logits: bool = False):
     """Generate from one prompt or several, with transformers' option names.
 
     Args:
@@ -342,6 +348,8 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
         tokenizer: anything with ``decode(ids, skip_special_tokens=True) -> str`` (a transformers
             tokenizer); without it ``text`` stays "".
         pad_token_id: the token fed in padding slots (default: the first eos id, else 0).
+        output_logits: keep each token's raw logits in ``GenerationResult.logits`` (as transformers'
+            ``output_logits``; the logits rows are then read back every step).
 
     Returns:
         A :class:`GenerationResult` for one prompt, a list of them (in prompt order) for a list.
@@ -368,7 +376,7 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     texts = [RowText(tokenizer, stops, s) if tokenizer is not None else None for s in streams]
     sampler = TokenSampler(config, decoder.batch, decoder.vocab_size)
     rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),
-                 sampler)
+                 sampler, bool(output_logits))
     prefill_s, decode_s, host = _decode_loop(decoder, rows, sampler)
     stats = decoder.program.stats()
     host_us = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0

@@ -330,11 +330,14 @@ def test_batch_of_two_equals_two_single_runs(pair, target, hip_graph):
     assert two.config["batch"] == 2 and "attention_mask" in two.inputs and "batch" not in one.config
     eos = one.config["eos_token_ids"]
     p1 = _compile(one, target, hip_graph)
-    singles = [generate(Decoder(p1), p, 8, eos).tokens for p in PROMPTS]
+    alone = [generate(Decoder(p1), p, 8, eos, output_logits=True) for p in PROMPTS]
+    singles = [r.tokens for r in alone]
     assert singles == [hf_greedy_tokens(one, p, 8) for p in PROMPTS]
     p2 = _compile(two, target, hip_graph)
-    res = generate(Decoder(p2), PROMPTS, 8, eos)
+    res = generate(Decoder(p2), PROMPTS, 8, eos, output_logits=True)
     assert [r.tokens for r in res] == singles
+    for r, a in zip(res, alone):  # the same distributions, not only the same argmax
+        np.testing.assert_allclose(np.stack(r.logits), np.stack(a.logits), rtol=1e-4, atol=1e-4)
     assert [r.prompt_tokens for r in res] == [6, 2]
     st = p2.stats()
     if hip_graph:
