@@ -26,7 +26,7 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
                                  "token ids), or a built model folder")
     g.add_argument("--prompt", action="append", metavar="TEXT",
                    help="text (smollm2) or space-separated token ids; repeat it for several prompts decoded as one "
-                        "batch (required unless --batch-prompts)")
+                        "batch (default: none; give --prompt or --batch-prompts)")
     g.add_argument("--batch-prompts", metavar="FILE",
                    help="a file with one prompt per line, decoded as one batch after any --prompt (default: none)")
     g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
