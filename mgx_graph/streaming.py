@@ -18,10 +18,11 @@ pieces join to exactly the returned text (for tokenizers whose decoded text only
 end as tokens are added, as byte-level BPE and SentencePiece tokenizers do).
 
 Stop strings are searched in the decoded text. The returned text ends right before the first
-occurrence of any stop string: the stop string is not part of it (the rule of onnxruntime-genai's
-and the OpenAI API's ``stop``; transformers' ``StopStringCriteria`` stops at the same token but
-leaves the stop string in the output). The generated token ids are kept up to and including the
-token that completed the stop string.
+occurrence of any stop string: the stop string is not part of it. This is the rule of the OpenAI
+API's ``stop`` and the default of vLLM and OpenVINO GenAI (``include_stop_str_in_output=False``);
+transformers' ``StopStringCriteria`` stops at the same token but leaves the stop string in the
+output, and onnxruntime-genai has no stop strings. The generated token ids are kept up to and
+including the token that completed the stop string.
 """
 from __future__ import annotations
 
