@@ -120,7 +120,8 @@ class ModelInfo:
         inputs / outputs: name -> (shape, numpy dtype string), in graph order. A shape
             entry is an int, or a string for a symbolic dimension.
         config: num_layers, num_kv_heads, head_dim, max_cache_len, vocab_size,
-            eos_token_ids (list), bos, kind ("static" | "dynamic") and builder-specific
+            batch (the decode step's rows; only present when above 1), eos_token_ids (list),
+            bos, kind ("static" | "dynamic") and builder-specific
             extras (for the random-weight models the seed, construction arguments and
             weights hash under ``"gpt2"`` / ``"llama"``). For the encoder (minilm):
             kind "encoder", num_layers, hidden_size, num_heads, head_dim, vocab_size,
