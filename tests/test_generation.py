@@ -17,26 +17,24 @@ TINY = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, max_cache_l
 PROMPTS = [[5, 9, 2, 77, 31, 8], [100, 3]]  # different lengths: the second is left-padded by 4
 
 
-def _build(name, **extra):
+def _build(cache, name, **extra):
     from mgx_graph.models import build
 
     try:
-        return build(name, cache_dir=_build.cache, progress=False, **TINY[name], **extra)
+        return build(name, cache_dir=cache, progress=False, **TINY[name], **extra)
     except ImportError as e:  # torch / transformers missing
         pytest.skip(f"model export needs the [export] extra: {e}")
 
 
 @pytest.fixture(scope="module")
 def llama(model_cache):
-    _build.cache = model_cache
-    return _build("llama")
+    return _build(model_cache, "llama")
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def pair(request, model_cache):
     """(batch-1 build, batch-2 build) of the same weights."""
-    _build.cache = model_cache
-    return _build(request.param), _build(request.param, batch=2)
+    return _build(model_cache, request.param), _build(model_cache, request.param, batch=2)
 
 
 # -- sampling: transformers' processors and a numpy reference -----------------------------------------
