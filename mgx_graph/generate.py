@@ -319,7 +319,7 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
             break
     for r, res in enumerate(rows.results):
         if not rows.done[r]:
-            res.finish_reason = "cache_full"
+            res.finish_reason = "length" if rows.max_new == 0 else "cache_full"
     return prefill_s, (time.perf_counter() - t1 if t1 else 0.0), host
 
 

@@ -248,6 +248,11 @@ def test_stop_string_ends_generation_and_is_cut(llama, target):
     assert "".join(pieces) == res.text
     with pytest.raises(ParameterError, match="tokenizer"):
         generate(Decoder(prog), PROMPTS[0], 4, stop="x")
+    none = generate(Decoder(prog), PROMPTS[0], 0)
+    assert (none.tokens, none.finish_reason) == ([], "length")
+    short = generate(Decoder(prog), PROMPTS[0], 100)  # 6 prompt slots of 16: 11 tokens, then the cache is full
+    assert short.tokens == full.tokens[:10] + short.tokens[10:] and len(short.tokens) == 11
+    assert short.finish_reason == "cache_full"
     assert generate(Decoder(prog), PROMPTS[0], 10).tokens == full.tokens  # still usable
 
 
