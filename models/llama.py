@@ -18,10 +18,16 @@ the same as SmolLM2's and GPT-2's ``kind="static"``:
 ``present.{i}.*`` aliases ``past_key_values.{i}.*`` (the row ``cache_position`` is
 overwritten by a ScatterND).
 
+With ``batch = B > 1`` the step decodes B left-padded rows in lockstep: ``input_ids`` [B, 1],
+``cache_position`` [1] (the slot written in every row), ``attention_mask`` int64 [B, M] and
+``position_ids`` int64 [B, 1] come after it, the caches are [B, H_kv, M, D] and the logits
+[B, 1, vocab_size] (see :func:`.export.make_static_step_module`). ``batch = 1`` builds the
+one-row step above, in the same cache folder as before the option existed.
+
 Options (defaults): ``seed`` (0), ``n_layer`` (2), ``hidden_size`` (64), ``n_head`` (4),
 ``n_kv_head`` (2; must divide ``n_head``, equal to it gives plain multi-head attention),
 ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32, also the
-model's ``max_position_embeddings``), ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2),
+model's ``max_position_embeddings``), ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2), ``batch`` (1: rows of the decode step),
 ``verify`` (True). ``hidden_size / n_head`` must be even (RoPE rotates pairs).
 
 ``initializer_range`` is the std of the normal init of every linear and embedding weight.
@@ -42,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError
-from .options import fill_options, require_ints
+from .options import fill_options, require_batch, require_ints
 from .outline import DecoderShape
 from .random_weights import RandomDecoder
 
@@ -59,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "max_cache_len": 32,
     "rms_norm_eps": 1e-5,
     "initializer_range": 0.2,
+    "batch": 1,
     "verify": True,
 }
 
@@ -89,6 +96,7 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"llama: initializer_range must be a float in (0, 10], got {std!r}")
     opts["initializer_range"] = float(std)
     opts["verify"] = bool(opts["verify"])
+    require_batch(NAME, opts)
     return opts
 
 
@@ -121,7 +129,8 @@ def architecture(opts: dict[str, Any]) -> dict[str, Any]:
 def _shape(opts: dict[str, Any]) -> DecoderShape:
     return DecoderShape(num_layers=opts["n_layer"], num_heads=opts["n_head"], num_kv_heads=opts["n_kv_head"],
                         head_dim=opts["hidden_size"] // opts["n_head"], hidden_size=opts["hidden_size"],
-                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"])
+                        max_cache_len=opts["max_cache_len"], vocab_size=opts["vocab_size"],
+                        batch=opts.get("batch", 1))
 
 
 def _summary(opts: dict[str, Any], n_params: int) -> str:

@@ -160,12 +160,16 @@ def ort_greedy_tokens(info: ModelInfo, prompt_ids: list[int], max_new_tokens: in
     then each argmax is fed back; ``present.*`` outputs become the next ``past_key_values.*``
     inputs (via ``info.alias``). Dynamic models: the prompt is prefilled in one call with
     an empty cache, then one token per call. Returns the new ids, stopping after an eos
-    (included), like :func:`hf_greedy_tokens`.
+    (included), like :func:`hf_greedy_tokens`. Raises ``ValueError`` for a step of several rows
+    (``config["batch"] > 1``).
     """
     import numpy as np
 
     from .verify import ort_session
 
+    if int(info.config.get("batch", 1)) > 1:
+        raise ValueError(f"ort_greedy_tokens decodes one row; model {info.name!r} has a step of "
+                         f"{info.config['batch']} rows")
     _check_length(info, prompt_ids, max_new_tokens)
     if max_new_tokens == 0:
         return []

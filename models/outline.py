@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .errors import require_modules
 from .export import export_static_step, graph_io
-from .verify import reference_logits, verify_static_step
+from .verify import reference_logits, verify_batched_step, verify_static_step
 
 Note = Callable[[str], None]
 
@@ -37,7 +37,9 @@ TOKENIZER_DIR = "tokenizer"
 class DecoderShape:
     """Sizes of a decoder and of its fixed-shape decode step (all ints).
 
-    The KV cache tensors are float32 [1, num_kv_heads, max_cache_len, head_dim], two per layer.
+    The KV cache tensors are float32 [batch, num_kv_heads, max_cache_len, head_dim], two per layer;
+    ``batch`` is 1 unless the step was exported for several rows (then it also takes an
+    attention mask and per-row positions, see :func:`.export.make_static_step_module`).
     """
 
     num_layers: int
@@ -47,6 +49,7 @@ class DecoderShape:
     hidden_size: int
     max_cache_len: int
     vocab_size: int
+    batch: int = 1
 
     @property
     def cache_dims(self) -> tuple[int, int, int, int]:
@@ -160,14 +163,21 @@ class BuildOutline:
 
 
 def export_static(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note: Note) -> dict[str, str]:
-    """Export ``loaded.model`` as the fixed-shape decode step of ``loaded.shape``; returns the alias map."""
-    return export_static_step(loaded.model, onnx_path, *loaded.shape.cache_dims)
+    """Export ``loaded.model`` as the fixed-shape decode step of ``loaded.shape`` (``batch`` rows);
+    returns the alias map."""
+    return export_static_step(loaded.model, onnx_path, *loaded.shape.cache_dims, batch=loaded.shape.batch)
 
 
 def verify_static(loaded: Loaded, onnx_path: Path, token_ids: list[int], note: Note) -> float:
     """Decode ``token_ids`` through the exported step with onnxruntime and compare every
-    step's logits with one torch forward (:func:`~.verify.verify_static_step`)."""
-    return verify_static_step(onnx_path, reference_logits(loaded.model), token_ids, *loaded.shape.cache_dims, note=note)
+    step's logits with one torch forward (:func:`~.verify.verify_static_step`). A step of
+    several rows decodes left-padded prefixes of ``token_ids``, one length per row
+    (:func:`~.verify.verify_batched_step`)."""
+    ref = reference_logits(loaded.model)
+    if loaded.shape.batch > 1:
+        return verify_batched_step(onnx_path, ref, token_ids, *loaded.shape.cache_dims, batch=loaded.shape.batch,
+                                   note=note)
+    return verify_static_step(onnx_path, ref, token_ids, *loaded.shape.cache_dims, note=note)
 
 
 def decoder_config(
@@ -180,7 +190,9 @@ def decoder_config(
     **extra: Any,
 ) -> dict[str, Any]:
     """``ModelInfo.config`` of a decoder: architecture, kind ("static" | "dynamic"), the sizes
-    of ``shape``, eos_token_ids, bos, pad, then the builder's ``extra`` entries, in that order."""
+    of ``shape``, eos_token_ids, bos, pad, then the builder's ``extra`` entries, in that order.
+    ``batch`` is there only when it is more than 1 (a config without it, as every build made
+    before the option existed, is a one-row step: read it as ``config.get("batch", 1)``)."""
     return {
         "architecture": architecture,
         "kind": kind,
@@ -191,6 +203,7 @@ def decoder_config(
         "hidden_size": shape.hidden_size,
         "max_cache_len": shape.max_cache_len,
         "vocab_size": shape.vocab_size,
+        **({"batch": shape.batch} if shape.batch > 1 else {}),
         "eos_token_ids": list(eos_token_ids),
         "bos": bos,
         "pad": pad,

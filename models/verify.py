@@ -2,7 +2,8 @@
 
 :func:`verify_static_step` decodes token by token through a fixed-shape decode step, feeding
 the caches back, and compares every step's logits with one full-sequence torch forward
-(:func:`reference_logits`). onnxruntime comes with mgx_graph's ``[test]`` extra; numpy and
+(:func:`reference_logits`); :func:`verify_batched_step` does the same for a step of several
+left-padded rows. onnxruntime comes with mgx_graph's ``[test]`` extra; numpy and
 torch are imported inside the functions.
 """
 
@@ -80,6 +81,87 @@ def verify_static_step(
         raise VerificationError(
             f"{onnx_path.name}: ORT logits differ from torch by {worst:.3e} (tolerance {atol:.0e}); per step {per_step}"
         )
+    return worst
+
+
+def left_padded_feeds(rows: list[list[int]], slot: int, pad_token: int, max_cache_len: int):
+    """The step inputs of slot ``slot`` for ``rows`` (token lists) left-padded to the longest row:
+    ``input_ids`` [B,1], ``cache_position`` [1], ``attention_mask`` [B, max_cache_len] and
+    ``position_ids`` [B,1] (int64), and which rows hold a real token at ``slot``.
+
+    Row b starts at slot ``pad_b = longest - len(row)``. Its mask is 1 on its real slots up to
+    ``slot`` and on ``slot`` itself (a padding step attends to itself only, so no row is ever
+    fully masked); its position is ``slot - pad_b`` (0 while padding). Slots past the longest row
+    hold nothing here (the caller feeds generated tokens there).
+    """
+    import numpy as np
+
+    longest = max(len(r) for r in rows)
+    b = len(rows)
+    ids = np.full((b, 1), pad_token, np.int64)
+    pos = np.zeros((b, 1), np.int64)
+    mask = np.zeros((b, max_cache_len), np.int64)
+    real = []
+    for i, row in enumerate(rows):
+        pad = longest - len(row)
+        mask[i, pad:slot + 1] = 1
+        mask[i, slot] = 1
+        if pad <= slot < longest:
+            ids[i, 0] = row[slot - pad]
+            pos[i, 0] = slot - pad
+        real.append(pad <= slot < longest)
+    feeds = {"input_ids": ids, "cache_position": np.array([slot], np.int64), "attention_mask": mask,
+             "position_ids": pos}
+    return feeds, real
+
+
+def verify_batched_step(
+    onnx_path: Path,
+    reference_logits: Callable[[list[int]], Any],
+    token_ids: list[int],
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_cache_len: int,
+    batch: int,
+    note: Callable[[str], None] = lambda s: None,
+    atol: float = VERIFY_ATOL,
+) -> float:
+    """Decode prefixes of ``token_ids`` of ``batch`` different lengths (row b: the first
+    ``max(1, T - b)`` tokens), left-padded, through a step of ``batch`` rows with onnxruntime
+    (inputs of :func:`left_padded_feeds`, caches fed back), and compare each real token's
+    logits with ``reference_logits(token_ids)`` at its position in its row. Returns the max abs
+    error; raises :class:`VerificationError` if it is >= ``atol``.
+    """
+    import numpy as np
+
+    if len(token_ids) > max_cache_len:
+        raise ValueError("more verification tokens than cache slots")
+    sess = ort_session(onnx_path)
+    in_names, out_names, alias = static_step_names(num_layers, batch)
+    shape = (batch, num_kv_heads, max_cache_len, head_dim)
+    caches = {n: np.zeros(shape, np.float32) for n in alias.values()}
+    ref = np.asarray(reference_logits(token_ids), dtype=np.float32)
+    total = len(token_ids)
+    rows = [list(token_ids[: max(1, total - b)]) for b in range(batch)]
+    worst, compared = 0.0, 0
+    for slot in range(total):
+        feeds, real = left_padded_feeds(rows, slot, 0, max_cache_len)
+        outs = dict(zip(out_names, sess.run(out_names, {**feeds, **caches})))
+        logits = outs["logits"]
+        if logits.shape != (batch, 1, ref.shape[-1]):
+            raise VerificationError(f"logits shape {logits.shape}, expected ({batch}, 1, {ref.shape[-1]})")
+        for b in range(batch):
+            if real[b]:
+                pos = int(feeds["position_ids"][b, 0])
+                worst = max(worst, float(np.max(np.abs(logits[b, 0] - ref[pos]))))
+                compared += 1
+        for out_name, in_name in alias.items():
+            caches[in_name] = outs[out_name]
+    note(f"verify: {total} batched decode steps of {batch} left-padded rows ({compared} real tokens), "
+         f"max abs logits error ORT vs torch = {worst:.3e}")
+    if not np.isfinite(worst) or worst >= atol:
+        raise VerificationError(f"{onnx_path.name}: ORT logits differ from torch by {worst:.3e} (tolerance {atol:.0e})")
     return worst
 
 
