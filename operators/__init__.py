@@ -6,6 +6,6 @@ from .base import Operation, make_op, register_op, registered_ops  # noqa: F401
 from . import pointwise, views, shape_ops, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
 from . import pooling, conv_transpose, resize  # noqa: F401  (native spatial ops)
 from . import normalization, index_ops, detection, activation  # noqa: F401
-from . import recurrent, quantization, sampling  # noqa: F401
+from . import recurrent, quantization, sampling, spectral  # noqa: F401
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

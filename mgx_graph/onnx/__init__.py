@@ -18,6 +18,7 @@ shape.  Laid out as MIGraphX's ``src/onnx/``:
   :mod:`.parse_index` (Hardmax, CumSum, OneHot, Trilu, EyeLike, ReverseSequence, Compress,
   NonMaxSuppression, Einsum),
   :mod:`.parse_recurrent` (RNN, GRU), :mod:`.parse_sampling` (GridSample, RoiAlign),
+  :mod:`.parse_signal` (DFT, STFT, Hann / Hamming / Blackman windows, MelWeightMatrix),
   :mod:`.parse_contrib` (ops outside the ONNX domains) and :mod:`.parse_generic` (the fallback: the
   host evaluates any other ONNX op with ``onnx.reference``).
 
@@ -29,7 +30,7 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 from . import (parse_constant, parse_contrib, parse_control_flow, parse_dynamic,  # noqa: F401  (registration)
                parse_elementwise, parse_generic, parse_index, parse_nn, parse_normalization,
                parse_quantization, parse_random, parse_recurrent, parse_reduce, parse_sampling, parse_shape,
-               parse_spatial)
+               parse_signal, parse_spatial)
 from .loader import load_model, symbolic_inputs
 from .onnx_parser import MAX_OPSET, MIN_OPSET, OnnxParser, fold_instruction, parse_onnx
 from .op_parser import parser
