@@ -123,7 +123,7 @@ class Executor:
         ret = main.get_return()
         self.out_slots = [self.slot[id(i)] for i in ret.inputs]
         # library handles and workspaces exist before any capture (never created inside one)
-        if any(i.op.name in ("dot", "convolution", "lstm") for m in modules for i in m.instructions):
+        if any(i.op.name in ("dot", "convolution", "lstm", "rnn", "gru") for m in modules for i in m.instructions):
             ctx.blas(ctx.queue)
 
     def _owned(self, ins, plan):

@@ -26,7 +26,8 @@ FLOATS = ("float16", "float32", "float64")
 GS_MODES = ("nearest", "linear", "cubic")
 GS_PADDING = ("zeros", "border", "reflection")
 _CTYPES = {"float16": "__half", "float32": "float", "float64": "double"}
-_HALF = "#if defined(__HIPCC_RTC__) || defined(__HIPCC__)\n#include <hip/hip_fp16.h>\n#else\n#include <cuda_fp16.h>\n#endif\n"
+_HALF = ("#if defined(__HIPCC_RTC__) || defined(__HIPCC__)\n#include <hip/hip_fp16.h>\n#else\n"
+         "#include <cuda_fp16.h>\n#endif\n")
 BLOCK = 256
 
 

@@ -3,13 +3,14 @@ axis, zero-padded or truncated ``dft_length``), STFT, the window generators (Han
 MelWeightMatrix.
 
 Complex values are ONNX's real representation: a trailing dim of 2 (real, imaginary); a real signal has a
-trailing dim of 1.  The ref target runs ``numpy.fft`` (complex64; complex128 for float64).  The gpu target runs cuFFT (hipFFT on
-ROCm) through CuPy's ``cupy.cuda.cufft.Plan1d``: the signal is copied into a complex workspace with the
-transformed axis last (zero-padded), one batched C2C plan transforms it into a second workspace, and the
-bins are copied (scaled by 1/n for an inverse) into ``out``.  An IRFFT builds the Hermitian full spectrum
-in the workspace first (real part of the C2C inverse).  Plans are made on an instruction's first eager run
-and kept; a run that would need a new plan inside a capture raises CaptureError before touching cuFFT (the
-region then runs eagerly, makes the plan, and is captured later), so a plan is never created in a capture.
+trailing dim of 1.  The ref target runs ``numpy.fft`` (complex64; complex128 for float64).  The gpu target
+runs cuFFT (hipFFT on ROCm) through CuPy's ``cupy.cuda.cufft.Plan1d``: the signal is copied into a complex
+workspace with the transformed axis last (zero-padded), one batched C2C plan transforms it into a second
+workspace, and the bins are copied (scaled by 1/n for an inverse) into ``out``.  An IRFFT builds the
+Hermitian full spectrum in the workspace first (real part of the C2C inverse).  Plans are made on an
+instruction's first eager run and kept; a run that would need a new plan inside a capture raises
+CaptureError before touching cuFFT (the region then runs eagerly, makes the plan, and is captured later),
+so a plan is never created in a capture.
 Source: ONNX operator spec (DFT-20, STFT-17, HannWindow-17, HammingWindow-17, BlackmanWindow-17,
 MelWeightMatrix-17); https://docs.nvidia.com/cuda/cufft/.
 """

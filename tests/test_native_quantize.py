@@ -309,7 +309,8 @@ def test_qlinear_matmul_per_row_a_against_numpy(target):
     sa, za = scales((4,)) * 0.05, R.integers(100, 150, (4,)).astype(np.uint8)
     sb, sy, zy = scales((3,)) * 0.05, np.float32(0.02), np.uint8(90)
     inits = {"as": sa, "az": za, "b": b, "bs": sb, "bz": np.int8(0), "ys": sy, "yz": zy}
-    m = model("QLinearMatMul", {"a": a}, inits, TensorProto.UINT8, 10, inputs=["a", "as", "az", "b", "bs", "bz", "ys", "yz"])
+    m = model("QLinearMatMul", {"a": a}, inits, TensorProto.UINT8, 10,
+              inputs=["a", "as", "az", "b", "bs", "bz", "ys", "yz"])
     acc = (a.astype(np.int64) - za[:, None]) @ b.astype(np.int64)
     mult = (sa[:, None] * sb[None, :]) / sy
     want = np.clip(np.rint(acc.astype(np.float32) * mult) + zy, 0, 255).astype(np.uint8)
