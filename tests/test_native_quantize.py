@@ -315,3 +315,17 @@ def test_qlinear_matmul_per_row_a_against_numpy(target):
     mult = (sa[:, None] * sb[None, :]) / sy
     want = np.clip(np.rint(acc.astype(np.float32) * mult) + zy, 0, 255).astype(np.uint8)
     run_native(m, {"a": a}, target, False, ["quantize_linear", "dot"], expect=[want])
+
+
+@pytest.mark.parametrize("qtype,lo,hi", [(TensorProto.INT4, -8, 7), (TensorProto.UINT4, 0, 15)], ids=["int4", "uint4"])
+def test_dequantize_4bit_initializers(target, qtype, lo, hi):
+    """Blocked 4-bit weights (initializers) with a run-time scale: the values are widened to 8 bits."""
+    q, zp = R.integers(lo, hi + 1, (6, 8)), R.integers(lo, hi + 1, (3, 8))
+    node = helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0, block_size=2)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("s", TensorProto.FLOAT, [3, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("q", qtype, [6, 8], q.reshape(-1).tolist()),
+                           helper.make_tensor("z", qtype, [3, 8], zp.reshape(-1).tolist())])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 9
+    run_native(m, {"s": scales((3, 8))}, target, False, ["dequantize_linear"])

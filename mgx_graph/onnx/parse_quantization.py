@@ -254,14 +254,24 @@ def _p_quantize_linear(p, m, node, ins):
     return p.add(m, "quantize_linear", [x, s, z], dtype=out, precision=work)
 
 
+def _widen_4bit(p, m, v):
+    """An int4 / uint4 literal (numpy's ml_dtypes arrays, e.g. block-quantized weights) as the same values in
+    int8 / uint8; any other instruction unchanged (4-bit run-time tensors have no element type here)."""
+    if v is None or v.op.name != "@literal" or v.shape.dtype not in ("int4", "uint4"):
+        return v
+    return p.lit(m, np.asarray(v.op.value).astype(np.int8 if v.shape.dtype == "int4" else np.uint8))
+
+
 @parser("DequantizeLinear")
 def _p_dequantize_linear(p, m, node, ins):
-    """y = (x - x_zero_point) * x_scale: 8/16-bit integer or int32 x; per tensor, per axis (opset 13) or
-    blocked (opset 21); output the scale's type, or ``output_dtype`` (opset 23)."""
+    """y = (x - x_zero_point) * x_scale: 8/16-bit integer or int32 x (int4 / uint4 initializers are widened
+    to 8 bits); per tensor, per axis (opset 13) or blocked (opset 21); output the scale's type, or
+    ``output_dtype`` (opset 23)."""
     ins = list(ins) + [None] * (3 - len(ins))
-    x, scale, zp = ins[:3]
+    x, scale, zp = (_widen_4bit(p, m, v) for v in ins[:3])
     if x.shape.dtype not in _QUANT + ("int32",):
-        raise _unsupported(p, node, f"x type {x.shape.dtype} (supported: {', '.join(_QUANT)}, int32)")
+        raise _unsupported(p, node, f"x type {x.shape.dtype} (supported: {', '.join(_QUANT)}, int32, and int4 / "
+                                    f"uint4 initializers)")
     if scale.shape.dtype not in ("float16", "float32"):
         raise p.err(f"x_scale must be float32 or float16, got {scale.shape.dtype}")
     if zp is not None and zp.shape.dtype != x.shape.dtype:
