@@ -266,12 +266,11 @@ class RoiAlign(Operation):
         y0, y1, ly = _roi_axis(yy, H)
         x0, x1, lx = _roi_axis(xx, W)
         hy, hx = F(1) - ly, F(1) - lx
-        img = x[batch].astype(F)  # [k, C, H, W]
-        k = len(batch)
+        b = batch[:, None, None, None, None]
 
         def corner(yi, xi, wy, wx):
-            v = img[np.arange(k)[:, None, None, None, None], :, yi[:, :, :, None, None], xi[:, None, None, :, :]]
-            return v * (wy[:, :, :, None, None] * wx[:, None, None, :, :])[..., None]  # [k, PH, gh, PW, gw, C]
+            v = x[b, :, yi[:, :, :, None, None], xi[:, None, None, :, :]].astype(F)  # [k, PH, gh, PW, gw, C]
+            return v * (wy[:, :, :, None, None] * wx[:, None, None, :, :])[..., None]
 
         vals = [corner(y0, x0, hy, hx), corner(y0, x1, hy, lx), corner(y1, x0, ly, hx), corner(y1, x1, ly, lx)]
         ok = (oky[:, :, :, None, None] & okx[:, None, None, :, :])[..., None]

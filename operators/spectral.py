@@ -268,9 +268,10 @@ def mel_matrix(xp, edges, bins: int):
     l == c), falling (h - j) / (h - c) on [c, h)."""
     j = xp.arange(bins, dtype=np.float64)[:, None]
     lo, c, hi = edges[None, :-2], edges[None, 1:-1], edges[None, 2:]
-    rise = xp.where(c > lo, (j - lo) / xp.where(c > lo, c - lo, 1), xp.where(j == c, 1.0, 0.0))
-    fall = (hi - j) / xp.where(hi > c, hi - c, 1)
-    return xp.where((j >= c) & (j < hi), fall, xp.where((j >= lo) & (j <= c), rise, 0.0))
+    rise = xp.where(c > lo, (j - lo) / xp.maximum(c - lo, 1), (j == c).astype(np.float64))
+    fall = (hi - j) / xp.maximum(hi - c, 1)
+    zero = xp.zeros_like(rise)
+    return xp.where((j >= c) & (j < hi), fall, xp.where((j >= lo) & (j <= c), rise, zero))
 
 
 @register_op

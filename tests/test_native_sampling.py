@@ -162,3 +162,66 @@ def test_roi_align_errors():
         mgx_graph.compile(ra_model(coordinate_transformation_mode="asymmetric"), target="ref")
     with pytest.raises(ParseError, match=r"output_height 0 / output_width 1 must be >= 1"):
         mgx_graph.compile(ra_model(output_height=0), target="ref")
+
+
+# -- the gpu kernels' arithmetic, built for the host ----------------------------------------------------
+@pytest.fixture
+def host_sampling_cu(monkeypatch):
+    """operators/sampling.cu compiled with g++ and launched through the ops' own gpu_kernel glue."""
+    import os
+
+    import cu_host
+    from mgx_graph.operators import sampling
+
+    if not cu_host.available():
+        pytest.skip("needs g++")
+    path = os.path.join(os.path.dirname(sampling.__file__), "sampling.cu")
+
+    class Module:
+        def __init__(self, dtype):
+            c = "double" if dtype == "float64" else "float"
+            self.lib = cu_host.build(path, c, c)
+
+        def get_function(self, name):
+            return lambda grid, block, args: cu_host.launch(self.lib, name, *args)
+
+    monkeypatch.setattr(sampling, "sampling_module", Module)
+
+    def run(name, args, **attrs):
+        from mgx_graph.operators import make_op
+        from mgx_graph.shape import Shape
+
+        op = make_op(name, **attrs)
+        shapes = [Shape(a.dtype.name, a.shape) for a in args]
+        out_shape = op.compute_shape(shapes)
+        out = np.full(out_shape.lens, np.nan, out_shape.np_dtype)
+        op.gpu_kernel(shapes, out_shape)[0](None, out, [np.ascontiguousarray(a) for a in args], [])
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_grid_sample_kernel_on_host(host_sampling_cu, nd):
+    x, g = (X4, G4) if nd == 2 else (X5, G5)
+    for mode in ["linear", "nearest", "cubic"][:3 if nd == 2 else 2]:
+        for pad in ["zeros", "border", "reflection"]:
+            for align in (0, 1):
+                want = ort_run(gs_model(x, g, mode=mode, padding_mode=pad, align_corners=align), {"x": x, "g": g})[0]
+                got = host_sampling_cu("grid_sample", [x, g], mode=mode, padding_mode=pad, align_corners=align)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{mode} {pad} {align}")
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    want = ort_run(gs_model(x64, g64, mode="nearest", padding_mode="reflection"), {"x": x64, "g": g64})[0]
+    np.testing.assert_allclose(host_sampling_cu("grid_sample", [x64, g64], mode="nearest",
+                                                padding_mode="reflection"), want, rtol=1e-12, atol=1e-12)
+
+
+def test_roi_align_kernel_on_host(host_sampling_cu):
+    for mode in ("avg", "max"):
+        for ctm in ("half_pixel", "output_half_pixel"):
+            for sr in (0, 2):
+                m = ra_model(mode=mode, coordinate_transformation_mode=ctm, sampling_ratio=sr, output_height=3,
+                             output_width=4, spatial_scale=0.9)
+                got = host_sampling_cu("roi_align", [XR, ROIS, BATCH], mode=mode, output_height=3, output_width=4,
+                                       sampling_ratio=sr, spatial_scale=0.9, half_pixel=int(ctm == "half_pixel"))
+                np.testing.assert_allclose(got, ort_run(m, FEEDS)[0], rtol=1e-5, atol=1e-5, err_msg=f"{mode} {ctm} {sr}")
