@@ -22,7 +22,6 @@ from .passes.hip_graph import movable_values
 from .program_buffers import ProgramBuffers
 from .staging import InputStaging
 
-LIBRARY_OPS = ("dot", "convolution", "lstm")  # ops whose kernels use the vendor BLAS handle of the queue
 
 
 class Executor:
@@ -46,7 +45,7 @@ class Executor:
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         # library handles and workspaces exist before any capture (never created inside one)
-        if any(i.op.name in LIBRARY_OPS for m in self.buffers.modules for i in m.instructions):
+        if any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions):
             ctx.blas(ctx.queue)
         self.staging = InputStaging.for_executor(self)
 

@@ -7,5 +7,6 @@ from . import pointwise, views, shape_ops, gather_scatter, reduce, nn, control, 
 from . import pooling, conv_transpose, resize  # noqa: F401  (native spatial ops)
 from . import normalization, index_ops, detection, activation  # noqa: F401
 from . import normalization_contrib, rotary, quantized, attention  # noqa: F401  (onnxruntime contrib ops)
+from . import recurrent, quantization, sampling, spectral  # noqa: F401
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

@@ -131,6 +131,7 @@ class Attention(Operation):
     The softmax runs in float32; the GEMMs in the input type.  Output: [B, S, N*Hv], q's type.
     Raises ShapeError for inconsistent shapes, a non-standard k / v layout or bad index inputs.
     """
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
     name = "grouped_attention"
     alloc_free = True

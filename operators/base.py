@@ -77,6 +77,7 @@ class Operation:
     builtin = False
     side_effects = False  # kept by dead-code elimination even when nothing reads it
     gpu_supported = True  # False: the gpu target runs it on the host (host fallback)
+    uses_blas = False  # True: its kernel calls ctx.matmul (the vendor BLAS handle is made at finalize)
     step_kind: str | None = None  # eval-loop step this op needs ("guard", "copy_from_gpu", ...); None: the default
 
     def __init__(self, **attrs):

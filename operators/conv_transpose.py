@@ -35,6 +35,7 @@ class ConvTranspose(Operation):
     """See the module docstring.  Attributes: ``stride``, ``dilation``, ``pads_begin``, ``out_lens`` (one
     int per spatial axis) and ``group``.  Inputs must be standard (packed) arrays: the parser makes them so.
     Raises ShapeError when the channel counts do not match ``group`` or the output would be empty."""
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
     name = "conv_transpose"
     alloc_free = True

@@ -15,6 +15,7 @@ from .base import Operation, check_inputs, normalize_axis, register_op
 
 @register_op
 class Dot(Operation):
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
     name = "dot"
     alloc_free = True
 
@@ -142,6 +143,7 @@ class Convolution(Operation):
     [N, group, C/group * prod(K), prod(out)]) -> one GEMM per image (batched over groups) -> bias add,
     so it allocates nothing and runs as vendor BLAS on the gpu target.
     """
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
     name = "convolution"
     alloc_free = True
@@ -232,6 +234,7 @@ class LSTM(Operation):
     [D, B, H] or None.  Output tuple: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H].  Gate order i, o, f, c
     (ONNX); per step: gates = x W^T + h R^T + Wb + Rb, c = f*c + i*tanh(g), h = o*tanh(c).
     """
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
     name = "lstm"
     alloc_free = True

@@ -32,6 +32,7 @@ class MatMulNBits(Operation):
     k_blocks = ceil(K / block_size).  Output: A's type, [..., N].  bits: 2, 4 or 8.
     Raises ShapeError for inputs that do not match K / N / bits / block_size.
     """
+    uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
     name = "matmul_nbits"
     alloc_free = True

@@ -12,10 +12,12 @@ shape.  Laid out as MIGraphX's ``src/onnx/``:
   :mod:`.parse_elementwise`, :mod:`.parse_constant`, :mod:`.parse_shape`, :mod:`.parse_nn`,
   :mod:`.parse_reduce`, :mod:`.parse_control_flow`, :mod:`.parse_dynamic`, :mod:`.parse_random`,
   :mod:`.parse_spatial` (pooling, resize, ConvTranspose, depth/space rearrangements),
-  :mod:`.parse_quantization` (DynamicQuantizeLinear, ConvInteger, MatMulInteger),
+  :mod:`.parse_quantization` (DynamicQuantizeLinear, ConvInteger, MatMulInteger, QuantizeLinear,
+  DequantizeLinear, QLinearMatMul, QLinearConv),
   :mod:`.parse_normalization` (instance / group / mean-variance / Lp / LRN / RMS normalizations),
   :mod:`.parse_index` (Hardmax, CumSum, OneHot, Trilu, EyeLike, ReverseSequence, Compress,
-  NonMaxSuppression, Einsum),
+  NonMaxSuppression, Einsum), :mod:`.parse_recurrent` (RNN, GRU), :mod:`.parse_sampling` (GridSample,
+  RoiAlign), :mod:`.parse_signal` (DFT, STFT, Hann / Hamming / Blackman windows, MelWeightMatrix),
   :mod:`.parse_contrib` and :mod:`.parse_contrib_attention` (onnxruntime's contrib ops) and
   :mod:`.parse_generic` (the fallback: the host evaluates any other ONNX op with ``onnx.reference``).
 
@@ -26,7 +28,8 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from . import (parse_constant, parse_contrib, parse_contrib_attention, parse_control_flow,  # noqa: F401
                parse_dynamic, parse_elementwise, parse_generic, parse_index, parse_nn, parse_normalization,
-               parse_quantization, parse_random, parse_reduce, parse_shape, parse_spatial)  # (registration)
+               parse_quantization, parse_random, parse_recurrent, parse_reduce, parse_sampling, parse_shape,
+               parse_signal, parse_spatial)  # (registration)
 from .loader import load_model, symbolic_inputs
 from .onnx_parser import MAX_OPSET, MIN_OPSET, OnnxParser, fold_instruction, parse_onnx
 from .op_parser import parser

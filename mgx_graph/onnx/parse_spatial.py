@@ -18,21 +18,9 @@ import onnx
 from ..errors import UnsupportedOpError
 from ..operators.pooling import max_pool_index_maps, pool_divisor
 from ..operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity
-from .op_parser import parser
+from .op_parser import attr, decode, parser
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-
-
-def _attr(node, name, default=None):
-    """Attribute ``name`` of ``node`` as a Python value, or ``default`` when absent."""
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
-def _decode(v):
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def _ints(value) -> list:
@@ -48,11 +36,11 @@ def _spatial_attrs(p, node, x, kernel=None):
     nsp = x.shape.ndim - 2
     if nsp < 1:
         raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
-    kernel = list(_attr(node, "kernel_shape") or kernel or [])
-    strides = list(_attr(node, "strides") or [1] * nsp)
-    dil = list(_attr(node, "dilations") or [1] * nsp)
-    pads = list(_attr(node, "pads") or [0] * (2 * nsp))
-    auto = _decode(_attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
+    kernel = list(attr(node, "kernel_shape") or kernel or [])
+    strides = list(attr(node, "strides") or [1] * nsp)
+    dil = list(attr(node, "dilations") or [1] * nsp)
+    pads = list(attr(node, "pads") or [0] * (2 * nsp))
+    auto = decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
     if auto not in _AUTO_PADS:
         raise p.err(f"auto_pad '{auto}' is not one of {', '.join(_AUTO_PADS)}")
     for what, v, n in (("kernel_shape", kernel, nsp), ("strides", strides, nsp), ("dilations", dil, nsp),
@@ -101,7 +89,7 @@ def _pool_common(p, node, x):
     kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x)
     if not kernel:
         raise p.err("kernel_shape is required")
-    ceil = int(_attr(node, "ceil_mode", 0))
+    ceil = int(attr(node, "ceil_mode", 0))
     pb, pe, out = _pool_geometry(p, node, x, kernel, strides, dil, pads, auto, ceil)
     return dict(kernel=kernel, stride=strides, dilation=dil, pads_begin=pb, out_lens=out), pe
 
@@ -112,7 +100,7 @@ def _p_maxpool(p, m, node, ins):
     if x.shape.dtype not in ("float16", "float32", "float64", "int8", "uint8"):
         raise _unsupported(p, node, f"input type {x.shape.dtype}")
     geo, _ = _pool_common(p, node, x)
-    order = int(_attr(node, "storage_order", 0))
+    order = int(attr(node, "storage_order", 0))
     if order not in (0, 1):
         raise p.err(f"storage_order {order} must be 0 or 1")
     want_indices = len(node.output) > 1 and bool(node.output[1])
@@ -131,14 +119,14 @@ def _p_avgpool(p, m, node, ins):
     if x.shape.dtype not in ("float16", "float32", "float64"):
         raise _unsupported(p, node, f"input type {x.shape.dtype}")
     geo, pe = _pool_common(p, node, x)
-    include = int(_attr(node, "count_include_pad", 0))
+    include = int(attr(node, "count_include_pad", 0))
     div = pool_divisor(x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"], geo["pads_begin"], pe,
                        geo["out_lens"], include, x.shape.dtype)
     return p.add(m, "pooling", [x, p.lit(m, div)], mode="average", **geo)
 
 
 def _lp_p(p, node):
-    pv = _attr(node, "p", 2)
+    pv = attr(node, "p", 2)
     if pv is None or not math.isfinite(pv) or pv <= 0:
         raise p.err(f"p {pv} must be a positive finite number")
     return float(pv)
@@ -175,8 +163,8 @@ def _conv_transpose_geometry(p, node, x, w, strides, dil, pads, auto):
     (output ``S * stride``) distribute the total padding as the spec says (SAME_UPPER: the smaller half
     first); otherwise ``out = (S - 1) * s + output_padding + (K - 1) * d + 1 - pads``."""
     nsp = x.shape.ndim - 2
-    op_ = list(_attr(node, "output_padding") or [0] * nsp)
-    os_ = _attr(node, "output_shape")
+    op_ = list(attr(node, "output_padding") or [0] * nsp)
+    os_ = attr(node, "output_shape")
     if len(op_) != nsp:
         raise p.err(f"output_padding {op_} has {len(op_)} values, expected {nsp}")
     if os_ is not None and len(os_) != nsp:
@@ -225,7 +213,7 @@ def _p_conv_transpose(p, m, node, ins):
     if len(ins) > 2 and ins[2] is not None:
         args.append(ins[2])
     return p.add(m, "conv_transpose", args, stride=strides, dilation=dil, pads_begin=pb, out_lens=out,
-                 group=int(_attr(node, "group", 1)))
+                 group=int(attr(node, "group", 1)))
 
 
 _RESIZE_MODES = ("nearest", "linear", "cubic")
@@ -234,11 +222,11 @@ _RESIZE_MODES = ("nearest", "linear", "cubic")
 def _resize_attrs(p, node, x):
     """The interpolation attributes of Resize / Upsample at this opset, validated."""
     legacy = node.op_type == "Upsample" or p.opset < 11
-    mode = _decode(_attr(node, "mode", b"nearest"))
-    ctm = "asymmetric" if legacy else _decode(_attr(node, "coordinate_transformation_mode", b"half_pixel"))
-    nearest = "simple" if legacy else _decode(_attr(node, "nearest_mode", b"round_prefer_floor"))
-    a = dict(mode=mode, coord_mode=ctm, nearest_mode=nearest, cubic_a=float(_attr(node, "cubic_coeff_a", -0.75)),
-             exclude_outside=bool(_attr(node, "exclude_outside", 0)), antialias=bool(_attr(node, "antialias", 0)))
+    mode = decode(attr(node, "mode", b"nearest"))
+    ctm = "asymmetric" if legacy else decode(attr(node, "coordinate_transformation_mode", b"half_pixel"))
+    nearest = "simple" if legacy else decode(attr(node, "nearest_mode", b"round_prefer_floor"))
+    a = dict(mode=mode, coord_mode=ctm, nearest_mode=nearest, cubic_a=float(attr(node, "cubic_coeff_a", -0.75)),
+             exclude_outside=bool(attr(node, "exclude_outside", 0)), antialias=bool(attr(node, "antialias", 0)))
     if mode not in (_RESIZE_MODES[:2] if legacy else _RESIZE_MODES):
         raise _unsupported(p, node, f"mode '{mode}'")
     if ctm not in COORDINATE_MODES:
@@ -260,14 +248,14 @@ def _resize_inputs(p, node, ins, r):
     legacy_attr = node.op_type == "Upsample" and p.opset < 9
     axes = list(range(r))
     if legacy_attr:
-        scales = _attr(node, "scales")
+        scales = attr(node, "scales")
         return (None if scales is None else np.asarray(scales, np.float32)), None, None, axes
     if node.op_type == "Upsample" or p.opset < 11:
         return np.asarray(p.const(ins[1], "scales"), np.float32).reshape(-1), None, None, axes
-    if _attr(node, "axes") is not None:
-        axes = [int(v) + r if int(v) < 0 else int(v) for v in _attr(node, "axes")]
+    if attr(node, "axes") is not None:
+        axes = [int(v) + r if int(v) < 0 else int(v) for v in attr(node, "axes")]
         if len(set(axes)) != len(axes) or any(not 0 <= v < r for v in axes):
-            raise p.err(f"axes {list(_attr(node, 'axes'))} must be distinct and within rank {r}")
+            raise p.err(f"axes {list(attr(node, 'axes'))} must be distinct and within rank {r}")
 
     def value(k, what, dtype):
         if len(ins) <= k or ins[k] is None:
@@ -307,7 +295,7 @@ def _resize_geometry(p, node, x, ins):
             out[a] = int(v)
             scales[a] = np.float32(v) / np.float32(lens[a]) if lens[a] else np.float32(1.0)
             exact[a] = (int(v), lens[a]) if lens[a] and v else None
-    policy = _decode(_attr(node, "keep_aspect_ratio_policy", b"stretch"))
+    policy = decode(attr(node, "keep_aspect_ratio_policy", b"stretch"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise _unsupported(p, node, f"keep_aspect_ratio_policy '{policy}'")
     if sizes is not None and policy != "stretch":
@@ -365,12 +353,12 @@ def _p_resize(p, m, node, ins):
         mask = masks[0]
         for mk in masks[1:]:
             mask = mask | mk
-        args += [p.lit(m, np.array(_attr(node, "extrapolation_value", 0.0)).astype(dt)), p.lit(m, mask)]
+        args += [p.lit(m, np.array(attr(node, "extrapolation_value", 0.0)).astype(dt)), p.lit(m, mask)]
     return p.add(m, "resize", args, axes=axes, weighted=at["mode"] != "nearest", extrapolate=extrapolate)
 
 
 def _blocksize(p, node, x):
-    b = int(_attr(node, "blocksize", 0))
+    b = int(attr(node, "blocksize", 0))
     if x.shape.ndim != 4:
         raise p.err(f"input must be 4-D [N, C, H, W], got {list(x.shape.lens)}")
     if b < 1:
@@ -384,7 +372,7 @@ def _p_depth_to_space(p, m, node, ins):
     x = ins[0]
     b = _blocksize(p, node, x)
     N, C, H, W = x.shape.lens
-    mode = _decode(_attr(node, "mode", b"DCR"))
+    mode = decode(attr(node, "mode", b"DCR"))
     if C % (b * b):
         raise p.err(f"channels {C} are not divisible by blocksize^2 = {b * b}")
     if mode == "DCR":
@@ -404,7 +392,7 @@ def _p_space_to_depth(p, m, node, ins):
     x = ins[0]
     b = _blocksize(p, node, x)
     N, C, H, W = x.shape.lens
-    mode = _decode(_attr(node, "mode", b"DCR"))
+    mode = decode(attr(node, "mode", b"DCR"))
     if mode not in ("DCR", "CRD"):
         raise _unsupported(p, node, f"mode '{mode}' (DCR or CRD)")
     if H % b or W % b:
@@ -422,7 +410,7 @@ def _p_center_crop_pad(p, m, node, ins):
     x = ins[0]
     r = x.shape.ndim
     shape = _ints(p.const(ins[1], "shape"))
-    axes = [int(a) + r if int(a) < 0 else int(a) for a in (_attr(node, "axes") or range(r))]
+    axes = [int(a) + r if int(a) < 0 else int(a) for a in (attr(node, "axes") or range(r))]
     if len(shape) != len(axes) or len(set(axes)) != len(axes) or any(not 0 <= a < r for a in axes):
         raise p.err(f"shape {shape} and axes {list(axes)} must match and be distinct axes of rank {r}")
     pads = [0] * (2 * r)
@@ -443,9 +431,9 @@ def _p_col2im(p, m, node, ins):
     image = _ints(p.const(ins[1], "image_shape"))
     block = _ints(p.const(ins[2], "block_shape"))
     n = len(image)
-    strides = list(_attr(node, "strides") or [1] * n)
-    dil = list(_attr(node, "dilations") or [1] * n)
-    pads = list(_attr(node, "pads") or [0] * (2 * n))
+    strides = list(attr(node, "strides") or [1] * n)
+    dil = list(attr(node, "dilations") or [1] * n)
+    pads = list(attr(node, "pads") or [0] * (2 * n))
     if len(block) != n or len(strides) != n or len(dil) != n or len(pads) != 2 * n:
         raise p.err(f"image_shape {image}, block_shape {block}, strides {strides}, dilations {dil} and pads "
                     f"{pads} do not all describe {n} spatial axes")
