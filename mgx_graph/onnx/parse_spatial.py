@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 
 from ..errors import UnsupportedOpError
 from ..operators.pooling import max_pool_index_maps, pool_divisor
