@@ -51,6 +51,9 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
     g.add_argument("--hip-graph", action="store_true",
                    help="wrap the step in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
     g.add_argument("--fp16", action="store_true", help="run in half precision (default: off)")
+    g.add_argument("--max-length", type=int, metavar="N",
+                   help="onnxruntime-genai folders: KV cache rows per prompt, prompt included (default: the "
+                        "power of two holding the longest prompt plus --max-new-tokens, at most the context)")
     g.set_defaults(fn=cmd)
 
 
@@ -142,6 +145,9 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     texts = _prompt_texts(args)
+    genai = _genai_setup(args, texts, chat_prompt_ids)
+    if genai is not None:
+        return _generate_and_print(args, *genai)
     info = _load(args, len(texts))
     ids = [_prompt_ids(info, t, chat_prompt_ids) for t in texts]
     cache = info.config.get("max_cache_len")
@@ -151,7 +157,50 @@ def cmd_generate(args) -> int:
     cli._fp16_warnings(args.fp16, resolve_target(args.target))
     hip_graph = True if args.hip_graph else None
     prog = mgx_graph.compile(str(info.onnx_path), target=args.target, hip_graph=hip_graph, fp16=args.fp16)
-    dec = Decoder(prog)
+    return _generate_and_print(args, info, ids, Decoder(prog))
+
+
+def _genai_setup(args, texts, chat_prompt_ids):
+    """``(info, prompt ids, runner)`` for an onnxruntime-genai folder or ``smollm2-genai``, else None."""
+    import os
+    from types import SimpleNamespace
+
+    from .llm_runner import GenaiLayout, GenaiRunner, is_genai_folder, length_bucket
+
+    if args.model == "smollm2-genai" and not os.path.isdir(args.model):
+        from .models import build
+
+        folder = build(args.model).directory
+    elif is_genai_folder(args.model):
+        folder = args.model
+    else:
+        return None
+    lay = GenaiLayout.read(folder)
+    info = SimpleNamespace(name=os.path.basename(os.path.normpath(str(folder))), tokenizer_dir=str(folder),
+                           config={"eos_token_ids": lay.eos_token_ids, "vocab_size": lay.vocab_size})
+    ids = [_prompt_ids(info, t, chat_prompt_ids) for t in texts]
+    ctx = lay.context_length
+    m = args.max_length or length_bucket(max(len(p) for p in ids) + args.max_new_tokens, ctx)
+    if not 1 <= m <= ctx:
+        raise UsageError(f"--max-length must be in 1..{ctx} (the context length), got {m}")
+    for p in ids:
+        if len(p) > m:
+            raise UsageError(f"the prompt has {len(p)} tokens; --max-length is {m}")
+    from .targets import resolve_target
+
+    from . import cli
+
+    cli._fp16_warnings(args.fp16, resolve_target(args.target))
+    runner = GenaiRunner(folder, batch=len(ids), max_length=m, target=args.target,
+                         hip_graph=True if args.hip_graph else None, fp16=args.fp16)
+    return info, ids, runner
+
+
+def _generate_and_print(args, info, ids, dec) -> int:
+    """Generate from ``ids`` with ``dec`` (a Decoder or a GenaiRunner), print the text and the report."""
+    from .generate import generate
+
+    prog = dec.program
     single = len(ids) == 1
     tokenizer = _tokenizer(info)
     opts = _options(args, info, tokenizer, single)
@@ -167,7 +216,7 @@ def cmd_generate(args) -> int:
         if res.finish_reason == "cache_full":
             print(f"(stopped: the KV cache is full at {dec.max_len} positions)")
     _print_generation(info, prog, dec, results, args)
-    prog.release()
+    (dec.release if hasattr(dec, "release") else prog.release)()
     return 0
 
 

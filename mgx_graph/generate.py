@@ -330,7 +330,8 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     """Generate from one prompt or several, with transformers' option names.
 
     Args:
-        decoder: a :class:`Decoder`; generation starts at slot 0 (a new sequence: the slots after
+        decoder: a :class:`Decoder` (or a :class:`~mgx_graph.llm_runner.GenaiRunner`, which prefills
+            each prompt in one run); generation starts at slot 0 (a new sequence: the slots after
             the ones written are masked, so the cache needs no clearing).
         prompt_ids: one prompt (a list of token ids) or a list of up to ``decoder.batch`` prompts,
             decoded together with left padding.
@@ -377,8 +378,9 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     sampler = TokenSampler(config, decoder.batch, decoder.vocab_size)
     rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),
                  sampler, bool(output_logits))
-    prefill_s, decode_s, host = _decode_loop(decoder, rows, sampler)
-    stats = decoder.program.stats()
+    loop = getattr(decoder, "decode_loop", None)  # a runner with its own prefill (mgx_graph.llm_runner)
+    prefill_s, decode_s, host = loop(rows, sampler) if loop else _decode_loop(decoder, rows, sampler)
+    stats = decoder.stats() if hasattr(decoder, "stats") else decoder.program.stats()
     host_us = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0
     for res, text in zip(rows.results, texts):
         res.text = text.finish() if text is not None else ""

