@@ -7,5 +7,6 @@ from . import pointwise, shape_ops, reduce, nn, control, random, onnx_ref  # noq
 from . import pooling  # noqa: F401
 from . import conv_transpose  # noqa: F401
 from . import resize  # noqa: F401
+from . import fused  # noqa: F401
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

@@ -1,0 +1,106 @@
+"""Helpers shared by ``fuse_pointwise`` and ``fuse_reduce``: which instructions may join a fused
+kernel, growing a group over its producers, and outlining a group into a submodule run by one
+fused instruction (``pointwise`` / ``fused_reduce``).
+
+A group has one output: its *root*.  Every other member has all its consumers inside the group,
+so outlining never creates a cycle and the fused instruction can stand where the root stood (every
+input of the group is defined before it).  Scalar literals the members read are copied into the
+submodule (they become constants of the generated kernel); every other outside value becomes a
+parameter ``x0, x1, ...`` of the submodule, bound by position to the fused instruction's inputs.
+"""
+from __future__ import annotations
+
+from ..operators.fused_exprs import SUPPORTED, op_body
+from ..operators.pointwise import Pointwise
+from ..shape import Shape
+
+VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
+
+
+def plain(ins, exclude=()) -> bool:
+    """An instruction a generated kernel can hold at all: a non-builtin op not in ``exclude`` (host
+    ops), with no submodule, not bound to a parameter, non-empty single result and inputs of the
+    numeric / bool types the kernels support."""
+    op = ins.op
+    if op.builtin or op.name in exclude or ins.module_inputs or "bind_param" in ins.meta or ins.meta.get("on_host"):
+        return False
+    shapes = [ins.shape] + [i.shape for i in ins.inputs]
+    return all(isinstance(s, Shape) and s.dtype in SUPPORTED for s in shapes) and ins.shape.elements() > 0
+
+
+def elementwise(ins, exclude=()) -> bool:
+    """An elementwise op (a ``Pointwise``) with a fused C body for its types (see
+    :func:`mgx_graph.operators.fused_exprs.op_body`)."""
+    return plain(ins, exclude) and isinstance(ins.op, Pointwise) and \
+        op_body(ins.op, [i.shape.dtype for i in ins.inputs], ins.shape.dtype) is not None
+
+
+def view(ins, exclude=()) -> bool:
+    return plain(ins, exclude) and ins.op.name in VIEWS and ins.op.is_view
+
+
+def concat(ins, exclude=()) -> bool:
+    return plain(ins, exclude) and ins.op.name == "concat"
+
+
+def grow_producers(m, members: list, ok) -> None:
+    """Add to ``members`` (in place) every producer in ``m`` for which ``ok(instruction)`` holds
+    and all of whose consumers are members, until none is left."""
+    ids = {id(i) for i in members}
+    changed = True
+    while changed:
+        changed = False
+        for ins in list(members):
+            for v in ins.inputs:
+                if id(v) in ids or v.module is not m or not ok(v):
+                    continue
+                if all(id(c) in ids for c in v.outputs):
+                    ids.add(id(v))
+                    members.append(v)
+                    changed = True
+
+
+def module_name(program, base: str) -> str:
+    n = 0
+    while f"{base}{n}" in program.modules:
+        n += 1
+    return f"{base}{n}"
+
+
+def outline(m, members: list, make_op, kind: str):
+    """Move ``members`` (instructions of ``m``; the last in program order is the root, the only one
+    read outside the group) into a new submodule ``<module>:<kind><n>`` run by the instruction
+    ``make_op(submodule)``, which takes the root's place and its consumers.  Returns it."""
+    order = {id(i): k for k, i in enumerate(m.instructions)}
+    members = sorted(members, key=lambda i: order[id(i)])
+    root, ids = members[-1], {id(i) for i in members}
+    inputs, lits, seen = [], [], set()
+    for ins in members:
+        for v in ins.inputs:
+            if id(v) in ids or id(v) in seen:
+                continue
+            seen.add(id(v))
+            (lits if v.op.name == "@literal" and v.shape.elements() == 1 else inputs).append(v)
+    sub = m.program.create_module(module_name(m.program, f"{m.name}:{kind}"))
+    mapping = {id(v): sub.add_parameter(f"x{k}", v.shape) for k, v in enumerate(inputs)}
+    mapping.update({id(v): sub.add_literal(v.op.value) for v in lits})
+    anchor = m.instructions[order[id(root)] + 1]
+    outside = [c for c in root.outputs if id(c) not in ids]
+    m.instructions = [i for i in m.instructions if id(i) not in ids]
+    for ins in members:
+        m.set_inputs(ins, [mapping.get(id(v), v) for v in ins.inputs])
+        ins.module = sub
+        sub.instructions.append(ins)
+    root.outputs = [c for c in root.outputs if id(c) in ids]
+    sub.add_return([root])
+    fused = m.insert_instruction(anchor, make_op(sub), inputs, [sub])
+    for c in {id(c): c for c in outside}.values():
+        c.inputs = [fused if i is root else i for i in c.inputs]
+    fused.outputs.extend(outside)
+    return fused
+
+
+def fused_modules(program) -> set:
+    """Names of the modules run by fused instructions (never fused again themselves)."""
+    return {ins.module_inputs[0].name for m in program.module_order() for ins in m.instructions
+            if getattr(ins.op, "fused", False) and ins.module_inputs}
