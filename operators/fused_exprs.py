@@ -80,6 +80,10 @@ def _numeric(ins, out):
     return all(d in FLOATS + INTS for d in ins) and out in FLOATS + INTS
 
 
+def _numeric_inputs(ins, out):
+    return all(d in FLOATS + INTS for d in ins)
+
+
 def _ints_or_bool(ins, out):
     return all(d in INTS + ("bool",) for d in ins)
 
@@ -99,10 +103,10 @@ _TABLE = {
     "sub": (_numeric, "y = (T)(a - b)"),
     "mul": (_numeric, "y = (T)(a * b)"),
     "equal": (_any, "y = a == b"),
-    "less": (_numeric, "y = a < b"),
-    "greater": (_numeric, "y = a > b"),
-    "less_equal": (_numeric, "y = a <= b"),
-    "greater_equal": (_numeric, "y = a >= b"),
+    "less": (_numeric_inputs, "y = a < b"),
+    "greater": (_numeric_inputs, "y = a > b"),
+    "less_equal": (_numeric_inputs, "y = a <= b"),
+    "greater_equal": (_numeric_inputs, "y = a >= b"),
     "logical_and": (_any, "y = (bool)a && (bool)b"),
     "logical_or": (_any, "y = (bool)a || (bool)b"),
     "logical_xor": (_any, "y = (bool)a != (bool)b"),
@@ -152,6 +156,8 @@ def _convert_body(in_dtype: str, out_dtype: str) -> str:
         return "y = __half2float(__float2half_rn((float)x))"
     if out_dtype == "bool":
         return "y = x != 0"
+    if out_dtype.startswith("u") and in_dtype in FLOATS:  # through int64: wraps as numpy does on x86
+        return "y = (T)(long long)x"
     return "y = (T)x"
 
 

@@ -59,19 +59,22 @@ def strided(shape, rng) -> tuple[np.ndarray, np.ndarray]:
 def host_source(kernels) -> str:
     """One translation unit running every :class:`KernelSource` of ``kernels`` on files in argv[1]."""
     parts = [PRELUDE, _IO]
-    runs = []
+    runs, spaces = [], {}
     for n, ks in enumerate(kernels):
         assert ks.source.startswith(PRELUDE)
-        parts.append(f"namespace k{n} {{\n{ks.source[len(PRELUDE):]}\n}}\n")
+        if ks.name not in spaces:  # the same kernel (same source) is defined once
+            spaces[ks.name] = f"k{len(spaces)}"
+            parts.append(f"namespace {spaces[ks.name]} {{\n{ks.source[len(PRELUDE):]}\n}}\n")
+        ns = spaces[ks.name]
         lines = [f"static void run{n}(const std::string& d) {{", "    size_t sz;"]
         for ctype, name in ks.params:
             lines.append(f'    {ctype} {name} = ({ctype})mgx_read(d + "/k{n}_{name}.bin", &sz);')
         names = ", ".join(name for _, name in ks.params)
         if ks.kind == "pointwise":
-            lines.append(f"    for (long long i = 0; i < {ks.extent}LL; ++i) k{n}::mgx_elem(i, {names});")
+            lines.append(f"    for (long long i = 0; i < {ks.extent}LL; ++i) {ns}::mgx_elem(i, {names});")
         else:
             lines.append(f"    {ks.acc} sm[1];")
-            lines.append(f"    for (long long r = 0; r < {ks.extent}LL; ++r) k{n}::mgx_row(r, 0, 1, sm, {names});")
+            lines.append(f"    for (long long r = 0; r < {ks.extent}LL; ++r) {ns}::mgx_row(r, 0, 1, sm, {names});")
         lines.append(f'    mgx_write(d + "/k{n}_y.out", y, sz);')
         lines.append("}")
         runs.append("\n".join(lines))
