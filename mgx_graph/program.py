@@ -3,7 +3,8 @@
 ``Program.compile(target, ...)`` runs the pass pipeline and finalizes an executor on the target:
 
     eliminate_dead_code, propagate_constant, simplify_reshapes, fuse_norms, eliminate_dead_code,
-    [quantize_fp16, propagate_constant], [bind_outputs], lowering, [hip_graph], memory_coloring
+    [quantize_fp16, propagate_constant], fuse_reduce, fuse_pointwise, eliminate_dead_code, [bind_outputs],
+    lowering, [hip_graph], memory_coloring
 
 ``hip_graph=None`` reads ``MIGRAPHX_HIP_GRAPH`` once (on for 1/enable/enabled/yes/true).  With it off
 no ``graph_launch`` exists anywhere and execution is the plain eager path.

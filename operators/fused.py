@@ -109,7 +109,7 @@ class FusedOp(Operation):
 
         try:
             return fused_kernel(self.kind, self.module, inputs, output)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def launches(self, inputs, output):

@@ -24,4 +24,5 @@ from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["Pass", "ModulePass", "PassContext", "PassGroup", "PassManager", "PipelineOptions", "run_passes",
            "InvalidProgram", "validate_program", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16",
-           "FuseNorms", "FuseReduce", "FusePointwise", "SimplifyReshapes", "BindOutputs", "Lowering", "HipGraph", "MemoryColoring"]
+           "FuseNorms", "FuseReduce", "FusePointwise", "SimplifyReshapes", "BindOutputs", "Lowering", "HipGraph",
+           "MemoryColoring"]

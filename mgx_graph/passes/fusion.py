@@ -15,6 +15,7 @@ from ..operators.pointwise import Pointwise
 from ..shape import Shape
 
 VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
+MAX_MEMBERS = 256  # a group stops growing here (one generated kernel's source stays small)
 
 
 def plain(ins, exclude=()) -> bool:
@@ -43,18 +44,18 @@ def concat(ins, exclude=()) -> bool:
     return plain(ins, exclude) and ins.op.name == "concat"
 
 
-def grow_producers(m, members: list, ok) -> None:
+def grow_producers(m, members: list, ok, limit: int = MAX_MEMBERS) -> None:
     """Add to ``members`` (in place) every producer in ``m`` for which ``ok(instruction)`` holds
-    and all of whose consumers are members, until none is left."""
+    and all of whose consumers are members, until none is left or ``limit`` members are reached."""
     ids = {id(i) for i in members}
     changed = True
-    while changed:
+    while changed and len(members) < limit:
         changed = False
         for ins in list(members):
             for v in ins.inputs:
                 if id(v) in ids or v.module is not m or not ok(v):
                     continue
-                if all(id(c) in ids for c in v.outputs):
+                if len(members) < limit and all(id(c) in ids for c in v.outputs):
                     ids.add(id(v))
                     members.append(v)
                     changed = True

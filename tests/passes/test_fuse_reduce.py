@@ -130,7 +130,8 @@ def test_lowered_to_one_kernel(target):
     names = [i.op.name for i in prog.get_main_module().instructions if not i.op.builtin]
     assert names == ["fused_reduce"] and list(prog.modules) == ["main"]
     ins = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_reduce")
-    assert str(ins.op) == "fused_reduce[axes={3},module=main:fused_reduce0,kernel=mul_convert_add_softmax_isnan_where_convert]"
+    assert str(ins.op) == ("fused_reduce[axes={3},module=main:fused_reduce0,"
+                           "kernel=mul_convert_add_softmax_isnan_where_convert]")
     k = ins.meta["kernel"]
     assert k.launches == 1 and k.capturable and k.label.startswith("host" if target == "ref" else "reduce (generated")
 
@@ -182,7 +183,8 @@ def _max_model():
     return make_model(nodes, feeds, ["y"], {"ax": np.array([-1], np.int64)}), feeds
 
 
-MODELS = {"rms_norm": (_rms_model, "add_rms_norm"), "masked_softmax": (_softmax_model, "less_where_mul_add_softmax_isnan_where"),
+MODELS = {"rms_norm": (_rms_model, "add_rms_norm"),
+          "masked_softmax": (_softmax_model, "less_where_mul_add_softmax_isnan_where"),
           "layernorm": (_layernorm_model, "mul_layernorm_relu"), "x_minus_max": (_max_model, "reduce_max_sub_exp")}
 
 
