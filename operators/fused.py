@@ -103,13 +103,18 @@ class FusedOp(Operation):
         evaluate_module(self.module, ctx, args, out)
 
     def gpu_kernel(self, inputs, output):
-        """The generated kernel (:func:`.fused_gpu.fused_kernel`); None when the module has no
-        generated form (lowering then uses the generic, non-capturable evaluation)."""
+        """The generated kernel (:func:`.fused_gpu.fused_kernel`); None, with a warning, when the
+        module has no generated form or it does not compile (lowering then uses the generic
+        evaluation of the submodule: correct, several launches, not capturable)."""
         from .fused_gpu import fused_kernel
 
         try:
             return fused_kernel(self.kind, self.module, inputs, output)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError) as e:
+            import warnings
+
+            warnings.warn(f"{self.name} over '{self.module.name}': no generated kernel ({e}); its "
+                          f"instructions run unfused", stacklevel=2)
             return None
 
     def launches(self, inputs, output):

@@ -2,8 +2,10 @@
 :mod:`.fused_reduce_codegen` at run time through CuPy (``cupy.RawModule``: NVRTC on CUDA, hipRTC on
 ROCm, the path ``scatternd.cu`` takes), and launch it into the instruction's preplanned output.
 
-Compiled modules are kept per source in the process, and CuPy keeps the binaries in its kernel cache
-on disk (keyed by the source and the options), so a source is compiled once per machine.  A launch
+The source is compiled when the instruction is lowered (where CuPy is importable), so a compiler
+error is found at compile time and the instruction falls back to its unfused evaluation; compiled
+modules are kept per source in the process, and CuPy keeps the binaries in its kernel cache on disk
+(keyed by the source and the options), so a source is compiled once per machine.  A launch
 passes the arrays' data pointers and the element / row count: nothing is allocated, so it can be
 recorded into a graph.  The strides of the arrays are compiled into the source; each launch checks
 them against the ones it was compiled for (a mismatch raises instead of reading wrong elements).
@@ -26,6 +28,19 @@ def compiled_function(source: str, name: str):
     return cupy.RawModule(code=source).get_function(name)
 
 
+def precompile(source: str, name: str):
+    """The compiled kernel, or None when CuPy is not importable (lowering without a device: the
+    first launch compiles).  Raises ValueError naming the kernel when NVRTC / hipRTC rejects it."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return compiled_function(source, name)
+    except Exception as e:  # CompileException, a missing header, no device
+        raise ValueError(f"kernel {name} does not compile: {type(e).__name__}: {e}") from e
+
+
 def _layout(shape) -> tuple:
     """(dim, byte stride) of the dims that address memory (size > 1)."""
     return tuple((d, s) for d, (n, s) in enumerate(zip(shape.lens, shape.byte_strides())) if n > 1)
@@ -41,12 +56,14 @@ def _check(arrays, layouts, name: str) -> None:
 
 def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
     """The one-launch kernel of a ``pointwise`` (``kind``) or ``fused_reduce`` instruction over
-    submodule ``sub``; raises ValueError when the module has no generated form."""
+    submodule ``sub``; raises ValueError when the module has no generated form or its source does
+    not compile."""
     if kind == "pointwise":
         from .fused_codegen import pointwise_source as make
     else:
         from .fused_reduce_codegen import reduce_source as make
     ks = make(sub, in_shapes, out_shape)
+    ready = precompile(ks.source, ks.name)
     layouts = [_layout(s) for s in in_shapes] + [_layout(out_shape)]
     extent, grid, block, name, source = np.int64(ks.extent), (ks.grid,), (ks.block,), ks.name, ks.source
 
@@ -54,7 +71,7 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         if not ks.extent:
             return
         _check(list(args) + [out], layouts, name)
-        compiled_function(source, name)(grid, block, (*args, out, extent))
+        (ready or compiled_function(source, name))(grid, block, (*args, out, extent))
 
     run.source = ks  # for inspection (tests, debugging)
     return GpuKernel(run, 1, [], True, f"{kind} (generated {name})")
