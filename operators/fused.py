@@ -19,6 +19,8 @@ from ..shape import Shape
 from .base import Operation, register_op
 
 VIEW_NAMES = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
+NOT_ELEMENTWISE = ("concat", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "softmax", "logsoftmax",
+                   "rms_norm", "layernorm")
 
 
 def module_params(sub) -> list:
@@ -120,6 +122,32 @@ class FusedOp(Operation):
     def launches(self, inputs, output):
         return 1
 
+    @property
+    def inplace_ok(self):
+        """True when parameter ``x0`` has the result's lens and reaches it only through elementwise
+        instructions of those lens (no view, concat or reduction on the way): every element of
+        ``x0`` is then read only where that same element of the result is written, after any
+        reduction of the row (so the output may be ``x0``'s buffer, a binding in place)."""
+        sub = self.module
+        if sub is None:
+            return False
+        params = module_params(sub)
+        ret = sub.get_return()
+        lens = tuple(ret.inputs[0].shape.lens)
+        if not params or tuple(params[0].shape.lens) != lens:
+            return False
+        stack, seen = [params[0]], set()
+        while stack:
+            v = stack.pop()
+            for c in v.outputs:
+                if c is ret or id(c) in seen:
+                    continue
+                seen.add(id(c))
+                if c.op.is_view or c.op.name in NOT_ELEMENTWISE or tuple(c.shape.lens) != lens:
+                    return False
+                stack.append(c)
+        return True
+
     def mark_lowered(self, sub) -> None:
         """Called by lowering when it takes ``sub`` off the instruction: printing then names it."""
         self.attrs["_module"] = sub
@@ -136,36 +164,10 @@ class FusedOp(Operation):
 @register_op
 class FusedPointwise(FusedOp):
     """``pointwise``: elementwise instructions (with views / concat of internal values) as one kernel,
-    one thread per output element on the gpu target.
-
-    In place (``inplace_ok``) when parameter ``x0`` has the result's lens and reaches it only through
-    elementwise instructions of those lens (every element of ``x0`` is read only where that same
-    element of the result is written)."""
+    one thread per output element on the gpu target."""
 
     name = "pointwise"
     kind = "pointwise"
-
-    @property
-    def inplace_ok(self):
-        sub = self.module
-        if sub is None:
-            return False
-        params = module_params(sub)
-        ret = sub.get_return()
-        lens = tuple(ret.inputs[0].shape.lens)
-        if not params or tuple(params[0].shape.lens) != lens:
-            return False
-        stack, seen = [params[0]], set()
-        while stack:
-            v = stack.pop()
-            for c in v.outputs:
-                if c is ret or id(c) in seen:
-                    continue
-                seen.add(id(c))
-                if c.op.is_view or c.op.name == "concat" or tuple(c.shape.lens) != lens:
-                    return False
-                stack.append(c)
-        return True
 
 
 @register_op

@@ -6,7 +6,9 @@ A group has one output: its *root*.  Every other member has all its consumers in
 so outlining never creates a cycle and the fused instruction can stand where the root stood (every
 input of the group is defined before it).  Scalar literals the members read are copied into the
 submodule (they become constants of the generated kernel); every other outside value becomes a
-parameter ``x0, x1, ...`` of the submodule, bound by position to the fused instruction's inputs.
+parameter ``x0, x1, ...`` of the submodule, bound by position to the fused instruction's inputs, in
+first-use order except that the root's first input, when it comes from outside, is ``x0`` (so a root
+that could write in place into its first input still can: see ``inplace_ok``).
 """
 from __future__ import annotations
 
@@ -82,6 +84,9 @@ def outline(m, members: list, make_op, kind: str):
                 continue
             seen.add(id(v))
             (lits if v.op.name == "@literal" and v.shape.elements() == 1 else inputs).append(v)
+    if root.inputs and any(v is root.inputs[0] for v in inputs):  # the root's first input stays first:
+        inputs.remove(root.inputs[0])                             # an in-place binding of the root holds
+        inputs.insert(0, root.inputs[0])
     sub = m.program.create_module(module_name(m.program, f"{m.name}:{kind}"))
     mapping = {id(v): sub.add_parameter(f"x{k}", v.shape) for k, v in enumerate(inputs)}
     mapping.update({id(v): sub.add_literal(v.op.value) for v in lits})

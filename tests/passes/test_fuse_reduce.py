@@ -217,3 +217,17 @@ def test_fp16_matches_onnxruntime(name, target):
     assert len(_reduce_kernels(prog)) == 1
     half = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
     np.testing.assert_allclose(prog.run(half)[0].astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_fused_reduce_writer_binds_in_place():
+    """state_out = state_in + softmax(y): the state is read only in the output pass, at its own element."""
+    nodes = [helper.make_node("Softmax", ["y"], ["p"], axis=-1), helper.make_node("Add", ["state_in", "p"], ["state_out"])]
+    model = make_model(nodes, {"state_in": np.zeros((3, 8), np.float32), "y": np.zeros((3, 8), np.float32)},
+                       ["state_out"])
+    prog = mgx_graph.compile(model, target="ref", alias={"state_out": "state_in"})
+    writer = [i for i in prog.get_main_module().instructions if i.op.name == "fused_reduce"]
+    assert len(writer) == 1 and writer[0].meta.get("bind_param") == "state_in"
+    s, y = R.normal(size=(3, 8)).astype(np.float32), R.normal(size=(3, 8)).astype(np.float32)
+    e = np.exp(y - y.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(prog.run({"state_in": s, "y": y})[0], s + e / e.sum(axis=-1, keepdims=True), rtol=1e-6)
+
