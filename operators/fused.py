@@ -34,11 +34,12 @@ def module_params(sub) -> list:
 
 def evaluate_module(sub, ctx, args, out) -> None:
     """Run the instructions of ``sub`` with the kernels of their ops on ``ctx`` (``ctx.xp`` arrays),
-    parameters bound to ``args``; the returned value is written into ``out``.  Temporaries are
-    allocated per call (host memory on ``ref``)."""
+    parameters bound to ``args``; the returned values are written into ``out`` (one array, or a
+    tuple of one per returned value).  Temporaries are allocated per call (host memory on ``ref``)."""
     xp = ctx.xp
     env = {id(p): a for p, a in zip(module_params(sub), args)}
-    root = sub.get_return().inputs[0]
+    outs = out if isinstance(out, tuple) else (out,)
+    dests = {id(r): o for r, o in zip(sub.get_return().inputs, outs)}
     for ins in sub.instructions:
         op = ins.op
         if op.name in ("@param", "@return"):
@@ -50,7 +51,9 @@ def evaluate_module(sub, ctx, args, out) -> None:
         if op.is_view:
             env[id(ins)] = op.view(xp, vals[0], ins.shape)
             continue
-        dst = out if ins is root else xp.empty(ins.shape.lens, ins.shape.np_dtype)
+        dst = dests.get(id(ins))
+        if dst is None:
+            dst = xp.empty(ins.shape.lens, ins.shape.np_dtype)
         ws = [xp.empty(s.lens, s.np_dtype) for s in op.workspace([i.shape for i in ins.inputs], ins.shape)]
         op.compute(ctx, dst, vals, ws)
         env[id(ins)] = dst
@@ -65,8 +68,9 @@ class FusedOp(Operation):
     """An instruction running a submodule as one kernel (see the module docstring).
 
     ``module``: the submodule (kept by the op once lowering takes it off ``module_inputs``).
-    Shape: the submodule's return shape, standard layout; ShapeError when the inputs do not match
-    its parameters (count, lens, type)."""
+    Shape: the submodule's return shape, standard layout (a tuple of them when it returns several
+    values, read through ``get_tuple_elem``); ShapeError when the inputs do not match its parameters
+    (count, lens, type)."""
 
     fused = True
     kind = "pointwise"
@@ -97,9 +101,11 @@ class FusedOp(Operation):
                 raise ShapeError(f"{self.name}: parameter {p.op.parameter} of '{sub.name}' is {p.shape.brief()}, "
                                  f"given {given}")
         outs = sub.get_output_shapes()
-        if len(outs) != 1 or not isinstance(outs[0], Shape):
-            raise ShapeError(f"{self.name}: module '{sub.name}' must return one value, returns {len(outs)}")
-        return outs[0].as_standard()
+        if not outs or not all(isinstance(o, Shape) for o in outs):
+            raise ShapeError(f"{self.name}: module '{sub.name}' must return values, returns {len(outs)} "
+                             f"(tuples are not returned by fused modules)")
+        outs = tuple(o.as_standard() for o in outs)
+        return outs[0] if len(outs) == 1 else outs
 
     def compute(self, ctx, out, args, ws):
         evaluate_module(self.module, ctx, args, out)
@@ -134,7 +140,7 @@ class FusedOp(Operation):
         params = module_params(sub)
         ret = sub.get_return()
         lens = tuple(ret.inputs[0].shape.lens)
-        if not params or tuple(params[0].shape.lens) != lens:
+        if not params or tuple(params[0].shape.lens) != lens or len(ret.inputs) != 1:
             return False
         stack, seen = [params[0]], set()
         while stack:

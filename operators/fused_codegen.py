@@ -302,9 +302,15 @@ def element_index(em: KernelEmitter, lens, var: str = "i") -> tuple:
     return tuple(idx)
 
 
-def param_list(in_shapes, out_shape: Shape) -> list:
+def output_names(out_shapes) -> list:
+    """Kernel argument names of the outputs: ``y`` for one, ``y0, y1, ...`` for several."""
+    return ["y"] if len(out_shapes) == 1 else [f"y{k}" for k in range(len(out_shapes))]
+
+
+def param_list(in_shapes, out_shapes) -> list:
+    """``(C type, name)`` of the kernel's array arguments: inputs ``x0..``, then the outputs."""
     return [(f"const {CTYPES[s.dtype]}*", f"x{k}") for k, s in enumerate(in_shapes)] + \
-        [(f"{CTYPES[out_shape.dtype]}*", "y")]
+        [(f"{CTYPES[s.dtype]}*", n) for s, n in zip(out_shapes, output_names(out_shapes))]
 
 
 def finish(kind: str, prelude_extra: str, em: KernelEmitter, entry_def: str, kernel_def: str, params,
@@ -320,14 +326,17 @@ def pointwise_source(sub, in_shapes, out_shape: Shape) -> KernelSource:
     """The kernel of a ``pointwise`` instruction over submodule ``sub`` with inputs ``in_shapes``
     writing ``out_shape`` (standard, or the strided layout of an in-place binding).  Raises
     ValueError when an instruction of ``sub`` has no fused C form."""
-    root = sub.get_return().inputs[0]
+    rets = sub.get_return().inputs
+    if len(rets) != 1 or not isinstance(out_shape, Shape):
+        raise ValueError(f"pointwise: module '{sub.name}' returns {len(rets)} values, generated kernels write one")
+    root = rets[0]
     if tuple(root.shape.lens) != tuple(out_shape.lens):
         raise ValueError(f"pointwise: module returns {root.shape.brief()}, instruction has {out_shape.brief()}")
     em = KernelEmitter(sub, in_shapes)
     idx = element_index(em, out_shape.lens)
     v = em.value(root, idx)
     em.emit(f"y[{linear_offset(idx, out_shape)}] = {store_expr(v, out_shape.dtype)};")
-    params = param_list(in_shapes, out_shape)
+    params = param_list(in_shapes, [out_shape])
     sig = ", ".join(f"{t} {n}" for t, n in params)
     names = ", ".join(n for _, n in params)
     entry = f"MGX_HD void mgx_elem(long long i, {sig}) {{\n" + "\n".join(em.lines) + "\n}"

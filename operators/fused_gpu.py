@@ -64,14 +64,16 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         from .fused_reduce_codegen import reduce_source as make
     ks = make(sub, in_shapes, out_shape)
     ready = precompile(ks.source, ks.name)
-    layouts = [_layout(s) for s in in_shapes] + [_layout(out_shape)]
+    outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
     extent, grid, block, name, source = np.int64(ks.extent), (ks.grid,), (ks.block,), ks.name, ks.source
 
     def run(ctx, out, args, ws):
         if not ks.extent:
             return
-        _check(list(args) + [out], layouts, name)
-        (ready or compiled_function(source, name))(grid, block, (*args, out, extent))
+        results = out if isinstance(out, tuple) else (out,)
+        _check(list(args) + list(results), layouts, name)
+        (ready or compiled_function(source, name))(grid, block, (*args, *results, extent))
 
     run.source = ks  # for inspection (tests, debugging)
     return GpuKernel(run, 1, [], True, f"{kind} (generated {name})")

@@ -18,9 +18,8 @@ the plain sequential loop, which the tests run.
 """
 from __future__ import annotations
 
-from ..shape import Shape
 from .fused_codegen import (MAX_GRID, KernelEmitter, KernelSource, broadcast_index, element_index, finish,
-                            linear_offset, param_list, store_expr)
+                            linear_offset, output_names, param_list, store_expr)
 from .fused_exprs import c_constant
 
 REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "softmax", "logsoftmax", "rms_norm",
@@ -136,29 +135,36 @@ def _block_size(n: int) -> int:
     return b
 
 
-def reduce_source(sub, in_shapes, out_shape: Shape) -> KernelSource:
-    """The kernel of a ``fused_reduce`` instruction over ``sub`` (see the module docstring).  Raises
-    ValueError when the shapes are not one reduction over the innermost axis per row of the result."""
+def reduce_source(sub, in_shapes, out_shape) -> KernelSource:
+    """The kernel of a ``fused_reduce`` instruction over ``sub`` (see the module docstring);
+    ``out_shape``: its Shape, or a tuple of them when the module returns several values of the same
+    lens (written in the same output pass).  Raises ValueError when the shapes are not one reduction
+    over the innermost axis per row of the result."""
     red = reduction_of(sub)
     x = red.inputs[0]
     rows_lens = tuple(x.shape.lens[:-1])
-    root = sub.get_return().inputs[0]
-    if tuple(root.shape.lens[:-1]) != rows_lens or tuple(root.shape.lens) != tuple(out_shape.lens):
-        raise ValueError(f"fused_reduce: result {out_shape.brief()} is not one row per row of {x.shape.brief()}")
+    roots = sub.get_return().inputs
+    outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    lens = tuple(outs[0].lens)
+    if len(roots) != len(outs) or any(tuple(r.shape.lens) != lens or tuple(o.lens) != lens
+                                      for r, o in zip(roots, outs)) or lens[:-1] != rows_lens:
+        raise ValueError(f"fused_reduce: results {[o.brief() for o in outs]} are not one row per row of "
+                         f"{x.shape.brief()}")
     acc = "double" if x.shape.dtype == "float64" else "float"
     em = KernelEmitter(sub, in_shapes)
     ridx = element_index(em, rows_lens, "row")
     row = _Row(em, red, ridx, acc)
     em.special[id(red)] = row.stats()
-    m = out_shape.lens[-1] if out_shape.lens else 1
+    m = lens[-1]
     em.emit(f"for (long long j = tid; j < {m}; j += nt) {{")
     em.push()
     idx = ridx + ("j" if m != 1 else "0",)
-    v = em.value(root, idx)
-    em.emit(f"y[{linear_offset(idx, out_shape)}] = {store_expr(v, out_shape.dtype)};")
+    for r, o, y in zip(roots, outs, output_names(outs)):
+        v = em.value(r, idx)
+        em.emit(f"{y}[{linear_offset(idx, o)}] = {store_expr(v, o.dtype)};")
     em.pop()
     em.emit("}")
-    params = param_list(in_shapes, out_shape)
+    params = param_list(in_shapes, outs)
     sig = ", ".join(f"{t} {n}" for t, n in params)
     names = ", ".join(n for _, n in params)
     block = _block_size(max(row.n, m))

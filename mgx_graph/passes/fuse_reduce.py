@@ -10,9 +10,11 @@ From the reduction the group's root moves forward while every consumer of the ro
 to the last of them (in program order) made of elementwise instructions, and that last one still has
 one row per row of the reduction (its lens but the last equal the reduction input's): e.g. softmax
 -> isnan -> where -> convert.  Then elementwise producers join while all their consumers are members
-(a scale or mask ``add`` before softmax, ``convert`` of a weight).  Each group has one output, its
-root.  A group that is a lone ``reduce_*`` is left as it is (already one kernel); a lone softmax, norm
-or layernorm is fused (one kernel instead of two to nine).
+(a scale or mask ``add`` before softmax, ``convert`` of a weight).  The root is the group's output;
+a producer with the root's lens that is also read outside, but only after the root, is a further
+output (the residual sum that feeds an RMSNorm and the next residual add: the sum is written by the
+norm's kernel), read through ``get_tuple_elem``.  A group that is a lone ``reduce_*`` is left as it
+is (already one kernel); a lone softmax, norm or layernorm is fused (one kernel instead of two to nine).
 
 ``exclude``: op names never fused (host ops).  Runs before ``fuse_pointwise``, which then groups what
 is left.  Results on ``ref`` are those of the unfused instructions (the submodule runs their kernels).
@@ -75,10 +77,36 @@ class FuseReduce(ModulePass):
             members.extend(step)
             root = step[-1]
         fusion.grow_producers(m, members, self._ok)
+        extra = self._extra_outputs(m, members, root)
         if len(members) == 1 and red.op.name in REDUCE_OPS:
             return
         axes = [len(rows)]
-        fusion.outline(m, members, lambda sub: FusedReduce(module=sub, axes=axes), "fused_reduce")
+        fusion.outline(m, members, lambda sub: FusedReduce(module=sub, axes=axes), "fused_reduce", extra)
+
+    def _extra_outputs(self, m, members, root) -> list:
+        """Producers of the group with the root's lens that are also read outside, but only after the
+        root (a residual sum feeding a norm and the next residual add): they join as further outputs
+        (``members`` grows in place, their own producers too); returns them."""
+        order = {id(i): k for k, i in enumerate(m.instructions)}
+        here, lens, extra = order[id(root)], tuple(root.shape.lens), []
+        changed = True
+        while changed:
+            changed = False
+            ids = {id(i) for i in members}
+            for ins in list(members):
+                for v in ins.inputs:
+                    if id(v) in ids or v.module is not m or tuple(getattr(v.shape, "lens", ())) != lens \
+                            or not self._ok(v):
+                        continue
+                    readers = [c for c in v.outputs if id(c) not in ids]
+                    if readers and all(c.module is m and order[id(c)] > here for c in readers):
+                        members.append(v)
+                        extra.append(v)
+                        ids.add(id(v))
+                        changed = True
+            if changed:
+                fusion.grow_producers(m, members, self._ok)
+        return extra
 
     def _extend(self, m, root, members, rows):
         """The instructions between ``root`` and the last of its consumers when the root may move

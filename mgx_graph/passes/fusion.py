@@ -2,9 +2,10 @@
 kernel, growing a group over its producers, and outlining a group into a submodule run by one
 fused instruction (``pointwise`` / ``fused_reduce``).
 
-A group has one output: its *root*.  Every other member has all its consumers inside the group,
-so outlining never creates a cycle and the fused instruction can stand where the root stood (every
-input of the group is defined before it).  Scalar literals the members read are copied into the
+A group has one output, its *root*: every other member has all its consumers inside the group, so
+outlining never creates a cycle and the fused instruction can stand where the root stood (every
+input of the group is defined before it).  ``fuse_reduce`` may add further outputs, members read
+outside only after the root (their readers then read a ``get_tuple_elem`` of the fused instruction).  Scalar literals the members read are copied into the
 submodule (they become constants of the generated kernel); every other outside value becomes a
 parameter ``x0, x1, ...`` of the submodule, bound by position to the fused instruction's inputs, in
 first-use order except that the root's first input, when it comes from outside, is ``x0`` (so a root
@@ -70,13 +71,9 @@ def module_name(program, base: str) -> str:
     return f"{base}{n}"
 
 
-def outline(m, members: list, make_op, kind: str):
-    """Move ``members`` (instructions of ``m``; the last in program order is the root, the only one
-    read outside the group) into a new submodule ``<module>:<kind><n>`` run by the instruction
-    ``make_op(submodule)``, which takes the root's place and its consumers.  Returns it."""
-    order = {id(i): k for k, i in enumerate(m.instructions)}
-    members = sorted(members, key=lambda i: order[id(i)])
-    root, ids = members[-1], {id(i) for i in members}
+def _group_inputs(members, ids, root):
+    """Outside values the members read (first use; the root's first input first) and the scalar
+    literals among them (copied into the submodule)."""
     inputs, lits, seen = [], [], set()
     for ins in members:
         for v in ins.inputs:
@@ -87,22 +84,43 @@ def outline(m, members: list, make_op, kind: str):
     if root.inputs and any(v is root.inputs[0] for v in inputs):  # the root's first input stays first:
         inputs.remove(root.inputs[0])                             # an in-place binding of the root holds
         inputs.insert(0, root.inputs[0])
+    return inputs, lits
+
+
+def outline(m, members: list, make_op, kind: str, extra=()):
+    """Move ``members`` (instructions of ``m``; the last in program order is the root) into a new
+    submodule ``<module>:<kind><n>`` run by the instruction ``make_op(submodule)``, which takes the
+    root's place.  Only the root, and the members in ``extra`` (further outputs, read outside only
+    after the root), may be read outside the group: with extras the submodule returns the root then
+    the extras, and their outside readers read ``get_tuple_elem`` of the fused instruction.  Returns
+    the fused instruction."""
+    from ..operators import make_op as make
+
+    order = {id(i): k for k, i in enumerate(m.instructions)}
+    members = sorted(members, key=lambda i: order[id(i)])
+    root, ids = members[-1], {id(i) for i in members}
+    outs = [root] + sorted(extra, key=lambda i: order[id(i)])
+    inputs, lits = _group_inputs(members, ids, root)
     sub = m.program.create_module(module_name(m.program, f"{m.name}:{kind}"))
     mapping = {id(v): sub.add_parameter(f"x{k}", v.shape) for k, v in enumerate(inputs)}
     mapping.update({id(v): sub.add_literal(v.op.value) for v in lits})
     anchor = m.instructions[order[id(root)] + 1]
-    outside = [c for c in root.outputs if id(c) not in ids]
+    outside = {id(o): [c for c in o.outputs if id(c) not in ids] for o in outs}
     m.instructions = [i for i in m.instructions if id(i) not in ids]
     for ins in members:
         m.set_inputs(ins, [mapping.get(id(v), v) for v in ins.inputs])
         ins.module = sub
         sub.instructions.append(ins)
-    root.outputs = [c for c in root.outputs if id(c) in ids]
-    sub.add_return([root])
+    for o in outs:
+        o.outputs = [c for c in o.outputs if id(c) in ids]
+    sub.add_return(outs)
     fused = m.insert_instruction(anchor, make_op(sub), inputs, [sub])
-    for c in {id(c): c for c in outside}.values():
-        c.inputs = [fused if i is root else i for i in c.inputs]
-    fused.outputs.extend(outside)
+    for k, o in enumerate(outs):
+        val = fused if len(outs) == 1 else m.insert_instruction(anchor, make("get_tuple_elem", index=k), [fused])
+        readers = outside[id(o)]
+        for c in {id(c): c for c in readers}.values():
+            c.inputs = [val if i is o else i for i in c.inputs]
+        val.outputs.extend(readers)
     return fused
 
 

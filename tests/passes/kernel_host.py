@@ -66,16 +66,18 @@ def host_source(kernels) -> str:
             spaces[ks.name] = f"k{len(spaces)}"
             parts.append(f"namespace {spaces[ks.name]} {{\n{ks.source[len(PRELUDE):]}\n}}\n")
         ns = spaces[ks.name]
-        lines = [f"static void run{n}(const std::string& d) {{", "    size_t sz;"]
+        lines = [f"static void run{n}(const std::string& d) {{"]
+        outputs = [name for ctype, name in ks.params if not ctype.startswith("const")]
         for ctype, name in ks.params:
-            lines.append(f'    {ctype} {name} = ({ctype})mgx_read(d + "/k{n}_{name}.bin", &sz);')
+            lines.append(f"    size_t sz_{name};")
+            lines.append(f'    {ctype} {name} = ({ctype})mgx_read(d + "/k{n}_{name}.bin", &sz_{name});')
         names = ", ".join(name for _, name in ks.params)
         if ks.kind == "pointwise":
             lines.append(f"    for (long long i = 0; i < {ks.extent}LL; ++i) {ns}::mgx_elem(i, {names});")
         else:
             lines.append(f"    {ks.acc} sm[1];")
             lines.append(f"    for (long long r = 0; r < {ks.extent}LL; ++r) {ns}::mgx_row(r, 0, 1, sm, {names});")
-        lines.append(f'    mgx_write(d + "/k{n}_y.out", y, sz);')
+        lines += [f'    mgx_write(d + "/k{n}_{y}.out", {y}, sz_{y});' for y in outputs]
         lines.append("}")
         runs.append("\n".join(lines))
     parts += runs
@@ -84,14 +86,21 @@ def host_source(kernels) -> str:
     return "\n".join(parts)
 
 
-def run_on_host(cases, workdir) -> list[np.ndarray]:
-    """``cases``: ``[(KernelSource, [input base buffers], output Shape)]``.  Builds one host program
-    with nvcc, runs it and returns each kernel's output viewed with its shape."""
+def _outputs(ks, out_shape):
+    shapes = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    return list(zip([name for ctype, name in ks.params if not ctype.startswith("const")], shapes))
+
+
+def run_on_host(cases, workdir) -> list:
+    """``cases``: ``[(KernelSource, [input base buffers], output Shape or tuple of Shapes)]``.  Builds
+    one host program with nvcc, runs it and returns each kernel's output(s) viewed with their shapes
+    (a tuple for several)."""
     workdir = str(workdir)
     for n, (ks, bases, out_shape) in enumerate(cases):
         for (_, name), b in zip(ks.params, bases):
             np.ascontiguousarray(b).tofile(os.path.join(workdir, f"k{n}_{name}.bin"))
-        np.zeros(max(out_shape.element_space(), 1), out_shape.np_dtype).tofile(os.path.join(workdir, f"k{n}_y.bin"))
+        for name, s in _outputs(ks, out_shape):
+            np.zeros(max(s.element_space(), 1), s.np_dtype).tofile(os.path.join(workdir, f"k{n}_{name}.bin"))
     src = os.path.join(workdir, "host.cu")
     with open(src, "w") as f:
         f.write(host_source([c[0] for c in cases]))
@@ -100,8 +109,11 @@ def run_on_host(cases, workdir) -> list[np.ndarray]:
     subprocess.run([exe, workdir], check=True, capture_output=True, text=True)
     outs = []
     for n, (ks, _, out_shape) in enumerate(cases):
-        flat = np.fromfile(os.path.join(workdir, f"k{n}_y.out"), out_shape.np_dtype)
-        outs.append(np.lib.stride_tricks.as_strided(flat, out_shape.lens, out_shape.byte_strides()).copy())
+        got = []
+        for name, s in _outputs(ks, out_shape):
+            flat = np.fromfile(os.path.join(workdir, f"k{n}_{name}.out"), s.np_dtype)
+            got.append(np.lib.stride_tricks.as_strided(flat, s.lens, s.byte_strides()).copy())
+        outs.append(tuple(got) if isinstance(out_shape, tuple) else got[0])
     return outs
 
 

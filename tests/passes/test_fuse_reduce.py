@@ -14,6 +14,14 @@ from test_fuse_pointwise import compile_without, fused
 from util import make_model, ort_run
 
 
+def want_module(m, inputs, body, kind="fused_reduce"):
+    """Expected-program helper: the submodule ``<module>:<kind><n>`` returning ``body``'s list."""
+    n = sum(1 for name in m.program.modules if name.startswith(f"{m.name}:{kind}"))
+    sub = m.program.create_module(f"{m.name}:{kind}{n}")
+    sub.add_return(body(sub, [sub.add_parameter(f"x{k}", i.shape) for k, i in enumerate(inputs)]))
+    return sub
+
+
 def fuse(prog, exclude=()):
     run_pass(FuseReduce(exclude), prog)
     return run_pass(EliminateDeadCode(), prog)
@@ -60,19 +68,44 @@ def test_rms_norm_takes_its_weight_and_the_convert_after_it():
     assert_same_ir(fuse(program(False)), program(True))
 
 
-def test_a_residual_read_twice_stays_outside():
+def test_a_residual_read_again_after_the_norm_is_a_second_output():
+    """h = a + b feeds the norm and, later, the next residual add: the norm's kernel writes h too."""
+    def program(expected):
+        prog = Program()
+        m = prog.get_main_module()
+        a, b = m.add_parameter("a", S("float32", 2, 16)), m.add_parameter("b", S("float32", 2, 16))
+        w, c = m.add_parameter("w", S("float32", 16)), m.add_parameter("c", S("float32", 2, 16))
+        if expected:
+            def body(s, p):
+                h = s.add_instruction(op("add"), [p[0], p[1]])
+                return [s.add_instruction(op("rms_norm", axis=-1), [h, p[2]]), h]
+
+            sub = want_module(m, [a, b, w], body)
+            f = m.add_instruction(op("fused_reduce", module=sub, axes=[1]), [a, b, w], [sub])
+            r, h = (m.add_instruction(op("get_tuple_elem", index=k), [f]) for k in (0, 1))
+        else:
+            h = m.add_instruction(op("add"), [a, b])
+            r = m.add_instruction(op("rms_norm", axis=-1), [h, w])
+        m.add_return([r, m.add_instruction(op("mul"), [h, c])])
+        return prog
+
+    assert_same_ir(fuse(program(False)), program(True))
+
+
+def test_a_residual_read_before_the_norm_stays_outside():
     def program(expected):
         prog = Program()
         m = prog.get_main_module()
         a, b = m.add_parameter("a", S("float32", 2, 16)), m.add_parameter("b", S("float32", 2, 16))
         w = m.add_parameter("w", S("float32", 16))
         h = m.add_instruction(op("add"), [a, b])
+        early = m.add_instruction(op("neg"), [h])
         if expected:
             r = fused(m, [h, w], lambda s, p: s.add_instruction(op("rms_norm", axis=-1), p), "fused_reduce",
                       axes=[1])
         else:
             r = m.add_instruction(op("rms_norm", axis=-1), [h, w])
-        m.add_return([r, m.add_instruction(op("mul"), [h, r])])
+        m.add_return([r, early])
         return prog
 
     assert_same_ir(fuse(program(False)), program(True))

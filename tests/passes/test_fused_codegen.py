@@ -26,11 +26,17 @@ ATOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-12}
 
 def _module(in_shapes, build):
     """A submodule ``t`` with parameters ``x0..`` of ``in_shapes``; ``build(m, params)`` returns the
-    value it returns."""
+    value it returns (or a list of them)."""
     sub = Program().create_module("t")
     params = [sub.add_parameter(f"x{k}", s) for k, s in enumerate(in_shapes)]
-    sub.add_return([build(sub, params)])
+    ret = build(sub, params)
+    sub.add_return(ret if isinstance(ret, list) else [ret])
     return sub
+
+
+def _out_shape(sub):
+    outs = sub.get_output_shapes()
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _inputs(in_shapes, rng, special=False):
@@ -45,10 +51,11 @@ def _inputs(in_shapes, rng, special=False):
 
 
 def _reference(sub, views, out_shape):
-    out = np.empty(out_shape.lens, out_shape.np_dtype)
+    shapes = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    outs = tuple(np.empty(s.lens, s.np_dtype) for s in shapes)
     with np.errstate(all="ignore"):
-        evaluate_module(sub, HOST, views, out)
-    return out
+        evaluate_module(sub, HOST, views, outs if isinstance(out_shape, tuple) else outs[0])
+    return outs if isinstance(out_shape, tuple) else outs[0]
 
 
 def _compare(got, want, label, half=False):
@@ -73,7 +80,8 @@ def _check_on_host(tmp_path, items, rng):
         cases.append((ks, bases, out_shape))
         wants.append(_reference(sub, views, out_shape))
     for (label, *_), got, want, half in zip(items, run_on_host(cases, tmp_path), wants, halves):
-        _compare(got, want, label, half)
+        for k, (g, w) in enumerate(zip(got, want) if isinstance(want, tuple) else [(got, want)]):
+            _compare(g, w, f"{label} output {k}", half)
 
 
 # -- single ops over every body ---------------------------------------------------------------------------
@@ -183,7 +191,7 @@ def _reduce_items():
 
     def add(label, shapes, build):
         sub = _module(shapes, build)
-        items.append((label, sub, shapes, sub.get_output_shapes()[0], "reduce", False))
+        items.append((label, sub, shapes, _out_shape(sub), "reduce", False))
 
     for name in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min"):
         add(name, [S("float32", 3, 2, 37)], lambda m, p, n=name: m.add_instruction(op(n, axes=[-1]), [p[0]]))
@@ -199,6 +207,10 @@ def _reduce_items():
     add("rms_norm+convert", [S("float16", 1, 3, 576), S("float16", 576)],
         lambda m, p: m.add_instruction(op("convert", target_type="float32"),
                                        [m.add_instruction(op("rms_norm", axis=-1, epsilon=1e-5), [p[0], p[1]])]))
+    def residual_norm(m, p):  # the sum is a second output (read by the next residual add)
+        h = m.add_instruction(op("add"), [p[0], p[1]])
+        return [m.add_instruction(op("rms_norm", axis=-1, epsilon=1e-5), [h, p[2]]), h]
+    add("add+rms_norm, sum out", [S("float16", 1, 2, 96), S("float16", 1, 2, 96), S("float16", 96)], residual_norm)
     add("rms_norm (no weight)", [S("float32", 7, 10)],
         lambda m, p: m.add_instruction(op("rms_norm", axis=-1, epsilon=1e-6), [p[0]]))
     add("layernorm", [S("float32", 2, 5, 33), S("float32", 33), S("float32", 33)],
