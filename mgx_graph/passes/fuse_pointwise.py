@@ -23,6 +23,9 @@ from .pass_manager import ModulePass
 
 
 class FusePointwise(ModulePass):
+    """The pass (see the module docstring); ``exclude``: op names never fused.  Visits every module
+    but those run by fused instructions; rewrites in place, raises nothing of its own."""
+
     name = "fuse_pointwise"
 
     def __init__(self, exclude=()):

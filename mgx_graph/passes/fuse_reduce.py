@@ -45,6 +45,9 @@ def innermost_reduction(ins) -> bool:
 
 
 class FuseReduce(ModulePass):
+    """The pass (see the module docstring); ``exclude``: op names never fused.  Visits every module
+    but those run by fused instructions; rewrites in place, raises nothing of its own."""
+
     name = "fuse_reduce"
 
     def __init__(self, exclude=()):
