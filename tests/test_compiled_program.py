@@ -42,7 +42,7 @@ def test_counters_are_defined_once():
     assert set(t.region_dict()) == set(keys) | {"refreshes", "disabled"}
 
 
-def test_static_and_dynamic_stats_come_from_the_same_counters_type(target):
+def test_static_and_dynamic_stats_come_from_the_same_counters_type(target, unfused):
     static_model, dynamic_model = _chain([2, 4]), _chain(["n", 4])
     static = mgx_graph.compile(static_model, target=target, hip_graph=True)
     dynamic = mgx_graph.compile(dynamic_model, target=target, hip_graph=True, warmup=1, max_specializations=1)
@@ -65,7 +65,7 @@ def test_static_and_dynamic_stats_come_from_the_same_counters_type(target):
     dynamic.release()
 
 
-def test_the_compile_result_is_typed(target):
+def test_the_compile_result_is_typed(target, unfused):
     model = _chain([2, 4])
     prog = mgx_graph.compile(model, target=target, hip_graph=True)
     r = prog.result

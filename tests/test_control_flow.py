@@ -25,6 +25,7 @@ def if_model():
     return make_model(nodes, {"x": np.zeros((3, 4), np.float32)}, ["y"], init)
 
 
+@pytest.mark.usefixtures("unfused")
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
 def test_if_both_branches(target, hip_graph):
     model = if_model()

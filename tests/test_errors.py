@@ -180,6 +180,7 @@ def test_cli_verify_run_perf(tmp_path, capsys):
         assert line in out, line
 
 
+@pytest.mark.usefixtures("unfused")
 def test_cli_verify_compares_a_replay_and_perf_reads_env(tmp_path, capsys, monkeypatch):
     from mgx_graph.cli import main
 

@@ -14,6 +14,9 @@ from util import make_model, ort_run
 
 R = np.random.default_rng(7)
 
+# chains of elementwise ops stand for so many kernels here: compiled without kernel fusion
+pytestmark = pytest.mark.usefixtures("unfused")
+
 
 def chain_model(n=6):
     """x -> (mul w, add b, tanh) * n/3 -> y : enough kernels for one region."""

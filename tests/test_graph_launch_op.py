@@ -190,7 +190,7 @@ def test_if_runs_the_branch_it_picks_through_the_run_callback(run_calls, target)
 
 
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
-def test_loop_runs_its_body_through_the_run_callback(run_calls, target, hip_graph):
+def test_loop_runs_its_body_through_the_run_callback(run_calls, target, hip_graph, unfused):
     model = loop_model(scan=False)
     prog = mgx_graph.compile(model, target=target, hip_graph=hip_graph, min_partition_size=2)
     (loop_ins,) = [i for i in prog.get_main_module().instructions if i.op.name == "loop"]

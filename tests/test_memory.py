@@ -74,6 +74,7 @@ def test_live_buffers_never_overlap(dag, hip_graph):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("unfused")
 def test_packing_reuses_dead_buffers():
     """A chain of n equal-size kernels needs two buffers (ping-pong), not n."""
     nodes = []

@@ -204,6 +204,7 @@ def test_view_outputs_are_program_buffers(target, hip_graph):
     _assert_replayed(prog, hip_graph)
 
 
+@pytest.mark.usefixtures("unfused")
 def test_outputs_are_copied_at_compile_time():
     """The copies are instructions of the program (so a graph captures them), one per borrowed output."""
     prog = mgx_graph.compile(views_model(), target="ref", hip_graph=False)

@@ -25,6 +25,7 @@ def rmsnorm_model(weighted=True, eps=1e-5, d=8):
     return make_model(nodes, {"x": np.zeros((2, 3, d), np.float32)}, ["y"], init)
 
 
+@pytest.mark.usefixtures("unfused")
 @pytest.mark.parametrize("weighted", [True, False])
 def test_fuse_norms_rewrites_rmsnorm(target, weighted):
     model = rmsnorm_model(weighted)
@@ -59,6 +60,7 @@ def test_rms_norm_fp16_does_not_overflow(target):
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.usefixtures("unfused")
 def test_quantize_keeps_index_arithmetic_in_float32():
     """cos(position * freq) stays float32 and is converted once where it meets the activations."""
     nodes = [helper.make_node("Cast", ["pos"], ["pf"], to=1),
@@ -150,6 +152,7 @@ def _regions(prog):
     return [name for name in prog.modules if ":graph_launch" in name]
 
 
+@pytest.mark.usefixtures("unfused")
 def test_hip_graph_pass_is_idempotent_and_names_regions():
     from mgx_graph.passes import HipGraph
 
@@ -164,6 +167,7 @@ def test_hip_graph_pass_is_idempotent_and_names_regions():
     assert prog.print() == before
 
 
+@pytest.mark.usefixtures("unfused")
 def test_min_partition_size_is_respected():
     nodes = []
     out = _chain(nodes, "x", "a", 3)
@@ -226,6 +230,7 @@ BOUNDARY = {"if": "if", "loop": "loop", "nonzero": "guard", "reshape": "guard", 
             "constantofshape": "guard", "topk": "guard", "unique": "guard", "host": "copy_from_gpu"}
 
 
+@pytest.mark.usefixtures("unfused")
 @pytest.mark.parametrize("kind", sorted(BOUNDARY))
 def test_graph_boundary_at_each_host_sync_kind(kind, target):
     model, inputs = _boundary_model(kind)

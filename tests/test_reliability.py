@@ -21,6 +21,9 @@ from util import make_model, ort_run
 
 R = np.random.default_rng(2024)
 
+# chains of elementwise ops stand for so many kernels here: compiled without kernel fusion
+pytestmark = pytest.mark.usefixtures("unfused")
+
 
 def events(err):
     return re.findall(r"\[mgx_graph\] (\w+)", err)

@@ -2,8 +2,13 @@
 
 Sets ``ins.meta["kernel"]`` (a :class:`Kernel`) on every non-builtin, non-view instruction:
 the function, the number of device launches it issues, its scratch buffers, and whether it may be
-recorded into a graph.  On ``ref`` every kernel is one host function on the queue; on ``gpu`` see
-:func:`mgx_graph.operators.gpu.select_gpu_kernel`.
+recorded into a graph.  On ``ref`` every kernel is one host function on the queue; on ``gpu`` an
+op's own ``gpu_kernel`` when it gives one (the generated kernels of ``pointwise`` / ``fused_reduce``),
+else :func:`mgx_graph.operators.gpu.select_gpu_kernel`.
+
+A fused instruction (``pointwise``, ``fused_reduce``) first gives up its submodule: the op keeps it
+(its kernel runs it) and the module leaves the program, so what follows (graph regions, memory
+planning, the executor) sees one ordinary kernel instruction.
 """
 from __future__ import annotations
 
@@ -70,6 +75,17 @@ def _has_strings(ins) -> bool:
     return any(getattr(s, "dtype", "") == "object" for s in shapes)
 
 
+def detach_fused_modules(program) -> None:
+    """Take the submodule off every fused instruction (its op keeps it) and out of the program."""
+    for m in program.module_order():
+        for ins in m.instructions:
+            if getattr(ins.op, "fused", False) and ins.module_inputs:
+                sub = ins.module_inputs[0]
+                ins.op.mark_lowered(sub)
+                ins.module_inputs = []
+                program.remove_module(sub.name)
+
+
 class Lowering(Pass):
     """Lower to ``target`` (``ref`` or ``gpu``; None: the pass context's target), running the ops
     named in ``host_ops`` on the host.  Records in the compile result the sorted names of the ops put
@@ -87,6 +103,7 @@ class Lowering(Pass):
 
     def apply(self, program, ctx=None) -> None:
         target = self.target or (ctx.target if ctx is not None else "ref")
+        detach_fused_modules(program)
         fallback = self._place_on_host(program, target)
         if ctx is not None:
             ctx.result.host_fallback_ops = fallback
@@ -138,9 +155,13 @@ class Lowering(Pass):
         capt = op.capturable and not op.host_only
         if target == "ref":
             return Kernel(op.compute, 1, op.workspace(in_shapes, out_shape), capt, "host")
-        from ..operators.gpu import select_gpu_kernel
+        from ..operators.gpu import GpuKernel, select_gpu_kernel
 
-        k = select_gpu_kernel(op, in_shapes, out_shape)
+        k = op.gpu_kernel(in_shapes, out_shape)
+        if isinstance(k, tuple):  # (fn, launches, workspace) as Operation.gpu_kernel documents
+            k = GpuKernel(k[0], k[1], list(k[2]), True, f"{op.name} (op kernel)")
+        if k is None:
+            k = select_gpu_kernel(op, in_shapes, out_shape)
         launches = k.launches
         if op.name == "scatternd" and "bind_param" in ins.meta and k.label == "scatternd.cu":
             launches -= 1  # in place: no copy of data into out

@@ -1,6 +1,7 @@
 """hip_graph on hand-built, lowered programs, compared with the regions built by hand (as MIGraphX's
 test/gpu/hipgraphify.cpp): which runs become graph_launch submodules, their parameters and returns."""
 import numpy as np
+import pytest
 
 from mgx_graph import Program
 from mgx_graph.passes import HipGraph, Lowering
@@ -171,6 +172,7 @@ def test_runs_inside_a_branch_are_wrapped():
     assert_same_ir(_lowered_graph(build(False)), build(True))
 
 
+@pytest.mark.usefixtures("unfused")
 def test_region_results_run_like_the_eager_chain():
     """The wrapped program computes what numpy computes for the chain (values through the executor)."""
     import mgx_graph  # noqa: F401  (registers graph_launch)

@@ -1,0 +1,188 @@
+"""Fused instructions over a submodule: ``pointwise`` and ``fused_reduce`` (MIGraphX's ``pointwise``
+and ``fused_reduce`` ops, made by the ``fuse_pointwise`` / ``fuse_reduce`` passes).
+
+The instruction's ``module_inputs`` is one submodule whose parameters ``x0, x1, ...`` are bound to
+the instruction's inputs by position and whose one return value is the result (a standard-layout
+buffer of the returned shape).  The submodule holds the original instructions: elementwise ops,
+views and ``concat`` of values computed inside, scalar literals, and for ``fused_reduce`` one
+reduction over the innermost axis.
+
+Execution: the ``ref`` target evaluates the submodule with the ops' own numpy kernels, instruction
+by instruction (the same results as the unfused program, bit for bit); the ``gpu`` target compiles
+one generated kernel per instruction (:mod:`.fused_gpu`).  Lowering takes the submodule off
+``module_inputs`` (the op keeps it), so the executor sees an ordinary kernel instruction.
+"""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..shape import Shape
+from .base import Operation, register_op
+
+VIEW_NAMES = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
+NOT_ELEMENTWISE = ("concat", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "softmax", "logsoftmax",
+                   "rms_norm", "layernorm")
+
+
+def module_params(sub) -> list:
+    """Parameters of ``sub`` in binding order: ``x0, x1, ...`` by number (other names after, sorted)."""
+    def key(p):
+        n = p.op.parameter
+        return (0, int(n[1:]), "") if n[:1] == "x" and n[1:].isdigit() else (1, 0, n)
+
+    return sorted((p for p in sub.instructions if p.op.name == "@param"), key=key)
+
+
+def evaluate_module(sub, ctx, args, out) -> None:
+    """Run the instructions of ``sub`` with the kernels of their ops on ``ctx`` (``ctx.xp`` arrays),
+    parameters bound to ``args``; the returned values are written into ``out`` (one array, or a
+    tuple of one per returned value).  Temporaries are allocated per call (host memory on ``ref``)."""
+    xp = ctx.xp
+    env = {id(p): a for p, a in zip(module_params(sub), args)}
+    outs = out if isinstance(out, tuple) else (out,)
+    dests = {id(r): o for r, o in zip(sub.get_return().inputs, outs)}
+    for ins in sub.instructions:
+        op = ins.op
+        if op.name in ("@param", "@return"):
+            continue
+        if op.name == "@literal":
+            env[id(ins)] = op.value if xp.__name__ == "numpy" else xp.asarray(op.value)
+            continue
+        vals = [env[id(i)] for i in ins.inputs]
+        if op.is_view:
+            env[id(ins)] = op.view(xp, vals[0], ins.shape)
+            continue
+        dst = dests.get(id(ins))
+        if dst is None:
+            dst = xp.empty(ins.shape.lens, ins.shape.np_dtype)
+        ws = [xp.empty(s.lens, s.np_dtype) for s in op.workspace([i.shape for i in ins.inputs], ins.shape)]
+        op.compute(ctx, dst, vals, ws)
+        env[id(ins)] = dst
+
+
+def _kernel_symbol(sub, limit: int = 8) -> str:
+    names = [i.op.name for i in sub.instructions if not i.op.builtin and i.op.name not in VIEW_NAMES]
+    return "_".join(names[:limit] + (["etc"] if len(names) > limit else []))
+
+
+class FusedOp(Operation):
+    """An instruction running a submodule as one kernel (see the module docstring).
+
+    ``module``: the submodule (kept by the op once lowering takes it off ``module_inputs``).
+    Shape: the submodule's return shape, standard layout (a tuple of them when it returns several
+    values, read through ``get_tuple_elem``); ShapeError when the inputs do not match its parameters
+    (count, lens, type)."""
+
+    fused = True
+    kind = "pointwise"
+    alloc_free = False  # the generic (array library) evaluation allocates temporaries
+
+    def __init__(self, module=None, **attrs):
+        super().__init__(**attrs, _module=module)
+
+    @property
+    def module(self):
+        return self.attrs.get("_module")
+
+    def submodule(self, mods=()):
+        sub = mods[0] if mods else self.module
+        if sub is None:
+            raise ShapeError(f"{self.name}: no submodule")
+        return sub
+
+    def compute_shape(self, inputs, mods=()):
+        sub = self.submodule(mods)
+        params = module_params(sub)
+        if len(params) != len(inputs):
+            raise ShapeError(f"{self.name}: module '{sub.name}' takes {len(params)} parameter(s), "
+                             f"given {len(inputs)} input(s)")
+        for p, s in zip(params, inputs):
+            if not isinstance(s, Shape) or tuple(p.shape.lens) != tuple(s.lens) or p.shape.dtype != s.dtype:
+                given = s.brief() if isinstance(s, Shape) else "a tuple"
+                raise ShapeError(f"{self.name}: parameter {p.op.parameter} of '{sub.name}' is {p.shape.brief()}, "
+                                 f"given {given}")
+        outs = sub.get_output_shapes()
+        if not outs or not all(isinstance(o, Shape) for o in outs):
+            raise ShapeError(f"{self.name}: module '{sub.name}' must return values, returns {len(outs)} "
+                             f"(tuples are not returned by fused modules)")
+        outs = tuple(o.as_standard() for o in outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def compute(self, ctx, out, args, ws):
+        evaluate_module(self.module, ctx, args, out)
+
+    def gpu_kernel(self, inputs, output):
+        """The generated kernel (:func:`.fused_gpu.fused_kernel`); None, with a warning, when the
+        module has no generated form or it does not compile (lowering then uses the generic
+        evaluation of the submodule: correct, several launches, not capturable)."""
+        from .fused_gpu import fused_kernel
+
+        try:
+            return fused_kernel(self.kind, self.module, inputs, output)
+        except (ValueError, RecursionError) as e:
+            import warnings
+
+            warnings.warn(f"{self.name} over '{self.module.name}': no generated kernel ({e}); its "
+                          f"instructions run unfused", stacklevel=2)
+            return None
+
+    def launches(self, inputs, output):
+        return 1
+
+    @property
+    def inplace_ok(self):
+        """True when parameter ``x0`` has the result's lens and reaches it only through elementwise
+        instructions of those lens (no view, concat or reduction on the way): every element of
+        ``x0`` is then read only where that same element of the result is written, after any
+        reduction of the row (so the output may be ``x0``'s buffer, a binding in place)."""
+        sub = self.module
+        if sub is None:
+            return False
+        params = module_params(sub)
+        ret = sub.get_return()
+        lens = tuple(ret.inputs[0].shape.lens)
+        if not params or tuple(params[0].shape.lens) != lens or len(ret.inputs) != 1:
+            return False
+        stack, seen = [params[0]], set()
+        while stack:
+            v = stack.pop()
+            for c in v.outputs:
+                if c is ret or id(c) in seen:
+                    continue
+                seen.add(id(c))
+                if c.op.is_view or c.op.name in NOT_ELEMENTWISE or tuple(c.shape.lens) != lens:
+                    return False
+                stack.append(c)
+        return True
+
+    def mark_lowered(self, sub) -> None:
+        """Called by lowering when it takes ``sub`` off the instruction: printing then names it."""
+        self.attrs["_module"] = sub
+        self.attrs["_lowered"] = True
+
+    def attr_string(self):
+        base = super().attr_string()
+        if not self.attrs.get("_lowered"):
+            return base
+        extra = f"module={self.module.name},kernel={_kernel_symbol(self.module)}"
+        return "[" + (base[1:-1] + "," if base else "") + extra + "]"
+
+
+@register_op
+class FusedPointwise(FusedOp):
+    """``pointwise``: elementwise instructions (with views / concat of internal values) as one kernel,
+    one thread per output element on the gpu target."""
+
+    name = "pointwise"
+    kind = "pointwise"
+
+
+@register_op
+class FusedReduce(FusedOp):
+    """``fused_reduce[axes]``: one reduction over the innermost axis (``axes`` = [rank - 1]) with its
+    elementwise producers and consumers as one kernel, one block per row on the gpu target."""
+
+    name = "fused_reduce"
+    kind = "reduce"
+
+    def __init__(self, module=None, axes=()):
+        super().__init__(module, axes=[int(a) for a in axes])
