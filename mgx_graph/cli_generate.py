@@ -52,7 +52,7 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
                    help="wrap the step in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
     g.add_argument("--fp16", action="store_true", help="run in half precision (default: off)")
     g.add_argument("--max-length", type=int, metavar="N",
-                   help="onnxruntime-genai folders: KV cache rows per prompt, prompt included (default: the "
+                   help="onnxruntime-genai / optimum-style folders: KV cache rows per prompt, prompt included (default: the "
                         "power of two holding the longest prompt plus --max-new-tokens, at most the context)")
     g.set_defaults(fn=cmd)
 
@@ -161,25 +161,32 @@ def cmd_generate(args) -> int:
 
 
 def _genai_setup(args, texts, chat_prompt_ids):
-    """``(info, prompt ids, runner)`` for an onnxruntime-genai folder or ``smollm2-genai``, else None."""
+    """``(info, prompt ids, runner)`` for an onnxruntime-genai folder (genai_config.json) or
+    ``smollm2-genai``, or an optimum-style folder (config.json + model.onnx) or ``llama-optimum``;
+    else None."""
     import os
     from types import SimpleNamespace
 
     from .llm_runner import GenaiLayout, GenaiRunner, is_genai_folder, length_bucket
+    from .optimum_runner import OptimumRunner, is_optimum_folder, read_folder
 
-    if args.model == "smollm2-genai" and not os.path.isdir(args.model):
+    folder = args.model
+    if args.model in ("smollm2-genai", "llama-optimum") and not os.path.isdir(args.model):
         from .models import build
 
         folder = build(args.model).directory
-    elif is_genai_folder(args.model):
-        folder = args.model
+    if is_genai_folder(folder):
+        lay = GenaiLayout.read(folder)
+        eos, vocab, ctx, cls = lay.eos_token_ids, lay.vocab_size, lay.context_length, GenaiRunner
+    elif is_optimum_folder(folder):
+        sizes = read_folder(folder)
+        eos, vocab, ctx, cls = sizes["eos_token_ids"], sizes["vocab_size"], sizes["context_length"], OptimumRunner
     else:
         return None
-    lay = GenaiLayout.read(folder)
-    info = SimpleNamespace(name=os.path.basename(os.path.normpath(str(folder))), tokenizer_dir=str(folder),
-                           config={"eos_token_ids": lay.eos_token_ids, "vocab_size": lay.vocab_size})
+    tok = str(folder) if os.path.isfile(os.path.join(str(folder), "tokenizer.json")) else None
+    info = SimpleNamespace(name=os.path.basename(os.path.normpath(str(folder))), tokenizer_dir=tok,
+                           config={"eos_token_ids": eos, "vocab_size": vocab})
     ids = [_prompt_ids(info, t, chat_prompt_ids) for t in texts]
-    ctx = lay.context_length
     m = args.max_length or length_bucket(max(len(p) for p in ids) + args.max_new_tokens, ctx)
     if not 1 <= m <= ctx:
         raise UsageError(f"--max-length must be in 1..{ctx} (the context length), got {m}")
@@ -191,8 +198,8 @@ def _genai_setup(args, texts, chat_prompt_ids):
     from . import cli
 
     cli._fp16_warnings(args.fp16, resolve_target(args.target))
-    runner = GenaiRunner(folder, batch=len(ids), max_length=m, target=args.target,
-                         hip_graph=True if args.hip_graph else None, fp16=args.fp16)
+    runner = cls(folder, batch=len(ids), max_length=m, target=args.target,
+                 hip_graph=True if args.hip_graph else None, fp16=args.fp16)
     return info, ids, runner
 
 

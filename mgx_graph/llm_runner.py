@@ -221,6 +221,15 @@ class GenaiRunner:
             p.release()
 
     # -- generation (called by mgx_graph.generate.generate) ---------------------------------------
+    @staticmethod
+    def prefill_rows(prompts, S: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens int64 [B, S], column of each row's last prompt token int64 [B])``: the prompts
+        right-padded with ``pad`` (each row's cache rows start at slot 0)."""
+        tokens = np.full((len(prompts), S), pad, np.int64)
+        for r, p in enumerate(prompts):
+            tokens[r, :len(p)] = p
+        return tokens, np.array([len(p) - 1 for p in prompts], np.int64)
+
     def decode_loop(self, rows, sampler) -> tuple[float, float, list]:
         """Prefill every prompt in one bucketed run, then one decode step per token until every row is
         done; ``rows`` is the generation's row state (:class:`mgx_graph.generate._Rows`). Returns
@@ -229,9 +238,7 @@ class GenaiRunner:
         prompts = list(rows.prompts) + [[rows.pad]] * (B - len(rows.prompts))
         lens = np.array([len(p) for p in prompts], np.int64)
         S = length_bucket(int(lens.max()), M)
-        tokens = np.full((B, S), rows.pad, np.int64)
-        for r, p in enumerate(prompts):
-            tokens[r, :len(p)] = p
+        tokens, rows_at = self.prefill_rows(prompts, S, rows.pad)
         want = sampler.needs_logits or rows.keep_logits
         t0 = time.perf_counter()
         if rows.max_new == 0:
@@ -239,7 +246,7 @@ class GenaiRunner:
                 res.finish_reason = "length"
             return 0.0, 0.0, []
         logits = self.run(S, tokens, lens)
-        chosen, lg = self.pick(logits, lens - 1, want)
+        chosen, lg = self.pick(logits, rows_at, want)
         prefill_s = time.perf_counter() - t0
         t1, host = time.perf_counter(), [self.last_host_s]
         while True:
@@ -263,7 +270,9 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     """A runner for ``model``: an onnxruntime-genai folder, a registry name or a built model folder.
 
     An onnxruntime-genai folder (or the registry name ``smollm2-genai``) gives a :class:`GenaiRunner`
-    of ``max_length`` cache rows (default: 256, at most the context length); anything else a
+    of ``max_length`` cache rows (default: 256, at most the context length); an optimum-style folder
+    (``config.json`` + ``model.onnx``, or the registry name ``llama-optimum``) an
+    :class:`~mgx_graph.optimum_runner.OptimumRunner` of a ``max_length`` window (default 64); anything else a
     :class:`~mgx_graph.generate.Decoder` over the model's fixed-shape decode step (``batch`` rows;
     ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
     ``(runner, tokenizer folder or None, eos ids, info or None)``. Raises ParameterError.
@@ -273,7 +282,7 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     info = None
     folder = Path(model) if Path(model).is_dir() else None
     if folder is None and model in list_models():
-        info = build(model) if model == "smollm2-genai" or batch == 1 else build(model, batch=batch)
+        info = build(model) if model in ("smollm2-genai", "llama-optimum") or batch == 1 else build(model, batch=batch)
         folder = info.directory
     if folder is None:
         raise ParameterError(f"{model!r} is neither a model folder nor a registry name ({list_models()})")
@@ -282,8 +291,15 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
         m = max_length or min(256, lay.context_length)
         runner = GenaiRunner(folder, batch=batch, max_length=m, target=target, hip_graph=hip_graph, fp16=fp16)
         return runner, folder, lay.eos_token_ids, info
+    from .optimum_runner import OptimumRunner, is_optimum_folder
+
+    if is_optimum_folder(folder):
+        runner = OptimumRunner(folder, batch=batch, max_length=max_length or 64, target=target,
+                               hip_graph=hip_graph, fp16=fp16)
+        tok = folder if (folder / "tokenizer.json").is_file() else None
+        return runner, tok, runner.info["eos_token_ids"], info
     if max_length is not None:
-        raise ParameterError("max_length applies to onnxruntime-genai folders; a decode step's cache length is "
+        raise ParameterError("max_length applies to onnxruntime-genai and optimum-style folders; a decode step's cache length is "
                              "fixed when it is built (max_cache_len)")
     import mgx_graph
 

@@ -35,6 +35,12 @@ Models:
     ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``batch`` (1),
     ``verify`` (True). No tokenizer; eos = ``vocab_size - 1``.
 
+``"llama-optimum"``
+    The same random-weight LLaMA exported with a dynamic past length, optimum's layout
+    (``input_ids``, ``attention_mask`` [batch, past + seq], ``position_ids``, past / present
+    [batch, kv, past(+seq), head_dim]) plus ``config.json`` (see :mod:`.optimum`; run by
+    :mod:`mgx_graph.optimum_runner`). Options: those of ``"llama"`` less ``batch``.
+
 ``batch`` (decoders' static step) is the number of rows the decode step takes: above 1 the step
 also takes ``attention_mask`` [batch, max_cache_len] and ``position_ids`` [batch, 1] for
 left-padded prompts (:func:`.export.make_static_step_module`); ``config["batch"]`` records it.
@@ -102,6 +108,7 @@ _BUILDERS = {
     "smollm2-genai": ".smollm2_genai",
     "gpt2": ".gpt2",
     "llama": ".llama",
+    "llama-optimum": ".llama_optimum",
     "minilm": ".minilm",
 }
 

@@ -150,3 +150,123 @@ def _unpack(xp, packed, dst, bits):
         xp.right_shift(packed, np.uint8(bits * j), out=d)
         if bits * (j + 1) < 8:
             xp.bitwise_and(d, np.uint8((1 << bits) - 1), out=d)
+
+
+@register_op
+class GatherBlockQuantized(Operation):
+    """Rows of a block-quantized table, dequantized: onnxruntime's com.microsoft::GatherBlockQuantized
+    with uint8 data (the embedding of an int4 model whose table is shared with the lm_head MatMulNBits).
+
+    Inputs: data uint8 [R, *mid, Cp] (``8 // bits`` values per byte along the last axis, the first in
+    the low bits; C = Cp * 8 // bits values per row); indices int32 / int64 of any shape, values in
+    [-R, R); scales float [R, *mid, ceil(C / block_size)]; with ``zero_points``: uint8 [R, *mid,
+    ceil(ceil(C / block_size) * bits / 8)] packed like data (else 2^(bits-1)). Gather axis 0, quantize
+    axis the last (onnxruntime's only layout for uint8 data). Output: the scales' type,
+    [*indices, *mid, C], ``(q - zero point of the block) * scale of the block``.
+
+    Runs as a take of the packed rows, their scales (and zero points) into workspaces, an unpack and a
+    few elementwise kernels into ``out`` (nothing allocated: capturable). An index outside [-R, R) raises
+    IndexError on the ref target (onnxruntime's CPU kernel writes zeros; the gpu target wraps it).
+    Raises ShapeError for inputs that do not match. Source: onnxruntime ContribOperators.md and
+    contrib_ops/cpu/quantization/gather_block_quantized.cc.
+    """
+
+    name = "gather_block_quantized"
+    alloc_free = True
+
+    def __init__(self, bits=4, block_size=128, zero_points=0):
+        super().__init__(bits=int(bits), block_size=int(block_size), zero_points=int(zero_points))
+
+    def _blocks(self, data) -> tuple[int, int, int]:
+        """(values per row C, blocks per row, packed zero point bytes per row)."""
+        per = 8 // self.bits
+        C = data.lens[-1] * per
+        nb = -(-C // self.block_size)
+        return C, nb, -(-nb // per)
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 3 + self.zero_points)
+        if self.bits not in (2, 4, 8) or self.block_size < 1:
+            raise ShapeError(f"{self.name}: bits {self.bits} (2, 4 or 8) or block size {self.block_size} not supported")
+        data, idx, scales = inputs[:3]
+        if data.dtype != "uint8" or data.ndim < 2:
+            raise ShapeError(f"{self.name}: data {data.brief()} must be uint8 of rank >= 2")
+        if idx.dtype not in ("int32", "int64"):
+            raise ShapeError(f"{self.name}: indices {idx.brief()} must be int32 or int64")
+        C, nb, zb = self._blocks(data)
+        want = {"scales": (scales, list(data.lens[:-1]) + [nb])}
+        if self.zero_points:
+            want["zero_points"] = (inputs[3], list(data.lens[:-1]) + [zb])
+        for what, (s, lens) in want.items():
+            ok = s.dtype == "uint8" if what == "zero_points" else s.dtype in FLOATS
+            if list(s.lens) != lens or not ok:
+                raise ShapeError(f"{self.name}: {what} {s.brief()} must be {'uint8' if what == 'zero_points' else 'float'}"
+                                 f" {lens} (data {data.brief()}, bits={self.bits}, block_size={self.block_size})")
+        return Shape(scales.dtype, list(idx.lens) + list(data.lens[1:-1]) + [C])
+
+    def workspace(self, inputs, output):
+        data, idx, scales = inputs[:3]
+        rows = list(idx.lens) + list(data.lens[1:-1])
+        _, nb, zb = self._blocks(data)
+        ws = [Shape("uint8", rows + [data.lens[-1]]), Shape(scales.dtype, rows + [nb])]
+        if self.bits != 8:
+            ws.append(Shape("uint8", list(output.lens)))
+        if self.zero_points:
+            ws.append(Shape("uint8", rows + [zb]))
+            if self.bits != 8:
+                ws.append(Shape("uint8", rows + [zb * (8 // self.bits)]))
+        return ws
+
+    def compute(self, ctx, out, args, ws):
+        xp = ctx.xp
+        data, idx, scales = args[:3]
+        if xp is np:
+            R = data.shape[0]
+            if idx.size and (idx.min() < -R or idx.max() >= R):
+                bad = int(idx.min() if idx.min() < -R else idx.max())
+                raise IndexError(f"{self.name}: index {bad} out of range [{-R}, {R})")
+        if out.size == 0:
+            return
+        per = 8 // self.bits
+        packed, sc = ws[0], ws[1]
+        xp.take(data, idx, axis=0, out=packed)
+        xp.take(scales, idx, axis=0, out=sc)
+        q = packed
+        if self.bits != 8:
+            q = ws[2]
+            _unpack(xp, packed, q.reshape(packed.shape + (per,)), self.bits)
+        xp.copyto(out, q)
+        zp = None
+        if self.zero_points:
+            zpacked = ws[2 + (self.bits != 8)]
+            xp.take(args[3], idx, axis=0, out=zpacked)
+            zp = zpacked
+            if self.bits != 8:
+                zp = ws[-1]
+                _unpack(xp, zpacked, zp.reshape(zpacked.shape + (per,)), self.bits)
+            zp = zp[..., :sc.shape[-1]]
+        self._dequantize(xp, out, sc, zp)
+
+    def _dequantize(self, xp, out, sc, zp):
+        """``out = (out - zero point) * scale`` blockwise along the last axis: the whole blocks through a
+        [..., blocks, block_size] view, a last partial block through its own slice."""
+        bs, C = self.block_size, out.shape[-1]
+        full = C // bs
+        parts = []
+        if full:
+            w = out if full * bs == C else out[..., :full * bs]
+            parts.append((w.reshape(out.shape[:-1] + (full, bs)), slice(0, full), (Ellipsis, slice(None), None)))
+        if full * bs < C:
+            parts.append((out[..., full * bs:], slice(full, full + 1), (Ellipsis, slice(None))))
+        for w, blocks, expand in parts:
+            if zp is None:
+                xp.subtract(w, w.dtype.type(1 << (self.bits - 1)), out=w)
+            else:
+                xp.subtract(w, zp[..., blocks][expand], out=w)
+            xp.multiply(w, sc[..., blocks][expand], out=w)
+
+    def launches(self, inputs, output):
+        per = 8 // self.bits
+        unpack = 0 if self.bits == 8 else 2 * per - 1
+        parts = (output.lens[-1] >= self.block_size) + (output.lens[-1] % self.block_size > 0)
+        return 2 + unpack + 1 + (1 + unpack if self.zero_points else 0) + 2 * parts

@@ -693,3 +693,72 @@ def test_genai_style_decoder_layer_prompt_then_decode(target):
     assert_matches(got[:1], want[:1], np.float32, "decode output")
     for b, n in enumerate([5, 3]):
         assert_matches([got[1][b, :, :n], got[2][b, :, :n]], [want[1][b, :, :n], want[2][b, :, :n]], np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GatherBlockQuantized
+# ---------------------------------------------------------------------------------------------------
+def gbq_model(rng, R, mid, C, bits, block, zp, idx_shape, dtype, idx_dtype=np.int64, name="gbq"):
+    """(model, feeds, dequantized table float64 [R, *mid, C]) of one GatherBlockQuantized node whose
+    indices are a graph input (values in [-R, R))."""
+    nb = -(-C // block)
+    per = 8 // bits
+    q = rng.integers(0, 1 << bits, (R, *mid, C)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (R, *mid, nb)).astype(dtype)
+    inits = {"data": pack_bits(q, bits), "scales": scales}
+    zf = np.full((R, *mid, nb), 1 << (bits - 1), np.float64)
+    if zp:
+        z = rng.integers(0, 1 << bits, (R, *mid, nb)).astype(np.uint8)
+        padded = np.zeros((R, *mid, -(-nb // per) * per), np.uint8)
+        padded[..., :nb] = z
+        inits["zero_points"] = pack_bits(padded, bits)
+        zf = z.astype(np.float64)
+    table = (q - np.repeat(zf, block, axis=-1)[..., :C]) * np.repeat(scales.astype(np.float64), block, axis=-1)[..., :C]
+    idx = rng.integers(-R, R, idx_shape).astype(idx_dtype)
+    names = ["data", "ids", "scales"] + (["zero_points"] if zp else [])
+    node = helper.make_node("GatherBlockQuantized", names, ["y"], domain="com.microsoft", name=name, bits=bits,
+                            block_size=block, gather_axis=0, quantize_axis=len(mid) + 1)
+    return contrib_model([node], {"ids": idx}, ["y"], inits), {"ids": idx}, table
+
+
+GBQ = [(4, 32, 20, (), 64, False), (4, 32, 20, (), 64, True), (4, 16, 12, (), 40, True), (2, 16, 9, (), 48, True),
+       (2, 32, 9, (), 40, False), (8, 16, 7, (), 40, True), (8, 32, 7, (), 32, False), (4, 16, 6, (3,), 32, True)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("bits,block,R,mid,C,zp", GBQ,
+                         ids=[f"b{b}_bs{s}_R{r}_mid{len(m)}_C{c}_{'zp' if z else 'nozp'}" for b, s, r, m, c, z in GBQ])
+def test_gather_block_quantized(bits, block, R, mid, C, zp, dtype, target):
+    """Rows gathered by [2, 3] indices (negative ones included), dequantized: onnxruntime CPU and the
+    table dequantized in numpy from the spec."""
+    rng = np.random.default_rng(R + C + bits)
+    model, feeds, table = gbq_model(rng, R, mid, C, bits, block, zp, (2, 3), dtype)
+    prog, got = run_both(model, feeds, target, dtype, runs=2)
+    assert "gather_block_quantized" in str(prog)
+    np.testing.assert_allclose(got[0].astype(np.float64), table[feeds["ids"]], **TOL[dtype])
+
+
+def test_gather_block_quantized_int32_scalar_and_empty_indices(target):
+    rng = np.random.default_rng(3)
+    for shape in ((), (0,)):
+        model, feeds, table = gbq_model(rng, 10, (), 64, 4, 32, True, shape, np.float32, idx_dtype=np.int32)
+        _, got = run_both(model, feeds, target, np.float32)
+        assert got[0].shape == shape + (64,)
+        np.testing.assert_allclose(got[0], table[feeds["ids"]], rtol=1e-5, atol=1e-6)
+
+
+def test_gather_block_quantized_errors():
+    rng = np.random.default_rng(4)
+    model, feeds, _ = gbq_model(rng, 10, (), 64, 4, 32, False, (3,), np.float32)
+    prog = mgx_graph.compile(model, target="ref")
+    bad = {"ids": np.array([1, 10, 2], np.int64)}
+    with pytest.raises(Exception, match="10"):
+        prog.run(bad)
+    np.testing.assert_allclose(prog.run(feeds)[0], ort_outputs(model, feeds)[0], rtol=1e-5, atol=1e-6)
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros((10, 3), np.float32), "scales"))
+    with pytest.raises(mgx_graph.ShapeError, match="scales .*\\[10, 2\\]"):
+        mgx_graph.compile(model, target="ref")
+    model, _, _ = gbq_model(rng, 10, (), 64, 4, 32, False, (3,), np.float32)
+    model.graph.node[0].attribute[3].i = 0  # quantize_axis 0
+    with pytest.raises(mgx_graph.UnsupportedOpError, match="quantize_axis"):
+        mgx_graph.compile(model, target="ref")

@@ -8,15 +8,15 @@ import types
 
 import numpy as np
 import pytest
-from test_contrib_llm import (GQA, MHA, assert_gqa_matches, assert_matches, genai_layer, gqa_model, mha_model,
-                              ort_outputs)
+from test_contrib_llm import (GQA, MHA, assert_gqa_matches, assert_matches, gbq_model, genai_layer, gqa_model,
+                              mha_model, ort_outputs)
 
 import mgx_graph
 from mgx_graph.operators.base import numpy_reduce
 from mgx_graph.passes import lowering
 
 STRICT = {"skip_layer_norm", "rotary_embedding", "matmul_nbits", "kv_cache_update", "grouped_attention",
-          "quick_gelu"}
+          "quick_gelu", "gather_block_quantized"}
 UFUNCS = ("add", "subtract", "multiply", "true_divide", "exp", "tanh", "maximum", "minimum", "less", "less_equal",
           "greater", "greater_equal", "logical_and", "logical_not", "right_shift", "bitwise_and", "sqrt",
           "reciprocal", "negative", "equal")
@@ -144,3 +144,14 @@ def test_norm_rotary_nbits_gelu_follow_cupy_rules(strict):
     assert_matches(got, ort_outputs(model, feeds), np.float32)
     assert {"skip_layer_norm", "matmul_nbits", "rotary_embedding", "kv_cache_update", "grouped_attention"} <= set(ran)
     assert found == []
+
+
+@pytest.mark.parametrize("bits,C,zp", [(4, 64, True), (4, 40, False), (2, 48, True), (8, 40, True)])
+def test_gather_block_quantized_follows_cupy_rules(bits, C, zp, strict):
+    """Whole and partial blocks, packed zero points or the default: no allocation, no aliasing copy."""
+    found, ran = strict
+    model, feeds, table = gbq_model(np.random.default_rng(bits + C), 9, (), C, bits, 16, zp, (2, 3), np.float32)
+    got = mgx_graph.compile(model, target="ref").run(feeds)
+    assert_matches(got, ort_outputs(model, feeds), np.float32)
+    np.testing.assert_allclose(got[0], table[feeds["ids"]], rtol=1e-5, atol=1e-6)
+    assert ran == ["gather_block_quantized"] and found == []

@@ -7,7 +7,8 @@ contrib ops onnxruntime registers under ai.onnx names:
   SimplifiedLayerNormalization (ai.onnx domain): one ``skip_layer_norm`` instruction;
 - the GELU family Gelu, FastGelu, BiasGelu, QuickGelu (com.microsoft): ``add`` + ``gelu`` /
   ``quick_gelu``;
-- com.microsoft::MatMulNBits (block-quantized 2 / 4 / 8-bit weights): ``matmul_nbits``.
+- com.microsoft::MatMulNBits (block-quantized 2 / 4 / 8-bit weights): ``matmul_nbits``;
+- com.microsoft::GatherBlockQuantized (rows of a block-quantized table): ``gather_block_quantized``.
 
 Attention and rotary embeddings are in :mod:`.parse_contrib_attention`.
 
@@ -166,3 +167,25 @@ def _parse_matmul_nbits(p, m, node, ins):
         args.append(bias)
     return p.add(m, "matmul_nbits", args, K=K, N=N, bits=bits, block_size=bs, zero_points=kind,
                  g_idx=int(g is not None), bias=int(bias is not None))
+
+
+@parser("GatherBlockQuantized", domain=MS)
+def _parse_gather_block_quantized(p, m, node, ins):
+    """com.microsoft::GatherBlockQuantized (data, indices, scales, zero_points; attributes bits (4),
+    block_size (128), gather_axis (0), quantize_axis (1)): uint8 data, gathered on axis 0 and quantized
+    along the last axis (onnxruntime's layout for uint8 data); ``gather_block_quantized``."""
+    data, idx, scales, zp = pad_inputs(ins, 4)
+    if data is None or idx is None or scales is None:
+        raise p.err("needs the data, indices and scales inputs")
+    bits, bs = attr(node, "bits", 4), attr(node, "block_size", 128)
+    rank = data.shape.ndim
+    g_axis, q_axis = attr(node, "gather_axis", 0), attr(node, "quantize_axis", 1)
+    if data.shape.dtype != "uint8" or bits not in (2, 4, 8):
+        raise unsupported(p, node, f"data {data.shape.brief()} at {bits} bits (uint8 data at 2, 4 or 8 bits)")
+    if rank < 2 or g_axis % rank != 0 or q_axis % rank != rank - 1:
+        raise unsupported(p, node, f"gather_axis {g_axis} / quantize_axis {q_axis} on data {data.shape.brief()} "
+                                   f"(uint8 data: gather axis 0, quantize axis the last)")
+    if bs < 1:
+        raise ShapeError(f"node '{p.node_name}' (GatherBlockQuantized): block_size {bs} must be positive")
+    args = [data, p.contiguous(m, idx), scales] + ([zp] if zp is not None else [])
+    return p.add(m, "gather_block_quantized", args, bits=bits, block_size=bs, zero_points=int(zp is not None))
