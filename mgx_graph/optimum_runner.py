@@ -158,6 +158,6 @@ class OptimumRunner(GenaiRunner):
             outs = prog.run_async(params, self.queue)
             self.last_host_s = time.perf_counter() - h0
             for n, k in zip(self.cache, self.present_index):
-                self.xp.copyto(self.state[n], outs[k][:, :, S:])
+                self.ctx.copy(self.queue, self.state[n], outs[k][:, :, S:])
         self.last_logits = outs[self.logits_index]
         return self.last_logits
