@@ -400,7 +400,8 @@ def range_model():
     """y = float(range(n)) * 2: the output's length is the value of n."""
     nodes = [helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Cast", ["r"], ["f"], to=1),
              helper.make_node("Mul", ["f", "two"], ["y"])]
-    init = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+    init = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
     g = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)

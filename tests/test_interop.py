@@ -162,7 +162,8 @@ def test_bad_inputs_are_typed_errors_naming_the_parameter(target):
     feeds = _feeds()
     ids = torch.from_numpy(feeds["ids"])
     bad = [
-        ({"x": torch.from_numpy(feeds["x"]).double(), "ids": ids}, r"parameter 'x': expected dtype float32, got float64"),
+        ({"x": torch.from_numpy(feeds["x"]).double(), "ids": ids},
+         r"parameter 'x': expected dtype float32, got float64"),
         ({"x": torch.zeros(3, 2), "ids": ids}, r"parameter 'x': expected shape \[2, 3\], got \[3, 2\]"),
         ({"x": torch.zeros(2, 3, requires_grad=True), "ids": ids}, r"parameter 'x': cannot read the torch\.Tensor"),
         ({"x": torch.zeros(2, 3, dtype=torch.bfloat16), "ids": ids}, r"parameter 'x': cannot read the torch\.Tensor"),

@@ -9,7 +9,6 @@ import zipfile
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import mgx_graph
 from mgx_graph import mxr
@@ -227,7 +226,8 @@ def test_corrupt_and_foreign_files_are_parse_errors(good_file, tmp_path):
         (_rewrite(good_file, tmp_path / "json.mxr", header=b"{oops"), r"program\.json is not valid JSON"),
         (_rewrite(good_file, tmp_path / "other.mxr", edit=lambda d: d.update(format="migraphx")),
          r"not a saved mgx_graph program \(program\.json does not say format 'mgx_graph program'\)"),
-        (_rewrite(good_file, tmp_path / "old.mxr", edit=lambda d: d.update(format_version=0, mgx_graph_version="0.0.1")),
+        (_rewrite(good_file, tmp_path / "old.mxr",
+                  edit=lambda d: d.update(format_version=0, mgx_graph_version="0.0.1")),
          r"old\.mxr: format version 0 \(written by mgx_graph 0\.0\.1\); this mgx_graph reads version 1"),
         (_rewrite(good_file, tmp_path / "op.mxr", edit=lambda d: _first(d, "tanh").update(op="tanh_v9")),
          r"instruction main:@\d+: unknown operation 'tanh_v9'"),
