@@ -3,9 +3,9 @@
 Finalize (the constructor) allocates the program's memory and fills every fixed slot
 (:class:`~mgx_graph.program_buffers.ProgramBuffers`), builds the steps of every module and finalizes
 the ops with submodules (:class:`~mgx_graph.eval_loop.EvalLoop`), all before the first run, so every
-intermediate has a fixed address.  A run validates and binds the parameters (staging inputs that
-overlap the program's own memory, :mod:`mgx_graph.staging`), then issues the steps of ``main`` on the
-queue.  :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
+intermediate has a fixed address.  A run converts (:mod:`mgx_graph.interop`), validates and binds the
+parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.staging`), then
+issues the steps of ``main`` on the queue.  :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
 """
 from __future__ import annotations
 

@@ -68,9 +68,10 @@ def expected(ctx) -> str:
 def to_target(ctx, a, name: str, queue=None, loose: bool = False):
     """``(array, on_device)``: parameter ``name``'s value ``a`` as an array of the target of context
     ``ctx`` (``on_device`` True: CuPy on ``gpu``, numpy on ``ref``) or, on ``gpu``, as a host numpy
-    array over memory on the host (``on_device`` False); never a copy.  ``loose``: take anything
-    ``numpy.asarray`` takes (``run``), else only array objects (``run_async``).  ``queue``: the run's
-    queue (a DLPack import on ``gpu`` is ordered on it).
+    array over memory on the host (``on_device`` False).  A view of the caller's memory, never a copy,
+    except where ``numpy.asarray`` must convert (a nested list, an object whose ``__array__`` copies).
+    ``loose``: take anything ``numpy.asarray`` takes (``run``), else only array objects
+    (``run_async``).  ``queue``: the run's queue (a DLPack import on ``gpu`` is ordered on it).
 
     Shape, dtype and layout are not checked here (the executor compares them with the parameter).
     Raises ParameterError naming the parameter: memory on another device than the program's (another
