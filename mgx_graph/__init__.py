@@ -5,6 +5,7 @@
     outputs = prog.run({"x": x})          # numpy in, numpy out
     print(prog)                           # the compiled program, one instruction per line
     print(prog.stats())                   # captures, replays, fallbacks, launches per run, ...
+    prog.save("model.mxr")                # the compiled program; mgx_graph.load("model.mxr") runs it again
 """
 from . import operators  # noqa: F401  (registers ops)
 from .compile_result import CompileResult  # noqa: F401
@@ -14,6 +15,7 @@ from .errors import (CaptureError, CompileError, DeviceError, ExecutionError, Mg
                      ParseError, ShapeError, UnsupportedOpError)
 from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
 from .ir import Instruction, Module, Program  # noqa: F401
+from .mxr import load  # noqa: F401
 from .onnx import parse_onnx  # noqa: F401
 from .program import compile, hip_graph_from_env  # noqa: F401
 from .runtime import gpu_available  # noqa: F401
@@ -21,7 +23,7 @@ from .shape import Shape  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["compile", "parse_onnx", "Program", "CompiledProgram", "CompileResult", "GraphCounters", "Module",
+__all__ = ["compile", "load", "parse_onnx", "Program", "CompiledProgram", "CompileResult", "GraphCounters", "Module",
            "Instruction", "Shape", "gpu_available", "MgxError", "ParseError", "UnsupportedOpError", "ShapeError",
            "CompileError", "ParameterError", "DeviceError", "CaptureError", "ExecutionError", "hip_graph_from_env",
            "__version__"]

@@ -2,14 +2,15 @@
 
 commands:
   generate MODEL --prompt TEXT   text generation with a decoder (smollm2, gpt2, llama, or a folder)
-  compile MODEL.onnx             print the compiled program, its graph_launch regions and scratch size
+  compile MODEL.onnx [-o P.mxr]  print the compiled program, its graph_launch regions and scratch size; save it
   verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
-  run MODEL.onnx                 one run with random or given inputs; save the outputs
-  perf MODEL.onnx                per-instruction times and a summary, like migraphx-driver perf
+  run MODEL.onnx|P.mxr           one run with random or given inputs; save the outputs
+  perf MODEL.onnx|P.mxr          per-instruction times and a summary, like migraphx-driver perf
 
 Inputs (compile, verify, run, perf): --input-dim sets shapes, --input / --fill0 / --fill1 set values,
 the others are seeded random. Models whose shapes depend on run-time values (silero-vad's sr, a
 Reshape fed by a computed shape) are specialized for those inputs at their first run.
+A program saved by compile -o (P.mxr) runs with the target, graphs and precision it was compiled with.
 MIGRAPHX_HIP_GRAPH=1 turns graphs on as --hip-graph does.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from .cli_generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
+from .cli_saved import is_saved_program, open_saved
 
 
 def _article(word: str) -> str:
@@ -71,16 +73,17 @@ def _fp16_warnings(fp16: bool, target: str, proto=None) -> None:
 
 # -- the model commands -----------------------------------------------------------------------------
 def _model_path(name: str) -> str:
-    """An .onnx path, or a registry name / built model folder (its model.onnx)."""
-    if os.path.isfile(name) or name.endswith(".onnx"):
+    """An .onnx or .mxr path, or a registry name / built model folder (its model.onnx)."""
+    if os.path.isfile(name) or name.endswith((".onnx", ".mxr")):
         return name
     return str(_load_model(name).onnx_path)
 
 
 class _Session:
-    """One model command: the model file, its inputs as the flags set them, the resolved target."""
+    """One model command: the model file (or saved program, ``saved``), its inputs as the flags set them,
+    the resolved target.  ``saved_ok``: whether the command takes a saved program (UsageError if not)."""
 
-    def __init__(self, args):
+    def __init__(self, args, saved_ok: bool = True):
         from .onnx import load_model
         from .program import hip_graph_from_env
         from .targets import resolve_target
@@ -88,18 +91,28 @@ class _Session:
         self.args = args
         parse_input_dims(args.input_dim)  # malformed flags are reported before the model is read
         self.path = _model_path(args.model)
-        self.proto = load_model(self.path)
+        self.saved = self._loaded = None
+        if is_saved_program(self.path):
+            if not saved_ok:
+                raise UsageError(f"{self.path} is a saved program: {args.command} compares with onnxruntime and ref "
+                                 f"compiles of the ONNX model, so give the model")
+            self.saved, self.proto = open_saved(self.path, args)
+            self._loaded = self.saved
+        else:
+            self.proto = load_model(self.path)
         self.plan = plan_inputs(self.proto, args.input_dim, args.input, args.fill0, args.fill1, args.seed)
-        self.target = resolve_target(args.target)
-        self.hip_graph = bool(args.hip_graph) or hip_graph_from_env()
+        self.target = self.saved.target if self.saved else resolve_target(args.target)
+        self.hip_graph = self.saved.hip_graph if self.saved else bool(args.hip_graph) or hip_graph_from_env()
+        self.fp16 = self.saved.fp16 if self.saved else bool(args.fp16)
         self.output_names = [o.name for o in self.proto.graph.output]
         if self.plan.defaulted:
             said = ", ".join(f"{d.name}[{d.axis}]" for d in self.plan.defaulted)
             _warn(f"symbolic dims set to 1: {said}; set them with --input-dim (an error will say how)")
-        _fp16_warnings(args.fp16, self.target, self.proto)
+        if self.saved is None:
+            _fp16_warnings(args.fp16, self.target, self.proto)
         self.feeds = self.plan.feeds()  # in the model's dtypes (onnxruntime's inputs)
         # quantize_fp16 turns every float32 parameter into a float16 one: the program takes half inputs
-        self.prog_feeds = {n: a.astype(np.float16) if args.fp16 and a.dtype == np.float32 else a
+        self.prog_feeds = {n: a.astype(np.float16) if self.fp16 and a.dtype == np.float32 else a
                            for n, a in self.feeds.items()}
 
     @contextlib.contextmanager
@@ -116,8 +129,13 @@ class _Session:
             raise UsageError(f"{type(e).__name__}: {e}\n  note: {note}") from e
 
     def compile(self, target=None, hip_graph=None):
+        """The program: compiled from the model, or a saved program as it was saved (loaded again after
+        the first call)."""
         import mgx_graph
 
+        if self.saved is not None:
+            prog, self._loaded = self._loaded or mgx_graph.load(self.path), None
+            return prog
         hg = self.hip_graph if hip_graph is None else hip_graph
         with self.hinting():
             return mgx_graph.compile(self.proto, target=target or self.target, hip_graph=hg,
@@ -183,6 +201,10 @@ def cmd_compile(args) -> int:
     lines.append(f"graph_launch regions: {len(regions)}")
     lines += [f"  {r['module']}: {r['instructions']} instructions" for r in doc["regions"]]
     lines += [f"peak scratch bytes: {st['scratch_bytes']}", f"literal bytes: {st['literal_bytes']}"]
+    if args.output:
+        prog.save(args.output)
+        doc["saved"] = args.output
+        lines.append(f"saved: {args.output}")
     _emit(args, doc, lines)
     prog.release()
     return 0
@@ -248,7 +270,7 @@ def _onnxruntime(path: str, feeds: dict) -> list:
 
 
 def cmd_verify(args) -> int:
-    s = _Session(args)
+    s = _Session(args, saved_ok=False)
     target = s.compile()
     ref = s.compile(target="ref", hip_graph=False)
     lines = [f"Running [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"]
@@ -311,7 +333,7 @@ def cmd_perf(args) -> int:
     prog.release()
     doc = {"model": s.path, "target": s.target, "inputs": _inputs_doc(s), **rep}
     lines = [format_report(rep), f"Launches per run: {rep['launches_per_run']}"]
-    if s.hip_graph:
+    if s.hip_graph and s.saved is None:  # a saved program runs as it was compiled: no eager twin to compare
         g = s.compile(hip_graph=True)
         with s.hinting():
             gr = measure_graphs(g, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
@@ -375,8 +397,9 @@ Times the program as migraphx-driver perf does and prints its report. All times 
 With --hip-graph, also the time of whole runs replayed as graphs, next to eager."""
 
 
-def _model_options(c) -> None:
-    c.add_argument("model", help="an .onnx file, a registry name or a built model folder")
+def _model_options(c, saved: bool) -> None:
+    c.add_argument("model", help="an .onnx file, " + ("a program saved by compile -o (.mxr), " if saved else "") +
+                                 "a registry name or a built model folder")
     c.add_argument("--target", default="auto", choices=["auto", "gpu", "ref"],
                    help="where to run; auto: gpu if one is usable, else ref")
     c.add_argument("--hip-graph", action="store_true",
@@ -410,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = (
         ("compile", "compile a model and print the program's graph_launch regions",
          "Compiles the model; a model whose shapes depend on run-time values is specialized for the given\n"
-         "inputs (one run). Prints the regions, scratch and literal bytes, and with --print the program.",
+         "inputs (one run). Prints the regions, scratch and literal bytes, and with --print the program.\n"
+         "With -o, saves the compiled program (.mxr), which compile, run and perf take as MODEL.",
          cmd_compile),
         ("verify", "compare the target with ref and onnxruntime CPU on the same inputs",
          "Runs the target (with graphs: until a replay), ref and onnxruntime CPU on the same inputs and\n"
@@ -420,10 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, help_, desc, fn in commands:
         c = sub.add_parser(name, help=help_, description=desc, **_parser_kw())
-        _model_options(c)
+        _model_options(c, saved=name != "verify")
         c.set_defaults(fn=fn)
         if name == "compile":
             c.add_argument("--print", action="store_true", help="print every module (default: off)")
+            c.add_argument("-o", "--output", metavar="FILE",
+                           help="save the compiled program to FILE (.mxr), for mgx_graph.load and for compile, run "
+                                "and perf as MODEL (default: not saved)")
         elif name == "verify":
             c.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of float outputs")
             c.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of float outputs")

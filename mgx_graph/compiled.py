@@ -28,38 +28,52 @@ class CompiledProgram:
     ``program``: the :class:`~mgx_graph.ir.Program` (lowered IR; for a dynamic program the one of
     spec 0, or an empty program); ``result``: its :class:`CompileResult`; ``executor``: the
     executor of a static program (or of spec 0), None otherwise; ``dispatcher``: the
-    specializations of a dynamic program, None for a static one.
+    specializations of a dynamic program, None for a static one; ``options``: the keyword options it
+    was compiled with (those of :func:`mgx_graph.compile` for a dynamic program, of
+    :func:`mgx_graph.program.compile_program` for a static one; None where the environment decides).
     """
 
-    def __init__(self, program, result: CompileResult, executor=None, dispatcher=None):
+    def __init__(self, program, result: CompileResult, executor=None, dispatcher=None, options: dict | None = None):
         if executor is None and dispatcher is None:
             raise ValueError("a compiled program needs an executor or a dispatcher")
         self.program = program
         self.result = result
         self.executor = executor
         self.dispatcher = dispatcher
+        self.options = dict(options or {})
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, params: dict) -> list[np.ndarray]:
-        """Run with host (numpy) inputs; returns host copies of the outputs (blocks until done).
+        """Run and return host (numpy) copies of the outputs (blocks until done).
 
-        ``params`` maps every parameter name to a numpy array of exactly the parameter's shape and dtype
-        (a dynamic program: of a shape its model allows).  Raises ParameterError naming the parameter and
-        the expected vs given shape/dtype, MgxError once released."""
+        ``params`` maps every parameter name to an array of exactly the parameter's shape and dtype (a
+        dynamic program: of a shape its model allows): numpy, or anything :mod:`mgx_graph.interop`
+        reads (torch tensors, JAX / CuPy arrays, DLPack or ``__cuda_array_interface__`` objects on the
+        program's device, nested lists).  Each value is copied once into the program's parameter
+        buffer (from host memory, or device to device), so the caller's arrays are never written, not
+        even by an output bound in place.  Raises ParameterError naming the parameter and the expected
+        vs given shape / dtype / device, MgxError once released."""
         if self.dispatcher is not None:
             return self.dispatcher.run(params, device=False)
         return self.executor.run(params)
 
-    def run_async(self, params: dict, queue=None) -> list:
-        """Run with device arrays (CuPy on ``gpu``, numpy on ``ref``) on ``queue`` (a stream handle, int;
-        default: the context's queue) without synchronizing.  Returns device arrays that alias the
+    def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
+        """Run on ``queue`` (a stream handle, int; default: the context's queue) without synchronizing.
+
+        ``params``: arrays in the program's memory (``gpu``: device ``device_id``; ``ref``: the host):
+        CuPy / numpy arrays, or any DLPack / ``__cuda_array_interface__`` object there (torch tensors,
+        JAX arrays), bound without a copy when C-contiguous with the parameter's shape and dtype (an
+        output bound in place with ``alias`` then writes the caller's memory).  A value in host memory
+        (``gpu``) or non-contiguous is a ParameterError, or with ``copy=True`` copied once into the
+        parameter's buffer on ``queue``; a wrong shape or dtype, or memory on another device, is always
+        a ParameterError naming the parameter.  Returns the target's arrays (CuPy / numpy) that alias the
         program's output buffers: they are valid until the next run (copy them to keep them).
 
         A queue given here must outlive the program (its release synchronizes it); a release while a
         capture is open on it frees nothing until that capture ends."""
         if self.dispatcher is not None:
-            return self.dispatcher.run(params, device=True, queue=queue)
-        return self.executor.run_async(params, queue)
+            return self.dispatcher.run(params, device=True, queue=queue, copy=copy)
+        return self.executor.run_async(params, queue, copy)
 
     def stats(self) -> dict:
         """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and
@@ -124,6 +138,33 @@ class CompiledProgram:
     def param_buffer(self, name: str):
         """The program's own device buffer of parameter ``name`` (what ``run`` uploads into)."""
         return self.active_executor().param_buffers[name]
+
+    @property
+    def device_id(self) -> int:
+        """The device the program runs on: the GPU id on ``gpu`` (``compile(..., device_id=N)``, else the
+        device current at compile time), 0 on ``ref``."""
+        if self.executor is not None:
+            return self.executor.ctx.device_id
+        last = self.dispatcher.last()
+        if last is not None:
+            return last.device_id
+        if self.options.get("device_id") is not None or self.target == "ref":
+            return self.options.get("device_id") or 0
+        from .runtime import device_runtime
+
+        return device_runtime().hipGetDevice()
+
+    # -- saving ------------------------------------------------------------------------------------
+    def save(self, path) -> None:
+        """Save the program to ``path`` (MIGraphX's ``.mxr``; see :mod:`mgx_graph.mxr`); load it with
+        :func:`mgx_graph.load`.  A static program is saved as its IR after the passes, its literals, its
+        compile options and target: loading runs no pass (kernels are re-selected, the memory plan
+        recomputed, graphs captured anew).  A dynamic-shape program is saved as its ONNX model and
+        compile options: its specializations compile again on load and on first use.  Raises
+        CompileError naming what cannot be saved; OSError when ``path`` cannot be written."""
+        from .mxr import save
+
+        save(self, path)
 
     # -- the compile result ------------------------------------------------------------------------
     @property

@@ -147,7 +147,7 @@ class Dispatcher:
             raise MgxError("the program was released")
 
     # -- specializations -------------------------------------------------------------------------
-    def _compile(self, shapes: tuple, known: dict, params, device: bool):
+    def _compile(self, shapes: tuple, known: dict, params):
         """The specialization (a static :class:`~mgx_graph.compiled.CompiledProgram`) for ``shapes`` and
         the run-time values ``known`` (completed here with the values the frontend still needs)."""
         from .onnx import parse_onnx
@@ -165,9 +165,9 @@ class Dispatcher:
                     known[nv.key] = np.asarray(nv.guess, np.int64)
                     continue
                 if nv.evaluate is not None:
-                    known.update(self._prefix_eval(nv, shapes, known, params, device))
+                    known.update(self._prefix_eval(nv, shapes, known, params))
                 else:
-                    known[nv.key] = self._prefix_value(nv, shapes, known, params, device)
+                    known[nv.key] = self._prefix_value(nv, shapes, known, params)
                 continue
             self.compiles += 1
             label = f"[spec {self.compiles}] "
@@ -177,7 +177,7 @@ class Dispatcher:
             return spec
         raise MgxError(f"could not specialize the program after {MAX_ATTEMPTS} attempts (values {list(known)})")
 
-    def _prefix_value(self, nv: NeedsValue, shapes, known, params, device):
+    def _prefix_value(self, nv: NeedsValue, shapes, known, params):
         """Run the program parsed up to the node that needs the value (it ends in the tensor)."""
         from .program import compile_program
 
@@ -193,7 +193,8 @@ class Dispatcher:
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
             compiled = compile_program(prog, self.target, hip_graph=False, alias=None,
-                                       fp16=self.compile_kw.get("fp16", False))
+                                       fp16=self.compile_kw.get("fp16", False),
+                                       device_id=self.compile_kw.get("device_id"))
             with self.lock:
                 entry, pushed, free = self.prefixes.insert(pkey, compiled, use=True)
             self._retire(free, fold=False)
@@ -203,8 +204,7 @@ class Dispatcher:
         try:
             prog = entry.prog
             sub = {n: params[n] for n in prog.get_parameter_names()}
-            outs = prog.run_async(sub) if device else prog.run(sub)
-            val = prog.context.to_host(outs[0], prog.queue) if device else outs[0]
+            val = prog.run(sub)[0]  # host copies; device inputs are copied in as host ones are
         finally:
             with self.lock:
                 last = self.prefixes.done(entry)
@@ -212,7 +212,7 @@ class Dispatcher:
                 self._retire([entry.prog], fold=False)
         return reduce_for_key(nv.fn, val)
 
-    def _prefix_eval(self, nv: NeedsValue, shapes, known, params, device) -> dict:
+    def _prefix_eval(self, nv: NeedsValue, shapes, known, params) -> dict:
         """Run the program parsed so far, returning the node's inputs, and evaluate them on the host."""
         from .program import compile_program
 
@@ -222,12 +222,12 @@ class Dispatcher:
             raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
-        prog = compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False))
+        prog = compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False),
+                               device_id=self.compile_kw.get("device_id"))
         try:
             self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
             sub = {n: params[n] for n in prog.get_parameter_names()}
-            outs = prog.run_async(sub) if device else prog.run(sub)
-            vals = [prog.context.to_host(o, prog.queue) for o in outs] if device else outs
+            vals = prog.run(sub)
         finally:
             prog.release()
         return nv.evaluate(vals)
@@ -268,7 +268,7 @@ class Dispatcher:
                     self.retired.add(counts)
             prog.release()
 
-    def _select(self, shapes, known, params, device) -> _Entry:
+    def _select(self, shapes, known, params) -> _Entry:
         """The specialization for ``shapes`` and ``known`` with this run counted on it (compiled if new)."""
         key = (shapes, _freeze(known))
         with self.lock:
@@ -282,7 +282,7 @@ class Dispatcher:
                 entry = self.specs.acquire(key)  # compiled by another thread meanwhile
             if entry is not None:
                 return entry
-            prog = self._compile(shapes, known, params, device)
+            prog = self._compile(shapes, known, params)
             return self._insert(shapes, known, prog, use=True)
 
     def _done(self, entry: _Entry) -> None:
@@ -313,8 +313,9 @@ class Dispatcher:
                     raise ParameterError(f"parameter '{name}': dim {k} is fixed to {d.dim_value} by the model, "
                                          f"got {given} (shape {list(shape)})")
 
-    def run(self, params: dict, device: bool, queue=None):
+    def run(self, params: dict, device: bool, queue=None, copy: bool = False):
         """Run the specialization for ``params``' shapes (and run-time values); see :mod:`mgx_graph.dynamic`.
+        ``device``: as ``run_async`` (with ``copy``), else as ``run``.
 
         Raises ParameterError (before anything runs), MgxError once released, and what compiling a new
         specialization or running it raises; the dispatcher stays usable after any of them."""
@@ -326,10 +327,10 @@ class Dispatcher:
         with self.lock:
             known = dict(self.hints.get(shapes, {}))
         for _ in range(MAX_ATTEMPTS):
-            entry = self._select(shapes, known, params, device)
+            entry = self._select(shapes, known, params)
             try:
                 exe = entry.prog.executor
-                return exe.run_async(params, queue) if device else exe.run(params)
+                return exe.run_async(params, queue, copy) if device else exe.run(params)
             except SpecializationMiss as miss:
                 with self.lock:
                     self.misses += 1

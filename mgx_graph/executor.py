@@ -3,9 +3,9 @@
 Finalize (the constructor) allocates the program's memory and fills every fixed slot
 (:class:`~mgx_graph.program_buffers.ProgramBuffers`), builds the steps of every module and finalizes
 the ops with submodules (:class:`~mgx_graph.eval_loop.EvalLoop`), all before the first run, so every
-intermediate has a fixed address.  A run validates and binds the parameters (staging inputs that
-overlap the program's own memory, :mod:`mgx_graph.staging`), then issues the steps of ``main`` on the
-queue.  :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
+intermediate has a fixed address.  A run converts (:mod:`mgx_graph.interop`), validates and binds the
+parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.staging`), then
+issues the steps of ``main`` on the queue.  :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from .counters import GraphCounters
 from .errors import MgxError, ParameterError
 from .eval_loop import EvalLoop
 from .graph_cache import GraphBudget, GraphOptions
+from .interop import expected, to_target, type_name
 from .passes.hip_graph import movable_values
 from .program_buffers import ProgramBuffers
 from .staging import InputStaging
@@ -60,6 +61,7 @@ class Executor:
                               for name, s, shape in self.param_specs]
         self.bound = [(slot[id(i)], slot[id(main.get_parameter(i.meta["bind_param"]))], i.shape)
                       for m in b.modules for i in m.instructions if "bind_param" in i.meta]
+        self._written = {ps for _, ps, _ in self.bound}
         self._bound_views = {}
         self.out_slots = [slot[id(i)] for i in main.get_return().inputs]
 
@@ -69,9 +71,15 @@ class Executor:
         return self.loop.states
 
     # -- parameters ------------------------------------------------------------------------------
-    def bind(self, params: dict, device: bool, queue=None) -> None:
-        """Validate and bind parameters (raises ParameterError before touching any state).  Device inputs
-        that overlap the program's own memory are staged into their parameter buffers on ``queue``
+    def bind(self, params: dict, device: bool, queue=None, copy: bool = False) -> None:
+        """Validate and bind parameters (raises ParameterError before touching any state).
+
+        Each value goes through :func:`mgx_graph.interop.to_target` (any DLPack / CUDA Array Interface
+        / numpy-readable object, viewed without a copy).  ``device`` (``run_async``): a value of the
+        target's memory, C-contiguous, is bound as it is; with ``copy`` one in host memory (``gpu``) or
+        non-contiguous is copied into its parameter buffer on ``queue``, without ``copy`` it is a
+        ParameterError.  Not ``device`` (``run``): every value is copied into its parameter buffer.
+        Device inputs that overlap the program's own memory are staged into their parameter buffers
         (see :mod:`mgx_graph.staging`)."""
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
@@ -79,28 +87,35 @@ class Executor:
             unknown = [k for k in params if k not in self.param_names]
             if unknown:
                 raise ParameterError(f"unknown parameter(s) {unknown}; the program takes {sorted(self.param_names)}")
-        values = [(s, self._checked(params.get(name), name, lens, dt, shape, device))
-                  for name, s, lens, dt, shape in self._param_checks]
-        staged = self.staging.check(values) if device else ()
+        q = self.ctx.queue if queue is None else queue
+        values, copies = [], []
+        for name, s, lens, dt, shape in self._param_checks:
+            a, on_device = self._checked(params.get(name), name, lens, dt, shape, q, device)
+            if device and on_device and a.flags.c_contiguous:
+                values.append((s, a))
+                continue
+            if device and not copy:
+                self._refuse_copy(name, a, on_device)
+            buf = self.param_buffers[name]
+            copies.append((buf, a, on_device))
+            values.append((s, buf))
+        self._check_writable(values)
+        staged = self.staging.check(values)
         env = self.env
         for s, a in values:
             env[s] = a
-        if staged:
-            self.staging.stage(self.ctx.queue if queue is None else queue, staged, env)
+        if copies:
+            self._copy_in(q, copies, staged)
+        elif staged:
+            self.staging.stage(q, staged, env)
         self._bind_written_parameters()
 
-    def _checked(self, a, name, lens, dt, shape, device):
-        """``a`` as the value of parameter ``name`` (ParameterError naming expected vs given)."""
-        ctx = self.ctx
+    def _checked(self, a, name, lens, dt, shape, queue, device):
+        """``(array, on_device)``: ``a`` as the value of parameter ``name`` (ParameterError naming
+        expected vs given)."""
         if a is None:
             raise ParameterError(f"parameter '{name}' is missing (expected {shape.brief()})")
-        if device:
-            if not ctx.is_device_array(a):
-                raise ParameterError(f"parameter '{name}': expected a {ctx.name} device array "
-                                     f"({'cupy.ndarray' if ctx.name == 'gpu' else 'numpy.ndarray'}), "
-                                     f"got {type(a).__module__}.{type(a).__name__}")
-        elif not isinstance(a, np.ndarray):
-            a = np.asarray(a)
+        a, on_device = to_target(self.ctx, a, name, queue, loose=not device)
         if a.shape != lens or a.dtype != dt:
             if a.ndim != len(lens):
                 raise ParameterError(f"parameter '{name}': expected rank {len(lens)} {shape.brief()}, "
@@ -108,9 +123,39 @@ class Executor:
             if a.shape != lens:
                 raise ParameterError(f"parameter '{name}': expected shape {list(lens)}, got {list(a.shape)}")
             raise ParameterError(f"parameter '{name}': expected dtype {shape.dtype}, got {a.dtype}")
-        if device and not a.flags.c_contiguous:
-            raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides})")
-        return a
+        return a, on_device
+
+    def _refuse_copy(self, name, a, on_device) -> None:
+        if not on_device:
+            raise ParameterError(f"parameter '{name}': expected {expected(self.ctx)}, got {type_name(a)} in host "
+                                 f"memory (run_async(..., copy=True) copies it to the device)")
+        raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides}; "
+                             f"run_async(..., copy=True) copies it)")
+
+    def _check_writable(self, values) -> None:
+        """A parameter written in place (``alias``) must be given writable memory (a read-only numpy
+        view, e.g. of a JAX array, is refused)."""
+        for s, a in values:
+            if s in self._written and not getattr(a.flags, "writeable", True):
+                name = next(n for n, ps, _ in self.param_specs if ps == s)
+                raise ParameterError(f"parameter '{name}' is written in place (an output is bound onto it) but "
+                                     f"the array given is read-only")
+
+    def _copy_in(self, q, copies, staged) -> None:
+        """Copy ``[(parameter buffer, source, on_device)]`` into the parameter buffers on queue ``q``
+        (with the ``staged`` inputs): a device source in the program's own memory is read first, so
+        every copy reads the caller's value."""
+        ctx, staging = self.ctx, self.staging
+        with ctx.on_queue(q):
+            copies = [(buf, ctx.xp.array(a, copy=True) if dev and staging.overlaps(a) else a, dev)
+                      for buf, a, dev in copies]
+        if staged:
+            staging.stage(q, staged, self.env)
+        for buf, src, dev in copies:
+            if dev:
+                ctx.copy(q, buf, src)
+            else:
+                ctx.copy_from_host(buf, src, q)
 
     def _bind_written_parameters(self) -> None:
         """Instructions that write into a parameter (``bind_param``) read its current array, in the
@@ -127,26 +172,13 @@ class Executor:
             cache[bs] = (a, v)
             env[bs] = v
 
-    def _upload(self, params: dict, q) -> None:
-        """Validate host ``params`` and copy them into the program's parameter buffers on queue ``q``."""
-        self.bind(params, device=False)
-        dev = {}
-        srcs = [np.asarray(params[name], order="C") for name, _, _ in self.param_specs]
-        # a host array in the program's memory (ref) may be another parameter's buffer: read it first
-        srcs = [a.copy() if self.ctx.is_device_array(a) and self.staging.overlaps(a) else a for a in srcs]
-        for (name, _, _), src in zip(self.param_specs, srcs):
-            buf = self.param_buffers[name]
-            self.ctx.copy_from_host(buf, src, q)
-            dev[name] = buf
-        self.bind(dev, device=True, queue=q)
-
     # -- running ---------------------------------------------------------------------------------
-    def run_async(self, params: dict, queue=None) -> list:
+    def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
             self.queues.add(q)
-            self.bind(params, device=True, queue=q)
+            self.bind(params, device=True, queue=q, copy=copy)
             return self._run(q)
 
     def _run(self, q) -> list:
@@ -164,7 +196,7 @@ class Executor:
             q = ctx.queue
             if not isinstance(params, dict):
                 raise ParameterError(f"parameters must be a dict of name -> numpy array, got {type(params).__name__}")
-            self._upload(params, q)
+            self.bind(params, device=False, queue=q)
             outs = self._run(q)
             ctx.synchronize(q)
             return [ctx.to_host(o, q) for o in outs]
@@ -185,10 +217,7 @@ class Executor:
             ctx = self.ctx
             q = ctx.queue
             r0 = time.perf_counter()
-            if device:
-                self.bind(params, device=True)
-            else:
-                self._upload(params, q)
+            self.bind(params, device=device, queue=q)
             times = []
             with ctx.on_queue(q):
                 ctx.current_queue = q

@@ -506,9 +506,9 @@ class Program:
         (MgxError when not compiled)."""
         return self._require_compiled().run(params)
 
-    def run_async(self, params: dict, queue=None) -> list:
+    def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
         """:meth:`CompiledProgram.run_async <mgx_graph.compiled.CompiledProgram.run_async>`."""
-        return self._require_compiled().run_async(params, queue)
+        return self._require_compiled().run_async(params, queue, copy)
 
     def stats(self) -> dict:
         """:meth:`CompiledProgram.stats <mgx_graph.compiled.CompiledProgram.stats>`."""

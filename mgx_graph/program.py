@@ -31,7 +31,7 @@ from .graph_cache import GraphBudget, GraphOptions
 from .ir import Program
 from .passes import PassContext, PassManager, PipelineOptions
 from .passes.bind_outputs import detect_alias
-from .targets import make_context, pipeline, resolve_target
+from .targets import make_context, pipeline, resolve_device, resolve_target
 
 
 OUT_OF_MEMORY = ("hipErrorOutOfMemory", "hipErrorMemoryAllocation")  # HIP's name; CUDA's, renamed by check()
@@ -42,12 +42,15 @@ def hip_graph_from_env() -> bool:
     return env.enabled("MIGRAPHX_HIP_GRAPH")
 
 
+GRAPH_OPTIONS = ("warmup", "debug", "max_graphs", "max_graph_bytes", "capture_mode", "validate", "gate_slower")
+
+
 def compile_program(program: Program, target: str = "auto", *, hip_graph: bool | None = None, fp16: bool = False,
                     alias: dict | str | None = "auto", warmup: int = 2, min_partition_size: int = 4,
                     debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
                     max_graph_bytes: int | None = None, capture_mode: str | None = None,
                     validate: bool | None = None, gate_slower: bool | None = None,
-                    _label: str = "") -> CompiledProgram:
+                    device_id: int | None = None, _label: str = "") -> CompiledProgram:
     """Run the pass pipeline over ``program`` (in place), lower it to ``target`` (``ref``, ``gpu`` or
     ``auto``) and finalize it; returns the :class:`~mgx_graph.compiled.CompiledProgram`.
 
@@ -69,15 +72,23 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
     validate: run eager next to the first replays of each key (and every 100th after) and compare;
         a mismatch disables the key (``MIGRAPHX_HIP_GRAPH_VALIDATE``).
     gate_slower: time the first replays against the warmups and stop using a graph that is slower.
+    device_id: the GPU the program's queue, memory and library handles live on (None: the current
+        device; ``ref``: only 0).
 
-    Raises CompileError (unknown/unusable target, impossible alias, a program lowered already, or
-    more memory than the device has: the message names the largest parameters / instructions and
-    their bytes) or ShapeError.  A failed compile leaves nothing allocated.
+    Raises CompileError (unknown/unusable target, impossible alias, a program lowered already, a
+    device_id other than 0 on ``ref``, or more memory than the device has: the message names the
+    largest parameters / instructions and their bytes), DeviceError (a device_id out of range, naming
+    it and the device count) or ShapeError.  A failed compile leaves nothing allocated.
     """
     if any("kernel" in i.meta for m in program.module_order() for i in m.instructions):
         raise CompileError("program is already compiled")
     tname = resolve_target(target)
+    device_id = resolve_device(tname, device_id)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
+    given = dict(hip_graph=hip_graph, fp16=bool(fp16), alias=alias, min_partition_size=min_partition_size,
+                 host_ops=tuple(host_ops or ()), device_id=device_id, warmup=warmup, debug=debug,
+                 max_graphs=max_graphs, max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
+                 validate=validate, gate_slower=gate_slower)
     if alias == "auto":
         alias_map, strict = detect_alias(program, program.metadata), False
     else:
@@ -86,16 +97,31 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
                               host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
     pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)))
     PassManager(pipeline(tname, options), pctx).run(program)
-    result = pctx.result
     if budget is None:
-        budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
-                                                   max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
-                                                   validate=validate, gate_slower=gate_slower))
-    ctx = make_context(tname)
-    try:  # a failed finalize leaves nothing allocated and no queue open
+        budget = graph_budget(given)
+    executor = finalize(program, pctx.result, device_id, budget, _label)
+    return CompiledProgram(program, pctx.result, executor=executor, options=given)
+
+
+def graph_budget(options: dict) -> GraphBudget:
+    """The graph budget of a program compiled with ``options`` (the keyword options of
+    :func:`compile_program`; MIGRAPHX_* variables give what they leave None)."""
+    given = {k: options.get(k) for k in GRAPH_OPTIONS}
+    given["debug"] = given["debug"] or None
+    return GraphBudget(GraphOptions.from_env(**given))
+
+
+def finalize(program: Program, result: CompileResult, device_id: int | None, budget: GraphBudget,
+             label: str = "") -> Executor:
+    """Make the context of ``result.target`` on ``device_id`` and the :class:`Executor` of the lowered,
+    planned ``program``: memory allocated, literals uploaded, ops with submodules finalized.  Raises
+    CompileError when the program needs more memory than the device has (or an allocation runs out);
+    a failure leaves nothing allocated and no queue open."""
+    ctx = make_context(result.target, device_id=device_id)
+    try:
         _check_memory(program, result, ctx)
         try:
-            executor = Executor(program, result, ctx, budget=budget, label=_label)
+            return Executor(program, result, ctx, budget=budget, label=label)
         except DeviceError as e:
             if e.code not in OUT_OF_MEMORY:
                 raise
@@ -103,7 +129,6 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
     except BaseException:
         ctx.close()
         raise
-    return CompiledProgram(program, result, executor=executor)
 
 
 def memory_demand(program: Program, result: CompileResult) -> tuple[int, dict, list]:
@@ -130,7 +155,7 @@ def _check_memory(program: Program, result: CompileResult, ctx) -> None:
     """CompileError (naming the largest parameters / instructions) when the program needs more bytes than
     the device has in all (``hipMemGetInfo`` total; the host's physical memory on ``ref``)."""
     need = memory_demand(program, result)[0]
-    total = ctx.runtime.hipMemGetInfo()[1]
+    total = ctx.memory_info()[1]
     if need > total:
         raise CompileError(_memory_message(program, result, ctx, f"the device has {total} bytes in all"))
 
@@ -141,7 +166,7 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
             debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
             host_ops=(), max_graphs: int | None = None, max_graph_bytes: int | None = None,
             capture_mode: str | None = None, validate: bool | None = None,
-            gate_slower: bool | None = None) -> CompiledProgram:
+            gate_slower: bool | None = None, device_id: int | None = None) -> CompiledProgram:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
     :func:`compile_program` for the parameters and the errors raised.  Returns a
     :class:`~mgx_graph.compiled.CompiledProgram`.
@@ -154,6 +179,8 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     from .onnx import load_model, parse_onnx, symbolic_inputs
     from .operators.dynamic import NeedsValue
 
+    tname = resolve_target(target)
+    device_id = resolve_device(tname, device_id)
     proto = load_model(model, external_data_dir)
     parse_kw = dict(default_dim_value=default_dim_value, dim_params=dim_params)
     try:
@@ -165,23 +192,24 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     symbolic = symbolic_inputs(proto, input_dims)
     if dim_params:
         symbolic = {}  # every symbolic dim is given a value
-    tname = resolve_target(target)
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
-    budget = GraphBudget(GraphOptions.from_env(warmup=warmup, debug=debug or None, max_graphs=max_graphs,
-                                               max_graph_bytes=max_graph_bytes, capture_mode=capture_mode,
-                                               validate=validate, gate_slower=gate_slower))
-    ckw = dict(hip_graph=hip_graph, fp16=fp16, warmup=warmup, min_partition_size=min_partition_size, debug=debug,
-               budget=budget, host_ops=tuple(host_ops))
+    graph = dict(warmup=warmup, debug=debug, max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
+                 capture_mode=capture_mode, validate=validate, gate_slower=gate_slower)
+    ckw = dict(hip_graph=hip_graph, fp16=fp16, min_partition_size=min_partition_size, budget=graph_budget(graph),
+               host_ops=tuple(host_ops), device_id=device_id, **graph)
     if prog is not None and not symbolic:
         return compile_program(prog, tname, alias=alias, **ckw)
     if alias not in (None, "auto", {}):
         raise CompileError("alias (outputs written in place) needs static shapes; this model has run-time shapes "
                            f"(symbolic inputs: {sorted(symbolic)})")
+    options = dict(target=tname, input_dims=input_dims, default_dim_value=default_dim_value, dim_params=dim_params,
+                   alias=alias, max_specializations=max_specializations,
+                   **{k: v for k, v in ckw.items() if k != "budget"})
     disp = Dispatcher(proto, parse_kw, ckw, tname, max_specializations=max_specializations, debug=bool(debug))
     if prog is None:
         return CompiledProgram(Program(), CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)),
-                               dispatcher=disp)
+                               dispatcher=disp, options=options)
     spec0 = compile_program(prog, tname, alias=None, _label="[spec 0] ", **ckw)
     shapes = tuple(sorted((n, tuple(s.lens)) for n, s in prog.get_parameter_shapes().items()))
     disp._insert(shapes, {}, spec0)
-    return CompiledProgram(prog, spec0.result, executor=spec0.executor, dispatcher=disp)
+    return CompiledProgram(prog, spec0.result, executor=spec0.executor, dispatcher=disp, options=options)

@@ -23,6 +23,19 @@ while it is referenced).
 from __future__ import annotations
 
 
+def byte_span(ptr: int, a) -> tuple[int, int]:
+    """``[lo, hi)``: the bytes array ``a`` (data pointer ``ptr``, any strides) may touch."""
+    if a.flags.c_contiguous or a.size == 0:
+        return ptr, ptr + a.nbytes
+    lo = hi = ptr
+    for d, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (d - 1) * st
+        else:
+            hi += (d - 1) * st
+    return lo, hi + a.itemsize
+
+
 class InputStaging:
     """The owned byte ranges of one executor and the per-call overlap check.
 
@@ -64,9 +77,8 @@ class InputStaging:
         return cls(ctx, ranges, own, param_range)
 
     def overlaps(self, a) -> bool:
-        """Whether the bytes of array ``a`` (C-contiguous) share any byte with the owned ranges."""
-        p = self.ctx.data_ptr(a)
-        e = p + a.nbytes
+        """Whether the bytes of array ``a`` (any layout) share any byte with the owned ranges."""
+        p, e = byte_span(self.ctx.data_ptr(a), a)
         if p >= self.hi or e <= self.lo:
             return False
         return any(p < hi and e > lo for lo, hi in self.ranges)

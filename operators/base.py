@@ -36,6 +36,14 @@ def make_op(name: str, **attrs) -> "Operation":
     return cls(**attrs)
 
 
+def op_class(name: str) -> type:
+    """The operation class registered under ``name``; KeyError naming the op when there is none."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no operation named '{name}' is registered") from None
+
+
 def registered_ops() -> list[str]:
     return sorted(_REGISTRY)
 

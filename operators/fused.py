@@ -79,6 +79,16 @@ class FusedOp(Operation):
     def __init__(self, module=None, **attrs):
         super().__init__(**attrs, _module=module)
 
+    @classmethod
+    def from_attrs(cls, attrs: dict):
+        """The op of saved attributes (``_module``, ``_lowered`` and the op's own), as a saved program
+        stores them (:mod:`mgx_graph.ir_codec`)."""
+        own = {k: v for k, v in attrs.items() if k not in ("_module", "_lowered")}
+        op = cls(module=attrs.get("_module"), **own)
+        if attrs.get("_lowered"):
+            op.attrs["_lowered"] = True
+        return op
+
     @property
     def module(self):
         return self.attrs.get("_module")

@@ -75,6 +75,13 @@ class OnnxOp(Operation):
                          _shapes=[Shape(dt, lens) for dt, lens in shapes], _opsets=dict(opsets or {}), _key=key)
         self._sess = None
 
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> "OnnxOp":
+        """The op whose ``attrs`` are ``attrs`` (as a saved program stores them: ``_node``, ``_shapes``
+        as Shapes, ``_opsets``, ``_key``)."""
+        shapes = [(s.dtype, s.lens) for s in attrs["_shapes"]]
+        return cls(attrs["_node"], shapes, attrs["_opsets"], attrs["_key"])
+
     def compute_shape(self, inputs, mods=()):
         shapes = self.attrs["_shapes"]
         return shapes[0] if len(shapes) == 1 else tuple(shapes)

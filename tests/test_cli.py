@@ -358,6 +358,73 @@ def test_json_on_every_command_that_reports_numbers(sym, target, tmp_path, capsy
         assert doc["target"] == target and doc["inputs"]["x"]["shape"] == [2, 4], cmd
 
 
+# -- saved programs (compile -o, then run / perf / compile take the .mxr) ----------------------------
+def test_compile_output_saves_a_program_run_and_perf_take(sym, target, tmp_path, capsys):
+    saved = tmp_path / "sym.mxr"
+    rc, out, err = cli(capsys, "compile", sym, "--target", target, "--hip-graph", "--input-dim", "@x", "2", "4",
+                       "-o", saved, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["saved"] == str(saved) and saved.is_file()
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.normal(size=(2, 4)).astype(np.float32), "y": rng.normal(size=(2, 4)).astype(np.float32),
+             "k": np.array(3, np.int64)}
+    for n in ("x", "y"):
+        np.save(tmp_path / f"{n}.npy", feeds[n])
+    rc, out, err = cli(capsys, "run", saved, "--input", f"x={tmp_path / 'x.npy'}", "--input", f"y={tmp_path / 'y.npy'}",
+                       "--input", "k=3", "--output-dir", tmp_path / "o", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert (doc["target"], doc["hip_graph"]) == (target, True)  # as compiled, though --target is auto here
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "z.npy"), ort_outputs(sym_model(), feeds)[0], rtol=1e-6)
+    rc, out, err = cli(capsys, "perf", saved, "-n", "3", "--no-progress", "--json")
+    assert rc == 0, err
+    check_perf_report(json.loads(out), 3)
+    rc, out, err = cli(capsys, "compile", saved, "--print")
+    assert rc == 0 and f"Compiled [ {target} + graph_launch ]: {saved}" in out and 'module: "main"' in out, err
+
+
+def test_a_saved_program_refuses_flags_it_cannot_honour(sym, tmp_path, capsys):
+    saved = tmp_path / "sym.mxr"
+    assert cli(capsys, "compile", sym, "--target", "ref", "--input-dim", "@x", "2", "4", "-o", saved)[0] == 0
+    for flags, msg in ((["--hip-graph"], "with no graphs (compiled without --hip-graph); --hip-graph cannot change it"),
+                       (["--fp16"], "with float32 (compiled without --fp16); --fp16 cannot change it"),
+                       (["--input-dim", "@x", "5", "4"], "@x"),
+                       (["--target", "gpu"], "target")):
+        rc, out, err = cli(capsys, "run", saved, "--output-dir", tmp_path / "o", *flags)
+        assert rc == 1 and msg in err, (flags, err)
+    rc, out, err = cli(capsys, "verify", saved)
+    assert rc == 1 and "is a saved program: verify compares with onnxruntime and ref compiles" in err, err
+
+
+def range_model():
+    """y = float(range(n)) * 2: the output's length is the value of n."""
+    nodes = [helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Cast", ["r"], ["f"], to=1),
+             helper.make_node("Mul", ["f", "two"], ["y"])]
+    init = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    g = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_value_dependent_model_saves_and_specializes_again(target, tmp_path, capsys):
+    path, saved = tmp_path / "range.onnx", tmp_path / "range.mxr"
+    onnx.save(range_model(), str(path))
+    rc, out, err = cli(capsys, "compile", path, "--target", target, "--input", "n=5", "-o", saved, "--json")
+    assert rc == 0 and json.loads(out)["specialized"] is True, err
+    with zipfile.ZipFile(saved) as zf:
+        assert json.loads(zf.read("program.json"))["kind"] == "dynamic"
+    rc, out, err = cli(capsys, "run", saved, "--input", "n=7", "--output-dir", tmp_path / "o")
+    assert rc == 0, err
+    want = ort_outputs(range_model(), {"n": np.array(7, np.int64)})[0]
+    got = np.load(tmp_path / "o" / "y.npy")
+    assert got.shape == (7,)
+    np.testing.assert_array_equal(got, want)
+
+
 # -- help texts ----------------------------------------------------------------------------------
 def _parsers():
     import argparse

@@ -108,6 +108,13 @@ class Lowering(Pass):
         if ctx is not None:
             ctx.result.host_fallback_ops = fallback
             ctx.result.host_instructions = host_instructions(program)
+        self.select_kernels(program, target)
+
+    def select_kernels(self, program, target: str | None = None) -> None:
+        """Set ``meta["kernel"]`` on every instruction that runs one, from its op, shapes and host
+        placement (``meta["on_host"]``) alone: what a saved program, already lowered, re-selects on load
+        (CompileError naming the op when no kernel can be chosen)."""
+        target = target or self.target or "ref"
         for m in program.module_order():
             for ins in m.instructions:
                 op = ins.op

@@ -23,6 +23,35 @@ def resolve_target(name: str) -> str:
     return name
 
 
+def resolve_device(name: str, device_id) -> int | None:
+    """Check ``device_id`` for target ``name`` (``ref`` or ``gpu``); None stays None (the current device).
+
+    Raises CompileError for an id that is not an int, or other than 0 on ``ref`` (the host is its one
+    device); DeviceError (``hipErrorInvalidDevice``) naming the id and the device count for an id
+    out of range on ``gpu``."""
+    import numbers
+
+    from ..errors import DeviceError
+
+    if device_id is None:
+        return None
+    if isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral):
+        raise CompileError(f"device_id must be an int, got {type(device_id).__name__} {device_id!r}")
+    device_id = int(device_id)
+    if name == "ref":
+        if device_id != 0:
+            raise CompileError(f"device_id {device_id}: the ref target runs on the host, its only device is 0")
+        return 0
+    from ..runtime import device_runtime
+
+    count = device_runtime().hipGetDeviceCount()
+    if not 0 <= device_id < count:
+        raise DeviceError("hipSetDevice", "hipErrorInvalidDevice",
+                          f"device_id {device_id} is out of range: the machine has {count} GPU device(s)"
+                          + (f", ids 0..{count - 1}" if count else ""))
+    return device_id
+
+
 def make_context(name: str, **options):
     if name == "ref":
         from .ref import RefContext

@@ -73,23 +73,51 @@ def _external_stream(cupy, ptr: int):
 
 
 class GpuContext:
+    """The context of one compiled program on device ``device_id`` (None: the current device).
+
+    Its queue, allocations and library handles live on that device: every call that creates or uses
+    them runs under :meth:`on_device`, which makes the device current (``hipSetDevice``) and restores
+    the caller's current device after, so a program on device 1 leaves a caller on device 0 there."""
+
     name = "gpu"
 
-    def __init__(self, **options):
+    def __init__(self, device_id: int | None = None, **options):
         import cupy
 
         self.cupy = cupy
         self.xp = cupy
         self.runtime = device_runtime()
-        self.device_id = self.runtime.hipGetDevice()
-        self.queue = self.runtime.hipStreamCreate()
+        self.device_id = self.runtime.hipGetDevice() if device_id is None else int(device_id)
         self._buffers: list[int] = []
         self._streams: dict[int, object] = {}
         self._blas: dict[int, Blas] = {}
+        with self.on_device():
+            self.queue = self.runtime.hipStreamCreate()
+
+    @contextlib.contextmanager
+    def on_device(self):
+        """Make the program's device current for the block (``hipSetDevice``), then restore the one
+        that was current (nothing is set when it is the same device)."""
+        rt = self.runtime
+        prev = rt.hipGetDevice()
+        if prev == self.device_id:
+            yield
+            return
+        rt.hipSetDevice(self.device_id)
+        try:
+            yield
+        finally:
+            rt.hipSetDevice(prev)
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of the program's device (``hipMemGetInfo``)."""
+        with self.on_device():
+            return self.runtime.hipMemGetInfo()
 
     # -- memory ----------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> int:
-        ptr = self.runtime.hipMalloc(nbytes)
+        with self.on_device():
+            ptr = self.runtime.hipMalloc(nbytes)
         self._buffers.append(ptr)
         return ptr
 
@@ -164,7 +192,8 @@ class GpuContext:
 
     @contextlib.contextmanager
     def on_queue(self, queue):
-        with self._stream(queue):
+        """CuPy's current stream is ``queue`` (and the program's device current) for the block."""
+        with self.on_device(), self._stream(queue):
             yield
 
     @contextlib.contextmanager
@@ -183,15 +212,17 @@ class GpuContext:
     def blas(self, queue):
         b = self._blas.get(queue)
         if b is None:
-            b = self._blas[queue] = Blas(self.runtime, queue)
+            with self.on_device():
+                b = self._blas[queue] = Blas(self.runtime, queue)
         return b
 
     def describe(self) -> dict:
-        d = {"target": "gpu", "platform": self.runtime.platform}
+        d = {"target": "gpu", "platform": self.runtime.platform, "device_id": self.device_id}
         try:
-            d["device"] = self.runtime.device_name()
-            d["runtime"] = self.runtime.runtime_version()
-            d["memory_total_bytes"] = self.runtime.hipMemGetInfo()[1]
+            with self.on_device():
+                d["device"] = self.runtime.device_name()
+                d["runtime"] = self.runtime.runtime_version()
+                d["memory_total_bytes"] = self.runtime.hipMemGetInfo()[1]
         except Exception:
             pass
         d["cupy"] = self.cupy.__version__
@@ -208,6 +239,10 @@ class GpuContext:
         self.runtime.release_after_capture(watch, lambda: self._release(watch, before))
 
     def _release(self, queues, before) -> None:
+        with self.on_device():
+            self._release_on_device(queues, before)
+
+    def _release_on_device(self, queues, before) -> None:
         rt = self.runtime
         for q in queues:
             if not rt.queue_alive(q):

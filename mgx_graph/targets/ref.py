@@ -36,14 +36,26 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
 
 
 class RefContext:
+    """The context of one compiled program on the host (device 0, the only one)."""
+
     name = "ref"
     xp = np
     reduce = staticmethod(numpy_reduce)
+    device_id = 0
 
-    def __init__(self, **options):
+    def __init__(self, device_id: int | None = None, **options):
         self.runtime = host_runtime()
         self.queue = self.runtime.hipStreamCreate()
         self._buffers: list[int] = []
+
+    @contextlib.contextmanager
+    def on_device(self):
+        """The host is the only device: nothing to select."""
+        yield
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of host memory (``hipMemGetInfo`` of the host runtime)."""
+        return self.runtime.hipMemGetInfo()
 
     # -- memory ----------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> int:
