@@ -200,7 +200,7 @@ def dynamic_soak(name, model, feeds_for, largest, target, calls, cap, every=100)
         shapes.add(tuple((k, v.shape) for k, v in feeds.items()) + (want.shape,))
         err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
         worst = max(worst, err)
-        mismatches += got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6)
+        mismatches += got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5)  # float32 tolerance
         if (i + 1) % every == 0:
             samples.append({"calls": i + 1, **_books(rt, prog)})
     wall = time.perf_counter() - t0

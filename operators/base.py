@@ -91,6 +91,10 @@ class Operation:
     def __init__(self, **attrs):
         self.attrs = attrs
 
+    def runs_on_gpu(self, in_shapes: list) -> bool:
+        """Whether the gpu target runs this op with inputs ``in_shapes`` on the device (else: host fallback)."""
+        return self.gpu_supported
+
     def __getattr__(self, key):
         attrs = self.__dict__.get("attrs")
         if attrs is not None and key in attrs:

@@ -35,7 +35,7 @@ def test_ref_refuses_other_device_ids_before_allocating(bad, msg):
 
 
 @pytest.mark.gpu
-def test_gpu_device_0_explicitly(gpu_target):
+def test_gpu_device_0_explicitly(gpu_target, unfused):
     from mgx_graph.runtime import device_runtime
 
     rt = device_runtime()

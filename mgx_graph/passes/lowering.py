@@ -63,7 +63,7 @@ def host_instructions(program) -> list[str]:
             op = ins.op
             if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
                 continue
-            if ins.meta.get("on_host") or not op.gpu_supported:
+            if ins.meta.get("on_host") or not op.runs_on_gpu([i.shape for i in ins.inputs]):
                 kind = f"{op.name}({op.attrs['op_type']})" if "op_type" in op.attrs else op.name
                 res.append(f"{m.name}:{m.label_of(ins)} {kind}")
     return res
@@ -140,7 +140,8 @@ class Lowering(Pass):
                 op = ins.op
                 if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
                     continue
-                if (target == "gpu" and not op.gpu_supported) or op.name in self.host_ops:
+                on_gpu = op.runs_on_gpu([i.shape for i in ins.inputs])
+                if (target == "gpu" and not on_gpu) or op.name in self.host_ops:
                     insert_host_fallback(m, ins)
                     fallback.append(op.name)
         if fallback and target == "gpu":
