@@ -164,11 +164,6 @@ class TopK(Operation):
     def __init__(self, k=1, axis=-1, largest=1, sorted=1):
         super().__init__(k=int(k), axis=int(axis), largest=int(largest), sorted=int(sorted))
 
-    def runs_on_gpu(self, in_shapes: list) -> bool:
-        # floating-point inputs: the device sort misplaced NaNs on an H200 (2026-12-01, tests/test_native_nan.py);
-        # until that is fixed, the host computes them (a host fallback, never a wrong order)
-        return in_shapes[0].dtype not in ("float16", "float32", "float64")
-
     def compute_shape(self, inputs, mods=()):
         x = inputs[0]
         a = normalize_axis(self.axis, x.ndim, self.name)
