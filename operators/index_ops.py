@@ -196,6 +196,7 @@ class CumSum(Operation):
     onnxruntime); integer types wrap.  Output: the input's shape and type."""
 
     name = "cumsum"
+    identity = 0  # the value an exclusive scan starts from
 
     def __init__(self, axis=0, exclusive=0, reverse=0):
         super().__init__(axis=int(axis), exclusive=int(exclusive), reverse=int(reverse))
@@ -211,7 +212,7 @@ class CumSum(Operation):
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
         if x.ndim == 0:
-            xp.copyto(out, 0 if self.exclusive else x)
+            xp.copyto(out, self.identity if self.exclusive else x)
             return
         a = self.axis % x.ndim
         o = out
@@ -220,10 +221,10 @@ class CumSum(Operation):
         acc = np.float32 if x.dtype == np.float16 else x.dtype
         if self.exclusive:
             head = (slice(None),) * a
-            o[head + (slice(0, 1),)] = 0
-            o[head + (slice(1, None),)] = xp.cumsum(x[head + (slice(0, -1),)], axis=a, dtype=acc)
+            o[head + (slice(0, 1),)] = self.identity
+            o[head + (slice(1, None),)] = getattr(xp, self.name)(x[head + (slice(0, -1),)], axis=a, dtype=acc)
         else:
-            o[...] = xp.cumsum(x, axis=a, dtype=acc)
+            o[...] = getattr(xp, self.name)(x, axis=a, dtype=acc)
 
     def gpu_kernel(self, inputs, output):
         x = inputs[0]
@@ -236,11 +237,21 @@ class CumSum(Operation):
 
         def run(ctx, out, args, wsa):
             src = _staged(ctx, args[0], wsa)
-            line_module(x.dtype).get_function("mgx_cumsum")(
+            line_module(x.dtype).get_function(f"mgx_{self.name}")(
                 (grid,), (BLOCK,), (src, out, np.int64(lines), np.int64(n), np.int64(inner),
                                     np.int32(self.exclusive), np.int32(self.reverse)))
 
-        return run, 1 + len(ws), ws, True, "line_ops.cu cumsum"
+        return run, 1 + len(ws), ws, True, f"line_ops.cu {self.name}"
+
+
+@register_op
+class CumProd(CumSum):
+    """ONNX CumProd (opset 26) along ``axis``: the running product, as CumSum (``exclusive`` starts
+    each line from 1).  float16 accumulates in float32; integer types wrap.  Output: the input's shape
+    and type."""
+
+    name = "cumprod"
+    identity = 1
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -30,6 +30,26 @@ extern "C" __global__ void mgx_cumsum(const T* x, T* y, long long lines, long lo
     }
 }
 
+// CumProd: as CumSum with a product (an exclusive scan starts from 1).
+extern "C" __global__ void mgx_cumprod(const T* x, T* y, long long lines, long long n, long long inner,
+                                       int exclusive, int reverse) {
+    long long line = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (line >= lines) return;
+    long long off = mgx_line_base(line, n, inner);
+    ACC acc = (ACC)1;
+    for (long long k = 0; k < n; ++k) {
+        long long i = off + (reverse ? n - 1 - k : k) * inner;
+        ACC v = (ACC)x[i];
+        if (exclusive) {
+            y[i] = (T)acc;
+            acc *= v;
+        } else {
+            acc *= v;
+            y[i] = (T)acc;
+        }
+    }
+}
+
 // (value, index) b beats a: larger (or smaller for is_min) value, ties to the lower index (the
 // higher one when last).  An index < 0 marks "no value yet".
 __device__ __forceinline__ bool mgx_beats(ACC bv, long long bi, ACC av, long long ai, int is_min, int last) {

@@ -192,3 +192,15 @@ def _parse_mish(p, m, node, ins):
 @parser("Swish")
 def _parse_swish(p, m, node, ins):
     return p.add(m, "swish", [ins[0]], alpha=attr(node, "alpha", 1.0))
+
+
+@parser("BitCast")
+def _parse_bitcast(p, m, node, ins):
+    """BitCast (opset 26): the input's bytes as type ``to`` (same bit width; strings are rejected)."""
+    to = attr(node, "to")
+    if to is None:
+        raise p.err("needs the 'to' attribute")
+    dt = onnx_dtype(to, where=p.node_name)
+    if "string" in (dt, ins[0].shape.dtype):
+        raise p.err(f"to={dt} / input {ins[0].shape.dtype}: strings have no bit pattern to reinterpret")
+    return p.add(m, "bitcast", [ins[0]], to=dt)

@@ -35,14 +35,14 @@ def _scalar_const(p, ins, what):
     return v[0]
 
 
-@parser("CumSum")
+@parser("CumSum", "CumProd")
 def _p_cumsum(p, m, node, ins):
     x = ins[0]
     axis = int(_scalar_const(p, ins[1], "axis"))
     r = max(x.shape.ndim, 1)
     if not -r <= axis < r:
         raise p.err(f"axis {axis} out of range for rank {x.shape.ndim}")
-    return p.add(m, "cumsum", [x], axis=axis % r, exclusive=attr(node, "exclusive", 0),
+    return p.add(m, node.op_type.lower(), [x], axis=axis % r, exclusive=attr(node, "exclusive", 0),
                  reverse=attr(node, "reverse", 0))
 
 

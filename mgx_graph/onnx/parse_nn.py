@@ -10,6 +10,7 @@ import numpy as np
 
 from .op_parser import attr, decode, parser
 from .parse_generic import parse_generic
+from .parse_normalization import layernorm_with_stats
 
 
 @parser("MatMul")
@@ -51,8 +52,10 @@ def _parse_gemm(p, m, node, ins):
 
 @parser("LayerNormalization")
 def _parse_layernorm(p, m, node, ins):
-    if any(o for o in node.output[1:]) or attr(node, "stash_type", 1) != 1:
-        return parse_generic(p, m, node, ins)  # Mean / InvStdDev outputs: the reference kernel has them
+    if attr(node, "stash_type", 1) != 1:
+        return parse_generic(p, m, node, ins)
+    if any(o for o in node.output[1:]):  # Mean / InvStdDev outputs
+        return layernorm_with_stats(p, m, node, ins)
     args = [i for i in ins if i is not None]
     return p.add(m, "layernorm", args, axis=attr(node, "axis", -1), epsilon=attr(node, "epsilon", 1e-5))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..shape import broadcast_lens
 from .op_parser import attr, parser, require_float, unsupported
 
@@ -106,3 +108,35 @@ def _p_rms_norm(p, m, node, ins):
     if tuple(broadcast_lens(normalized, scale.shape.lens, where=p.node_name)) != normalized:
         raise p.err(f"scale {list(scale.shape.lens)} does not broadcast to the normalized dims {list(normalized)}")
     return p.add(m, "rms_norm", [x, scale], axis=a, epsilon=attr(node, "epsilon", 1e-5))
+
+
+def layernorm_with_stats(p, m, node, ins):
+    """LayerNormalization with its Mean / InvStdDev outputs, as reductions and pointwise instructions
+    (fused on the gpu target): ``mean = E[x]``, ``inv = 1 / sqrt(E[(x - mean)^2] + epsilon)`` over axes
+    ``axis..rank-1`` (kept as 1s), computed in float32 (float64 inputs in float64);
+    ``Y = (x - mean) * inv * scale (+ B)`` in x's type.  Outputs: [Y, Mean, InvStdDev]."""
+    x, scale = ins[:2]
+    bias = ins[2] if len(ins) > 2 else None
+    require_float(p, x)
+    _stash(p, node)
+    r = x.shape.ndim
+    axis = attr(node, "axis", -1)
+    a = axis + r if axis < 0 else axis
+    if not 0 <= a < r:
+        raise p.err(f"axis {axis} out of range for rank {r}")
+    dt = x.shape.dtype
+    st = "float64" if dt == "float64" else "float32"
+    xf = x if dt == st else p.add(m, "convert", [x], target_type=st)
+    axes = list(range(a, r))
+    mean = p.add(m, "reduce_mean", [xf], axes=axes, keepdims=1)
+    d = p.add(m, "sub", [xf, mean])
+    var = p.add(m, "reduce_mean", [p.add(m, "mul", [d, d])], axes=axes, keepdims=1)
+    eps = p.lit(m, np.array(attr(node, "epsilon", 1e-5), st))
+    inv = p.add(m, "recip", [p.add(m, "sqrt", [p.add(m, "add", [var, eps])])])
+    y = p.add(m, "mul", [d, inv])
+    if dt != st:
+        y = p.add(m, "convert", [y], target_type=dt)
+    y = p.add(m, "mul", [y, scale])
+    if bias is not None:
+        y = p.add(m, "add", [y, bias])
+    return [y, mean, inv]

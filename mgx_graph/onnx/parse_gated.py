@@ -1,0 +1,79 @@
+"""SwiGLU (opset 28) and CausalConvWithState (opset 27) lowered to native slice and pointwise
+instructions (fused into generated kernels on the gpu target).
+
+- SwiGLU: ``Y = A * sigmoid(alpha * A) * B`` (A, B of one shape and type).
+- CausalConvWithState: ``padded = concat(past_state or 0, input)`` along the length axis [B, C, K-1+L];
+  ``output[b, c, t] = bias[c] + sum_i weight[c, 0, i] * padded[b, c, t + i]`` (a depthwise, causal 1-D
+  convolution; the K taps are K shifted slices), then SiLU when ``activation`` is ``silu`` / ``swish``
+  (computed in float32; float16 taps accumulate in float32); ``present_state`` = the last K-1 positions of ``padded``.
+
+ONNX operator spec: https://onnx.ai/onnx/operators/ (SwiGLU, CausalConvWithState)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .op_parser import attr, decode, parser, require_float, unsupported
+
+
+@parser("SwiGLU")
+def _parse_swiglu(p, m, node, ins):
+    """Output Y: A's shape and type.  ParseError when A and B differ in shape or type."""
+    a, b = ins[:2]
+    require_float(p, a, "A")
+    if a.shape.dtype != b.shape.dtype or tuple(a.shape.lens) != tuple(b.shape.lens):
+        raise p.err(f"A {a.shape.brief()} and B {b.shape.brief()} must have one shape and type")
+    alpha = p.lit(m, np.array(attr(node, "alpha", 1.0), a.shape.dtype))
+    gate = p.add(m, "sigmoid", [p.add(m, "mul", [a, alpha])])
+    return p.add(m, "mul", [p.add(m, "mul", [a, gate]), b])
+
+
+def _silu(p, m, y):
+    dt = y.shape.dtype
+    yf = y if dt in ("float32", "float64") else p.add(m, "convert", [y], target_type="float32")
+    s = p.add(m, "mul", [yf, p.add(m, "sigmoid", [yf])])
+    return s if s.shape.dtype == dt else p.add(m, "convert", [s], target_type=dt)
+
+
+@parser("CausalConvWithState")
+def _parse_causal_conv(p, m, node, ins):
+    """Outputs: output [B, C, L] and present_state [B, C, K-1], the input's type.  ParseError for
+    shapes other than input [B, C, L], weight [C, 1, K], bias [C], past_state [B, C, K-1];
+    UnsupportedOpError for an activation other than none / silu / swish."""
+    ins = list(ins) + [None] * (4 - len(ins))
+    x, w, bias, past = ins[:4]
+    require_float(p, x)
+    act = decode(attr(node, "activation", b"none"))
+    if act not in ("none", "silu", "swish"):
+        raise unsupported(p, node, f"activation={act!r} (the spec allows none, silu, swish)")
+    if x.shape.ndim != 3 or w.shape.ndim != 3 or w.shape.lens[:2] != (x.shape.lens[1], 1) or \
+            w.shape.dtype != x.shape.dtype:
+        raise p.err(f"input {x.shape.brief()} must be [B, C, L] and weight {w.shape.brief()} [C, 1, K] of its type")
+    B, C, L = x.shape.lens
+    K = w.shape.lens[2]
+    if bias is not None and tuple(bias.shape.lens) != (C,):
+        raise p.err(f"bias {bias.shape.brief()} must be [{C}]")
+    if past is not None and tuple(past.shape.lens) != (B, C, K - 1):
+        raise p.err(f"past_state {past.shape.brief()} must be [{B}, {C}, {K - 1}]")
+    if past is None:
+        past = p.lit(m, np.zeros((B, C, K - 1), x.shape.dtype))
+    padded = p.add(m, "concat", [past, x], axis=2) if K > 1 else x
+    dt = x.shape.dtype
+    acc = padded if dt != "float16" else p.add(m, "convert", [padded], target_type="float32")
+    if dt == "float16":  # float16 accumulates in float32 (rounded once, as the spec's Conv)
+        w = p.add(m, "convert", [w], target_type="float32")
+        bias = None if bias is None else p.add(m, "convert", [bias], target_type="float32")
+    y = None
+    for i in range(K):
+        tap = p.add(m, "slice", [acc], axes=[2], starts=[i], ends=[i + L])
+        wi = p.reshape(m, p.add(m, "slice", [w], axes=[2], starts=[i], ends=[i + 1]), [1, C, 1])
+        term = p.add(m, "mul", [tap, wi])
+        y = term if y is None else p.add(m, "add", [y, term])
+    if bias is not None:
+        y = p.add(m, "add", [y, p.reshape(m, bias, [1, C, 1])])
+    if y.shape.dtype != dt:
+        y = p.add(m, "convert", [y], target_type=dt)
+    if act != "none":
+        y = _silu(p, m, y)
+    present = p.add(m, "slice", [padded], axes=[2], starts=[L], ends=[L + K - 1])
+    return [y, present]
