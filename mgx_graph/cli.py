@@ -100,7 +100,12 @@ class _Session:
             self._loaded = self.saved
         else:
             self.proto = load_model(self.path)
-        self.plan = plan_inputs(self.proto, args.input_dim, args.input, args.fill0, args.fill1, args.seed)
+        dims = args.input_dim
+        if self.saved is not None and not dims:  # a saved program's inputs keep the dims it was compiled with
+            dims = [[tok for n, lens in (self.saved.options.get("input_dims") or {}).items()
+                     for tok in [f"@{n}"] + [str(int(d)) for d in lens]]] or None
+            dims = dims if dims and dims[0] else None
+        self.plan = plan_inputs(self.proto, dims, args.input, args.fill0, args.fill1, args.seed)
         self.target = self.saved.target if self.saved else resolve_target(args.target)
         self.hip_graph = self.saved.hip_graph if self.saved else bool(args.hip_graph) or hip_graph_from_env()
         self.fp16 = self.saved.fp16 if self.saved else bool(args.fp16)

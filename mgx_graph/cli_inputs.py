@@ -183,6 +183,8 @@ class InputPlan:
         out = {}
         for name in sorted(self.inputs):
             inp, lens = self.inputs[name], self.dims[name]
+            if name not in self.given:
+                _check_host_size(name, inp.dtype, lens)
             if name in self.given:
                 out[name] = self.given[name]
             elif name in self.fills:
@@ -220,6 +222,25 @@ class InputPlan:
             py.append(f"'{name}': [{', '.join(lens)}]")
         return (f"symbolic dims were set to 1: {'; '.join(said)}. Give their sizes with "
                 f"--input-dim {' '.join(flags)} (Python: mgx_graph.compile(..., input_dims={{{', '.join(py)}}}))")
+
+
+def _check_host_size(name: str, dtype, lens) -> None:
+    """ShapeError naming input ``name`` when its values would not fit in the host's memory (checked before
+    numpy is asked to allocate them)."""
+    import math
+    import os
+
+    from .errors import ShapeError
+
+    n = math.prod(int(d) for d in lens)
+    nbytes = n * np.dtype(dtype).itemsize
+    try:
+        host = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        host = 64 << 30
+    if nbytes > host:
+        raise ShapeError(f"input '{name}' {np.dtype(dtype).name}{list(lens)}: {n} elements, {nbytes} bytes, more "
+                         f"than the host's {host} bytes of memory (give smaller sizes with --input-dim)")
 
 
 def _random(rng, name, dtype, lens):

@@ -163,8 +163,8 @@ def check_size(shape, what: str) -> None:
             continue
         n = s.elements()
         if n > MAX_TENSOR_BYTES or s.bytes() > MAX_TENSOR_BYTES:
-            raise ShapeError(f"{what}: shape {s.brief()} has {n} elements ({s.bytes()} bytes of {s.dtype}), more "
-                             f"than the {MAX_TENSOR_BYTES} an int64 can count")
+            raise ShapeError(f"{what}: shape {s.brief()} has {n} elements ({n * s.itemsize} bytes of "
+                             f"{s.dtype}), more than the {MAX_TENSOR_BYTES} an int64 can count")
 
 
 def broadcast_lens(*lens_list, where: str = "") -> tuple[int, ...]:

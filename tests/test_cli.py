@@ -559,3 +559,31 @@ def test_extras_pin_matching_releases():
 
 if __name__ == "__main__":
     update_readme()
+
+
+def test_a_saved_dynamic_program_keeps_its_input_dims(silero, target, tmp_path, capsys):
+    """A value-dependent model saved with --input-dim runs from the .mxr alone: its inputs take the saved dims."""
+    path = silero("silero_vad.onnx")
+    saved = tmp_path / "silero.mxr"
+    rc, out, err = cli(capsys, "compile", path, "--target", target, "--input-dim", "@input", "1", "512", "@state", "2",
+                       "1", "128", "-o", saved)
+    assert rc == 0, err
+    rng = np.random.default_rng(5)
+    x = (0.3 * rng.normal(size=(1, 512))).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    rc, out, err = cli(capsys, "run", saved, "--input", f"input={tmp_path / 'x.npy'}", "--input", "sr=16000",
+                       "--fill0", "state", "--output-dir", tmp_path / "o")
+    assert rc == 0, err
+    want = ort_outputs(path, {"input": x, "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)})
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "output.npy"), want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_larger_than_host_memory_are_a_typed_error_before_any_allocation(tmp_path, capsys):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10 ** 6, 10 ** 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "huge.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    for cmd in ("run", "compile", "perf"):
+        rc, out, err = cli(capsys, cmd, path)
+        assert rc != 0 and "input 'x' float32[1000000, 1000000]: 1000000000000 elements, 4000000000000 bytes" in err, err
