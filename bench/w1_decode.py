@@ -153,6 +153,12 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    try:
+        from plot_w1 import plot
+
+        print("plot:", plot(args.out))
+    except ImportError:
+        print("plot: matplotlib is not installed; run bench/plot_w1.py where it is", file=sys.stderr)
     print(json.dumps(ratios, indent=2))
     return 0
 
