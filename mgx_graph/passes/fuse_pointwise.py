@@ -19,23 +19,13 @@ from __future__ import annotations
 
 from ..operators.fused import FusedPointwise
 from . import fusion
-from .pass_manager import ModulePass
 
 
-class FusePointwise(ModulePass):
+class FusePointwise(fusion.FusionPass):
     """The pass (see the module docstring); ``exclude``: op names never fused.  Visits every module
     but those run by fused instructions; rewrites in place, raises nothing of its own."""
 
     name = "fuse_pointwise"
-
-    def __init__(self, exclude=()):
-        self.exclude = frozenset(exclude or ())
-
-    def apply(self, program, ctx=None) -> None:
-        skip = fusion.fused_modules(program)
-        for m in program.module_order():
-            if m.name not in skip:
-                self.apply_module(m, ctx)
 
     def apply_module(self, m, ctx=None) -> None:
         if m.program is None:

@@ -25,7 +25,6 @@ from ..operators.fused import FusedReduce
 from ..operators.fused_exprs import FLOATS
 from ..shape import Shape
 from . import fusion
-from .pass_manager import ModulePass
 
 REDUCE_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
 NORM_OPS = ("softmax", "logsoftmax", "rms_norm", "layernorm")
@@ -44,20 +43,11 @@ def innermost_reduction(ins) -> bool:
     return op.axis % x.ndim == last
 
 
-class FuseReduce(ModulePass):
+class FuseReduce(fusion.FusionPass):
     """The pass (see the module docstring); ``exclude``: op names never fused.  Visits every module
     but those run by fused instructions; rewrites in place, raises nothing of its own."""
 
     name = "fuse_reduce"
-
-    def __init__(self, exclude=()):
-        self.exclude = frozenset(exclude or ())
-
-    def apply(self, program, ctx=None) -> None:
-        skip = fusion.fused_modules(program)
-        for m in program.module_order():
-            if m.name not in skip:
-                self.apply_module(m, ctx)
 
     def apply_module(self, m, ctx=None) -> None:
         if m.program is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..operators.fused_exprs import SUPPORTED, op_body
 from ..operators.pointwise import Pointwise
 from ..shape import Shape
+from .pass_manager import ModulePass
 
 VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
 MAX_MEMBERS = 256  # a group stops growing here (one generated kernel's source stays small)
@@ -128,3 +129,17 @@ def fused_modules(program) -> set:
     """Names of the modules run by fused instructions (never fused again themselves)."""
     return {ins.module_inputs[0].name for m in program.module_order() for ins in m.instructions
             if getattr(ins.op, "fused", False) and ins.module_inputs}
+
+
+class FusionPass(ModulePass):
+    """Base of the fusion passes: ``exclude`` (op names never fused); visits every module but those run by
+    fused instructions (their bodies are already one kernel) through ``apply_module``."""
+
+    def __init__(self, exclude=()):
+        self.exclude = frozenset(exclude or ())
+
+    def apply(self, program, ctx=None) -> None:
+        skip = fused_modules(program)
+        for m in program.module_order():
+            if m.name not in skip:
+                self.apply_module(m, ctx)
