@@ -97,11 +97,9 @@ def _conv_pads(p, node, x, kernel, strides, dil):
     return pads
 
 
-@parser("ConvInteger")
-def _p_conv_integer(p, m, node, ins):
-    """int32 convolution of (x - x_zero_point) and (w - w_zero_point); x pads with its zero point."""
-    ins = list(ins) + [None] * (4 - len(ins))
-    x, w, xz, wz = ins[:4]
+def _integer_conv_geometry(p, node, x, w):
+    """``(spatial rank, kernel, strides, dilations, pads)`` of an 8-bit ConvInteger / QLinearConv node;
+    UnsupportedOpError for other input types, ParseError for mismatched ranks."""
     if x.shape.dtype not in _INT8 or w.shape.dtype not in _INT8:
         raise _unsupported(p, node, f"input types {x.shape.dtype} / {w.shape.dtype} (8-bit integers only)")
     if x.shape.ndim < 3 or w.shape.ndim != x.shape.ndim:
@@ -110,7 +108,15 @@ def _p_conv_integer(p, m, node, ins):
     kernel = list(attr(node, "kernel_shape") or w.shape.lens[2:])
     strides = list(attr(node, "strides") or [1] * nsp)
     dil = list(attr(node, "dilations") or [1] * nsp)
-    pads = _conv_pads(p, node, x, kernel, strides, dil)
+    return nsp, kernel, strides, dil, _conv_pads(p, node, x, kernel, strides, dil)
+
+
+@parser("ConvInteger")
+def _p_conv_integer(p, m, node, ins):
+    """int32 convolution of (x - x_zero_point) and (w - w_zero_point); x pads with its zero point."""
+    ins = list(ins) + [None] * (4 - len(ins))
+    x, w, xz, wz = ins[:4]
+    nsp, kernel, strides, dil, pads = _integer_conv_geometry(p, node, x, w)
     M = w.shape.lens[0]
     xf = _shifted(p, m, x, xz, "x")
     wf = _shifted(p, m, w, wz, "w", [M] + [1] * (w.shape.ndim - 1))
@@ -363,15 +369,7 @@ def _p_qlinear_conv(p, m, node, ins):
     x, sx, zx, w, sw, zw, sy, zy, bias = ins[:9]
     if any(v is None for v in (x, sx, w, sw, sy, zy)):
         raise p.err("inputs x, x_scale, w, w_scale, y_scale and y_zero_point are required")
-    if x.shape.dtype not in _INT8 or w.shape.dtype not in _INT8:
-        raise _unsupported(p, node, f"input types {x.shape.dtype} / {w.shape.dtype} (8-bit integers only)")
-    if x.shape.ndim < 3 or w.shape.ndim != x.shape.ndim:
-        raise p.err(f"input {list(x.shape.lens)} and weights {list(w.shape.lens)} ranks do not match")
-    nsp = x.shape.ndim - 2
-    kernel = list(attr(node, "kernel_shape") or w.shape.lens[2:])
-    strides = list(attr(node, "strides") or [1] * nsp)
-    dil = list(attr(node, "dilations") or [1] * nsp)
-    pads = _conv_pads(p, node, x, kernel, strides, dil)
+    nsp, kernel, strides, dil, pads = _integer_conv_geometry(p, node, x, w)
     M = w.shape.lens[0]
     per_m = [M] + [1] * nsp
     if zx is not None and zx.shape.elements() != 1:
