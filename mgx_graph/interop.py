@@ -80,8 +80,9 @@ def to_target(ctx, a, name: str, queue=None, loose: bool = False):
     if isinstance(a, np.ndarray):
         return a, ctx.name == "ref"
     if ctx.is_device_array(a):
-        if ctx.name == "gpu":
-            _check_gpu(ctx, a, name, a.device.id)
+        if ctx.name == "gpu":  # the memory pointer's plain int, not a Device object per input per call
+            dev = getattr(a.data, "device_id", None)
+            _check_gpu(ctx, a, name, a.device.id if dev is None else dev)
         return a, True
     dev = dlpack_device(a)
     if dev is not None and dev[0] in HOST_DEVICES:
