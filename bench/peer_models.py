@@ -34,9 +34,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,20 +105,37 @@ def bench_dir() -> Path:
 
 
 def run_timeboxed(args: list, timeout_s: float) -> str | None:
-    """Run ``python bench/peer_models.py ARGS`` with ``timeout_s``; None when it succeeded, else why
-    not (its output's tail, or that it ran out of time). Its output goes to this process's stderr."""
+    """Run ``python bench/peer_models.py ARGS`` for at most ``timeout_s`` seconds; None when it succeeded,
+    else why not (its output's tail, or that it ran out of time: then its process group is killed, the
+    builder it may have started included). Its output is copied to this process's stderr as it comes."""
     if timeout_s <= 1:
         return "no time left in the budget (--budget-s)"
-    cmd = [sys.executable, os.path.abspath(__file__), *args]
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    tail: list = []
+
+    def pump() -> None:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            tail.append(line)
+            del tail[:-30]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    what = " ".join(args[:2])
     try:
-        r = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, timeout=timeout_s, env=env)
+        rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return f"`{' '.join(args[:2])}` did not finish within the {timeout_s:.0f} s left in the budget (--budget-s)"
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-4000:])
-        return f"`{' '.join(args[:2])}` failed (exit {r.returncode}): {r.stderr.strip()[-600:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"`{what}` did not finish within the {timeout_s:.0f} s left in the budget (--budget-s)"
+    finally:
+        reader.join(timeout=5)
+    if rc != 0:
+        last = [line.strip() for line in tail if line.strip()] or ["no output"]
+        return f"`{what}` failed (exit {rc}): {last[-1][:600]}"
     return None
 
 

@@ -75,7 +75,8 @@ def mgx_details(stats: dict, hip_graph: bool) -> dict:
     return {"kernels_per_token": kernels, "launches_per_token": stats["launches_per_run"],
             "launches_per_token_eager": stats["launches_per_run_eager"], "graph_nodes": nodes,
             "captures": stats.get("captures", 0), "replays": stats.get("replays", 0),
-            "fallbacks": stats.get("fallbacks", 0), "host_fallback_instructions": stats.get("host_fallback_instructions")}
+            "fallbacks": stats.get("fallbacks", 0),
+            "host_fallback_instructions": stats.get("host_fallback_instructions")}
 
 
 class MgxStep:
@@ -185,7 +186,9 @@ class OnnxruntimeGenai:
         return int(self.gen.get_next_tokens()[0])
 
     def details(self) -> dict:
-        return {"kernels_per_token": None, "kernels_note": "not measured (onnxruntime-genai exposes no count)"}
+        return {"kernels_per_token": None, "kernels_note": "not measured (onnxruntime-genai exposes no count)",
+                "host_note": "generate_next_token runs the step and picks the next id in one call: no separate "
+                             "enqueue time"}
 
     def close(self) -> None:
         self.gen = None
@@ -248,7 +251,8 @@ class OrtStep:
 
     def details(self) -> dict:
         return {"kernels_per_token": None, "kernels_note": "not measured", "provider": self.sess.get_providers()[0],
-                "cuda_graph": self.cuda}
+                "cuda_graph": self.cuda, "precision_note": "mgx_graph's export is float32; onnxruntime runs it as is",
+                "host_note": "run_with_iobinding returns after the device finished: no separate enqueue time"}
 
     def close(self) -> None:
         self.io = self.sess = self.logits = None

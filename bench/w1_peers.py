@@ -200,8 +200,6 @@ def run_row(bench: Workbench, system: str, precision: str) -> dict:
         row.update(runner.details())
         if system == "onnxruntime_genai":
             row["eos_surrogate"] = bench.eos_surrogate
-        if row["host_us_per_token"] is None:
-            row["host_note"] = "the call returns after the device finished: no separate enqueue time"
     except Exception as e:  # noqa: BLE001 - every peer raises its own types; the row records it
         row["error"] = f"{type(e).__name__}: {str(e).strip()[:800]}"
     finally:
@@ -238,6 +236,20 @@ def ratios(rows: list) -> dict:
                 out.setdefault(w, {})[f"mgx_graph_{p}_over_onnxruntime_genai_{p}"] = {
                     k: round(m[k] / g[k], 3) for k in ("ms_per_token", "prefill_ms") if m[k] and g[k]}
     return out
+
+
+def peer_versions() -> dict:
+    """Installed versions of the peers' packages (``{distribution: version}``, the ones found)."""
+    from importlib import metadata
+
+    found = {}
+    for dist in ("onnxruntime-genai-cuda", "onnxruntime-genai", "onnxruntime-gpu", "onnxruntime", "torch",
+                 "transformers", "cuda-bindings"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def write(path: str, doc: dict) -> None:
@@ -285,13 +297,15 @@ def main(argv=None) -> int:
         print("w1_peers: no usable GPU (use --target ref to check the script on a CPU)", file=sys.stderr)
         return 2
     clock = Clock(args.budget_s)
-    kept = []
+    old = {}
     if args.append and os.path.isfile(args.out):
         with open(args.out) as f:
-            kept = [r for r in json.load(f).get("results", []) if r.get("workload") not in args.workloads]
+            old = json.load(f)
     works = pm.workloads(args.tiny)
-    doc = {"machine": machine_info(), "target": args.target, "tokens": args.tokens, "tiny": args.tiny,
-           "budget_s": args.budget_s, "workloads": {}, "results": kept, "ratios": {}}
+    doc = {"machine": machine_info(), "versions": peer_versions(), "target": args.target, "tokens": args.tokens,
+           "tiny": args.tiny, "budget_s": args.budget_s,
+           "workloads": {k: v for k, v in old.get("workloads", {}).items() if k not in args.workloads},
+           "results": [r for r in old.get("results", []) if r.get("workload") not in args.workloads], "ratios": {}}
     for name in args.workloads:
         work = works[name]
         log(clock, f"{name}: building / loading {work.registry} {work.options}")
