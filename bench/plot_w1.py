@@ -57,7 +57,7 @@ def plot_peers(path: str) -> str:
 
     with open(path) as f:
         d = json.load(f)
-    rows = [r for r in d["results"] if r.get("ms_per_token")]
+    rows = sorted((r for r in d["results"] if r.get("ms_per_token")), key=lambda r: r["workload"])
     names = [f"{r['workload']} {r['system']} {r['precision']}" for r in rows]
     colors = [PEER_COLORS.get(r["system"], "tab:gray") for r in rows]
     panels = (("ms_per_token", "ms / token (median, log)", True), ("prefill_ms", "prefill ms (warm, log)", True),

@@ -29,7 +29,10 @@ keeps what it measured; a PNG chart (``plot_w1.plot_peers``) is written beside i
 
 ``--budget-s`` bounds the whole run: model builds run in time-boxed child processes (cached under
 ``MGX_GRAPH_CACHE``, so a second run skips them) and a row that would start after the budget is spent is
-skipped. Progress lines go to stderr.
+skipped. Progress lines go to stderr. A cold cache costs minutes of builds (W1: the export and the fp16
+genai folder from the GGUF, about a minute each on the H200; W2: the 1B export and its genai folder, more):
+where one run does not fit, run the workloads as two commands into the same file, ``--workloads W1`` then
+``--workloads W2 --append`` (``--append`` keeps the other workloads' rows).
 
     python bench/w1_peers.py [--workloads W1,W2] [--systems mgx_graph,...] [--tokens 96] [--target gpu]
                              [--out bench/results/w1_peers_h200.json] [--budget-s 330] [--append]
@@ -115,10 +118,14 @@ class Workbench:
 
     def __init__(self, work: pm.Workload, args, clock: Clock):
         self.work, self.args, self.clock = work, args, clock
-        self.info, self.why = pm.registry_build(work.registry, work.options, clock.left())
         self.prompt, self._folder, self._torch, self.eos_surrogate = None, None, None, None
+        try:
+            self.info, self.why = pm.registry_build(work.registry, work.options, clock.left())
+            if self.info is not None:
+                self.prompt = pm.prompt_ids(work, self.info)
+        except Exception as e:  # noqa: BLE001 - the workload's rows record why they did not run
+            self.info, self.why = None, f"{type(e).__name__}: {str(e).strip()[:600]}"
         if self.info is not None:
-            self.prompt = pm.prompt_ids(work, self.info)
             need = len(self.prompt) + max(args.tokens, WARM_STEPS) + 1
             if need > work.kv:
                 self.info, self.why = None, (f"prompt ({len(self.prompt)}) + tokens ({args.tokens}) + 1 = {need} "
