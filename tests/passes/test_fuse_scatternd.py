@@ -361,6 +361,28 @@ def test_negative_position_and_fp16_match_onnxruntime(target):
         np.testing.assert_allclose(g.astype(np.float32), w, rtol=1e-2, atol=1e-2, err_msg=name)
 
 
+def test_an_index_out_of_range_is_an_execution_error_on_ref():
+    """An ExecutionError naming the fused instruction, and the program runs on after it (the gpu
+    kernel drops such a write instead: see the host test above)."""
+    model, feeds = _kv_model()
+    prog = _compile(model, "ref")
+    with pytest.raises(mgx_graph.ExecutionError, match="fused_scatternd.*out of bounds"):
+        prog.run(dict(feeds, pos=np.array([9], np.int64)))
+    np.testing.assert_allclose(prog.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_program_keeps_the_fused_write(target, tmp_path):
+    model, feeds = _kv_model()
+    prog = _compile(model, target)
+    path = str(tmp_path / "kv.mxr")
+    prog.save(path)
+    loaded = mgx_graph.load(path)
+    assert any(i.op.name == KIND for i in loaded.get_main_module().instructions)
+    assert loaded.alias == prog.alias
+    for g, w in zip(loaded.run(feeds), ort_run(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
 def test_reduction_add_with_duplicate_indices_stays_a_scatternd(target):
     """ONNX ScatterND reduction='add' sums duplicate rows: that scatter keeps its own kernel."""
     nodes = [helper.make_node("Exp", ["u"], ["e"]),
