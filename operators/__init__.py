@@ -9,6 +9,6 @@ from . import normalization, index_ops, detection, activation  # noqa: F401
 from . import normalization_contrib, rotary, quantized, attention  # noqa: F401  (onnxruntime contrib ops)
 from . import recurrent, quantization, sampling, spectral  # noqa: F401
 from . import reinterpret  # noqa: F401
-from . import fused  # noqa: F401  (pointwise / fused_reduce over submodules)
+from . import fused, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd over submodules)
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

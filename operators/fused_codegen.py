@@ -11,7 +11,9 @@ slice, reshape in row-major order), and ``concat`` selects its input by the inde
 are computed once per index (common subexpressions) within a branch.
 
 :func:`pointwise_source` makes the kernel of a ``pointwise`` instruction: one thread per output
-element (grid-stride loop), the output written at its own strides (a layout bound in place).  The
+element (grid-stride loop, :func:`per_element_source`), the output written at its own strides (a
+layout bound in place); ``fused_scatternd`` uses the same kernel with a scattered store
+(:mod:`.fused_scatter_codegen`).  The
 per-element work is a ``MGX_HD`` function, so the same source compiles for the device (NVRTC,
 hipRTC, ``nvcc -c``) and, with ``-DMGX_HOST_TEST``, for the host (tests run it there).
 """
@@ -336,14 +338,20 @@ def pointwise_source(sub, in_shapes, out_shape: Shape) -> KernelSource:
     idx = element_index(em, out_shape.lens)
     v = em.value(root, idx)
     em.emit(f"y[{linear_offset(idx, out_shape)}] = {store_expr(v, out_shape.dtype)};")
+    return per_element_source("pointwise", em, in_shapes, out_shape, out_shape.elements())
+
+
+def per_element_source(kind: str, em: KernelEmitter, in_shapes, out_shape: Shape, n: int) -> KernelSource:
+    """Assemble a one-thread-per-element kernel (grid-stride loop over ``n`` elements) whose
+    per-element body ``mgx_elem(i, x0.., y)`` is the statements ``em`` emitted for element ``i``
+    (they end in the store into ``y``); ``kind`` names it (``pointwise``, ``scatternd``)."""
     params = param_list(in_shapes, [out_shape])
-    sig = ", ".join(f"{t} {n}" for t, n in params)
-    names = ", ".join(n for _, n in params)
+    sig = ", ".join(f"{t} {name}" for t, name in params)
+    names = ", ".join(name for _, name in params)
     entry = f"MGX_HD void mgx_elem(long long i, {sig}) {{\n" + "\n".join(em.lines) + "\n}"
     kernel = (f'extern "C" __global__ void MGX_KERNEL({sig}, long long n) {{\n'
               f"    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n"
               f"         i += (long long)gridDim.x * blockDim.x)\n"
               f"        mgx_elem(i, {names});\n}}")
-    n = out_shape.elements()
     grid = max(1, min((n + BLOCK - 1) // BLOCK, MAX_GRID))
-    return finish("pointwise", "", em, entry, kernel, params, entry="mgx_elem", extent=n, block=BLOCK, grid=grid)
+    return finish(kind, "", em, entry, kernel, params, entry="mgx_elem", extent=n, block=BLOCK, grid=grid)

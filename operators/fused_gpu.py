@@ -1,6 +1,7 @@
 """Generated fused kernels on the gpu target: compile the source of :mod:`.fused_codegen` /
-:mod:`.fused_reduce_codegen` at run time through CuPy (``cupy.RawModule``: NVRTC on CUDA, hipRTC on
-ROCm, the path ``scatternd.cu`` takes), and launch it into the instruction's preplanned output.
+:mod:`.fused_reduce_codegen` / :mod:`.fused_scatter_codegen` at run time through CuPy
+(``cupy.RawModule``: NVRTC on CUDA, hipRTC on ROCm, the path ``scatternd.cu`` takes), and launch it
+into the instruction's preplanned output.
 
 The source is compiled when the instruction is lowered (where CuPy is importable), so a compiler
 error is found at compile time and the instruction falls back to its unfused evaluation; compiled
@@ -54,21 +55,36 @@ def _check(arrays, layouts, name: str) -> None:
                              f"{dict(want)} (bytes, by dim)")
 
 
-def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
-    """The one-launch kernel of a ``pointwise`` (``kind``) or ``fused_reduce`` instruction over
-    submodule ``sub``; raises ValueError when the module has no generated form or its source does
-    not compile."""
+def _source_maker(kind: str):
     if kind == "pointwise":
         from .fused_codegen import pointwise_source as make
+    elif kind == "scatternd":
+        from .fused_scatter_codegen import scatternd_source as make
     else:
         from .fused_reduce_codegen import reduce_source as make
-    ks = make(sub, in_shapes, out_shape)
+    return make
+
+
+def _same_array(a, b) -> bool:
+    return a.data.ptr == b.data.ptr and a.strides == b.strides and a.shape == b.shape
+
+
+def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
+    """The kernel of a ``pointwise`` / ``fused_reduce`` / ``fused_scatternd`` instruction (``kind``
+    ``pointwise`` / ``reduce`` / ``scatternd``) over submodule ``sub``: one launch, and for a scatter
+    first a copy of its data (input 0) into the output unless the output is that buffer (bound in
+    place), so two launches planned; raises ValueError when the module has no generated form or its
+    source does not compile."""
+    ks = _source_maker(kind)(sub, in_shapes, out_shape)
     ready = precompile(ks.source, ks.name)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
     extent, grid, block, name, source = np.int64(ks.extent), (ks.grid,), (ks.block,), ks.name, ks.source
+    copy_data = kind == "scatternd"
 
     def run(ctx, out, args, ws):
+        if copy_data and not _same_array(out, args[0]):
+            ctx.xp.copyto(out, args[0])
         if not ks.extent:
             return
         results = out if isinstance(out, tuple) else (out,)
@@ -76,4 +92,4 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         (ready or compiled_function(source, name))(grid, block, (*args, *results, extent))
 
     run.source = ks  # for inspection (tests, debugging)
-    return GpuKernel(run, 1, [], True, f"{kind} (generated {name})")
+    return GpuKernel(run, 1 + copy_data, [], True, f"{kind} (generated {name})")

@@ -16,6 +16,7 @@ from .quantize_fp16 import QuantizeFp16  # noqa: E402
 from .fuse_norms import FuseNorms  # noqa: E402
 from .fuse_reduce import FuseReduce  # noqa: E402
 from .fuse_pointwise import FusePointwise  # noqa: E402
+from .fuse_scatternd import FuseScatterND  # noqa: E402
 from .simplify_reshapes import SimplifyReshapes  # noqa: E402
 from .bind_outputs import BindOutputs  # noqa: E402
 from .lowering import Lowering  # noqa: E402
@@ -24,5 +25,5 @@ from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["Pass", "ModulePass", "PassContext", "PassGroup", "PassManager", "PipelineOptions", "run_passes",
            "InvalidProgram", "validate_program", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16",
-           "FuseNorms", "FuseReduce", "FusePointwise", "SimplifyReshapes", "BindOutputs", "Lowering", "HipGraph",
-           "MemoryColoring"]
+           "FuseNorms", "FuseReduce", "FusePointwise", "FuseScatterND", "SimplifyReshapes", "BindOutputs", "Lowering",
+           "HipGraph", "MemoryColoring"]

@@ -170,7 +170,12 @@ class Lowering(Pass):
             k = GpuKernel(k[0], k[1], list(k[2]), True, f"{op.name} (op kernel)")
         if k is None:
             k = select_gpu_kernel(op, in_shapes, out_shape)
-        launches = k.launches
-        if op.name == "scatternd" and "bind_param" in ins.meta and k.label == "scatternd.cu":
-            launches -= 1  # in place: no copy of data into out
+        launches = k.launches - (1 if "bind_param" in ins.meta and _copies_data(op, k.label) else 0)
         return Kernel(k.fn, launches, k.workspace, k.capturable and capt, k.label)
+
+
+def _copies_data(op, label: str) -> bool:
+    """A scatter kernel that copies its data input into the output first unless the output is that
+    buffer: bound in place (``bind_param``) it issues one launch fewer than planned."""
+    return (op.name == "scatternd" and label == "scatternd.cu") or \
+        (op.name == "fused_scatternd" and label.startswith("scatternd (generated "))

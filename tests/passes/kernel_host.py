@@ -72,7 +72,7 @@ def host_source(kernels) -> str:
             lines.append(f"    size_t sz_{name};")
             lines.append(f'    {ctype} {name} = ({ctype})mgx_read(d + "/k{n}_{name}.bin", &sz_{name});')
         names = ", ".join(name for _, name in ks.params)
-        if ks.kind == "pointwise":
+        if ks.kind in ("pointwise", "scatternd"):  # one call per element (of the updates, for a scatter)
             lines.append(f"    for (long long i = 0; i < {ks.extent}LL; ++i) {ns}::mgx_elem(i, {names});")
         else:
             lines.append(f"    {ks.acc} sm[1];")
@@ -92,15 +92,17 @@ def _outputs(ks, out_shape):
 
 
 def run_on_host(cases, workdir) -> list:
-    """``cases``: ``[(KernelSource, [input base buffers], output Shape or tuple of Shapes)]``.  Builds
-    one host program with nvcc, runs it and returns each kernel's output(s) viewed with their shapes
-    (a tuple for several)."""
+    """``cases``: ``[(KernelSource, [input base buffers], output Shape or tuple of Shapes[, [output
+    base buffers]])]``: outputs start as those buffers when given (a scatter's output holds its data
+    before the kernel runs), else as zeros.  Builds one host program with nvcc, runs it and returns
+    each kernel's output(s) viewed with their shapes (a tuple for several)."""
     workdir = str(workdir)
-    for n, (ks, bases, out_shape) in enumerate(cases):
+    for n, (ks, bases, out_shape, *start) in enumerate(cases):
         for (_, name), b in zip(ks.params, bases):
             np.ascontiguousarray(b).tofile(os.path.join(workdir, f"k{n}_{name}.bin"))
-        for name, s in _outputs(ks, out_shape):
-            np.zeros(max(s.element_space(), 1), s.np_dtype).tofile(os.path.join(workdir, f"k{n}_{name}.bin"))
+        for k, (name, s) in enumerate(_outputs(ks, out_shape)):
+            first = start[0][k] if start else np.zeros(max(s.element_space(), 1), s.np_dtype)
+            np.ascontiguousarray(first).tofile(os.path.join(workdir, f"k{n}_{name}.bin"))
     src = os.path.join(workdir, "host.cu")
     with open(src, "w") as f:
         f.write(host_source([c[0] for c in cases]))
@@ -108,7 +110,7 @@ def run_on_host(cases, workdir) -> list:
     subprocess.run([NVCC, "-DMGX_HOST_TEST", "-O1", "-o", exe, src], check=True, capture_output=True, text=True)
     subprocess.run([exe, workdir], check=True, capture_output=True, text=True)
     outs = []
-    for n, (ks, _, out_shape) in enumerate(cases):
+    for n, (ks, _, out_shape, *_) in enumerate(cases):
         got = []
         for name, s in _outputs(ks, out_shape):
             flat = np.fromfile(os.path.join(workdir, f"k{n}_{name}.out"), s.np_dtype)

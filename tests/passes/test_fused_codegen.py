@@ -12,6 +12,7 @@ from mgx_graph.operators.fused import evaluate_module
 from mgx_graph.operators.fused_codegen import pointwise_source
 from mgx_graph.operators.fused_gpu import fused_kernel
 from mgx_graph.operators.fused_reduce_codegen import reduce_source
+from mgx_graph.operators.fused_scatter_codegen import scatternd_source
 from mgx_graph.passes import PassContext, PassManager, PipelineOptions
 from mgx_graph.targets import pipeline
 
@@ -20,6 +21,7 @@ from kernel_host import NVCC, nvcc_compile, run_on_host, strided
 
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found")
 
+SOURCES = {"pointwise": pointwise_source, "reduce": reduce_source, "scatternd": scatternd_source}
 RTOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-12}
 ATOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-12}
 
@@ -75,9 +77,14 @@ def _check_on_host(tmp_path, items, rng):
     cases, wants, halves = [], [], []
     for label, sub, in_shapes, out_shape, kind, special in items:
         halves.append(any(i.shape.dtype == "float16" for i in sub.instructions if i.op.name != "@return"))
-        ks = (pointwise_source if kind == "pointwise" else reduce_source)(sub, in_shapes, out_shape)
+        ks = SOURCES[kind](sub, in_shapes, out_shape)
         bases, views = _inputs(in_shapes, rng, special)
-        cases.append((ks, bases, out_shape))
+        if kind == "scatternd":  # the output holds the data (input 0) when the kernel starts
+            start = np.zeros(max(out_shape.element_space(), 1), out_shape.np_dtype)
+            np.lib.stride_tricks.as_strided(start, out_shape.lens, out_shape.byte_strides())[...] = views[0]
+            cases.append((ks, bases, out_shape, [start]))
+        else:
+            cases.append((ks, bases, out_shape))
         wants.append(_reference(sub, views, out_shape))
     for (label, *_), got, want, half in zip(items, run_on_host(cases, tmp_path), wants, halves):
         for k, (g, w) in enumerate(zip(got, want) if isinstance(want, tuple) else [(got, want)]):
@@ -238,15 +245,17 @@ def _lowered_decode_step(fp16, model_cache):
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_decode_step_kernels_match_numpy(tmp_path, rng, fp16, model_cache):
     """Every fused kernel of the gpu lowering of the step (RoPE, GQA repeat, SiLU, RMSNorm, masked
-    softmax) computed on the host from random inputs, against numpy running its submodule."""
+    softmax, the key-cache write with its RoPE) computed on the host from random inputs, against numpy
+    running its submodule."""
     fused = _lowered_decode_step(fp16, model_cache)
-    assert {i.op.name for i in fused} == {"pointwise", "fused_reduce"}
+    kinds = {"pointwise": "pointwise", "fused_reduce": "reduce", "fused_scatternd": "scatternd"}
+    assert {i.op.name for i in fused} == set(kinds)
     items = []
     for ins in fused:
-        k = ins.meta["kernel"]
-        assert k.launches == 1 and k.capturable and k.label.startswith(("pointwise (generated", "reduce (generated"))
-        items.append((str(ins.op), ins.op.module, [i.shape for i in ins.inputs], ins.shape,
-                      "pointwise" if ins.op.name == "pointwise" else "reduce", False))
+        k, kind = ins.meta["kernel"], kinds[ins.op.name]
+        # a scatter not bound in place (no alias here) copies its data first: one more launch
+        assert k.launches == 1 + (kind == "scatternd") and k.capturable and k.label.startswith(f"{kind} (generated")
+        items.append((str(ins.op), ins.op.module, [i.shape for i in ins.inputs], ins.shape, kind, False))
     _check_on_host(tmp_path, items, rng)
 
 
