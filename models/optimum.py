@@ -116,9 +116,7 @@ def finish_folder(model, out_dir: Path, tokenizer=None, eos_token_ids: list[int]
     the list), which :func:`mgx_graph.optimum_runner.read_folder` reads back."""
     import copy
 
-    config = model.config
-    if getattr(config, "quantization_config", None) is not None or eos_token_ids is not None:
-        config = copy.deepcopy(config)
+    config = copy.deepcopy(model.config)
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     if eos_token_ids is not None:
