@@ -162,16 +162,16 @@ def cmd_generate(args) -> int:
 
 def _genai_setup(args, texts, chat_prompt_ids):
     """``(info, prompt ids, runner)`` for an onnxruntime-genai folder (genai_config.json) or
-    ``smollm2-genai``, or an optimum-style folder (config.json + model.onnx) or ``llama-optimum``;
-    else None."""
+    ``smollm2-genai``, or an optimum-style folder (config.json + model.onnx), ``llama-optimum`` or
+    ``smollm2-optimum``; else None."""
     import os
     from types import SimpleNamespace
 
-    from .llm_runner import GenaiLayout, GenaiRunner, is_genai_folder, length_bucket
+    from .llm_runner import FOLDER_MODELS, GenaiLayout, GenaiRunner, is_genai_folder, length_bucket
     from .optimum_runner import OptimumRunner, is_optimum_folder, read_folder
 
     folder = args.model
-    if args.model in ("smollm2-genai", "llama-optimum") and not os.path.isdir(args.model):
+    if args.model in FOLDER_MODELS and not os.path.isdir(args.model):
         from .models import build
 
         folder = build(args.model).directory

@@ -38,6 +38,8 @@ import numpy as np
 from .errors import MgxError, ParameterError
 
 GENAI_CONFIG = "genai_config.json"
+#: Registry names whose build is a runner folder (onnxruntime-genai or optimum-style), not a decode step.
+FOLDER_MODELS = ("smollm2-genai", "llama-optimum", "smollm2-optimum")
 
 
 @dataclass
@@ -271,7 +273,7 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
 
     An onnxruntime-genai folder (or the registry name ``smollm2-genai``) gives a :class:`GenaiRunner`
     of ``max_length`` cache rows (default: 256, at most the context length); an optimum-style folder
-    (``config.json`` + ``model.onnx``, or the registry name ``llama-optimum``) an
+    (``config.json`` + ``model.onnx``, or the registry names ``llama-optimum`` / ``smollm2-optimum``) an
     :class:`~mgx_graph.optimum_runner.OptimumRunner` of a ``max_length`` window (default 64); anything else a
     :class:`~mgx_graph.generate.Decoder` over the model's fixed-shape decode step (``batch`` rows;
     ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
@@ -282,7 +284,7 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     info = None
     folder = Path(model) if Path(model).is_dir() else None
     if folder is None and model in list_models():
-        info = build(model) if model in ("smollm2-genai", "llama-optimum") or batch == 1 else build(model, batch=batch)
+        info = build(model) if model in FOLDER_MODELS or batch == 1 else build(model, batch=batch)
         folder = info.directory
     if folder is None:
         raise ParameterError(f"{model!r} is neither a model folder nor a registry name ({list_models()})")

@@ -40,6 +40,10 @@ Models:
     (``input_ids``, ``attention_mask`` [batch, past + seq], ``position_ids``, past / present
     [batch, kv, past(+seq), head_dim]) plus ``config.json`` (see :mod:`.optimum`; run by
     :mod:`mgx_graph.optimum_runner`). Options: those of ``"llama"`` less ``batch``.
+``"smollm2-optimum"``
+    The real SmolLM2-135M-Instruct weights of ``"smollm2"`` in the same dynamic-past layout, with
+    ``config.json`` and the tokenizer files (chat template included) next to ``model.onnx`` (see
+    :mod:`.smollm2_optimum`). Options: ``gguf``, ``num_layers`` (all 30), ``verify`` (True).
 
 ``batch`` (decoders' static step) is the number of rows the decode step takes: above 1 the step
 also takes ``attention_mask`` [batch, max_cache_len] and ``position_ids`` [batch, 1] for
@@ -109,6 +113,7 @@ _BUILDERS = {
     "gpt2": ".gpt2",
     "llama": ".llama",
     "llama-optimum": ".llama_optimum",
+    "smollm2-optimum": ".smollm2_optimum",
     "minilm": ".minilm",
 }
 

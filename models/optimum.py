@@ -108,15 +108,27 @@ def verify(onnx_path: Path, model, num_layers: int, vocab_size: int, note) -> fl
     return worst
 
 
-def finish_folder(model, out_dir: Path, tokenizer=None) -> None:
-    """Write ``config.json`` (and the tokenizer files) next to ``model.onnx``."""
-    model.config.save_pretrained(str(out_dir))
+def finish_folder(model, out_dir: Path, tokenizer=None, eos_token_ids: list[int] | None = None) -> None:
+    """Write ``config.json`` (and the tokenizer files) next to ``model.onnx``.
+
+    A ``quantization_config`` (a GGUF checkpoint's) is left out: the graph holds the de-quantized
+    float32 weights. ``eos_token_ids``, when given, become the config's ``eos_token_id`` (one id, or
+    the list), which :func:`mgx_graph.optimum_runner.read_folder` reads back."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    if eos_token_ids is not None:
+        ids = [int(e) for e in eos_token_ids]
+        config.eos_token_id = ids[0] if len(ids) == 1 else ids
+    config.save_pretrained(str(out_dir))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
 
 
-def describe(shape, eos: list[int], pad: int, **extra: Any) -> dict[str, Any]:
-    """``ModelInfo.config`` of a dynamic-past export (kind ``"optimum"``)."""
+def describe(shape, eos: list[int], pad: int, bos: int | None = None, **extra: Any) -> dict[str, Any]:
+    """``ModelInfo.config`` of a dynamic-past export (kind ``"optimum"``); ``bos`` defaults to ``pad``."""
     return {"kind": "optimum", "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads,
             "head_dim": shape.head_dim, "vocab_size": shape.vocab_size, "max_cache_len": shape.max_cache_len,
-            "eos_token_ids": list(eos), "bos": pad, "pad_token_id": pad, **extra}
+            "eos_token_ids": list(eos), "bos": pad if bos is None else bos, "pad_token_id": pad, **extra}

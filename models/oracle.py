@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import ModelInfo
+from . import ModelInfo, _builder
 from .errors import require_modules
 
 _MODELS: dict[tuple, Any] = {}
@@ -52,7 +52,7 @@ def load_torch_model(info: ModelInfo):
         from .progress import quiet_third_party
 
         require_modules(info.name, ("torch", "transformers"), "the torch reference")
-        builder = importlib.import_module(f".{info.name}", __package__)
+        builder = _builder(info.name)  # the registry's module ("llama-optimum" -> .llama_optimum)
         with quiet_third_party(show_warnings=False):
             model = builder.load_torch_model(info)
         while len(_MODELS) >= _MAX_CACHED_MODELS:

@@ -5,7 +5,8 @@ A build runs the steps of :class:`~.progress.Steps` in order:
 1. ``fetch weights`` -- locate (or download) the checkpoint; skipped for random weights;
 2. ``load``          -- the torch model (and its tokenizer), as a :class:`Loaded`;
 3. ``export``        -- the ONNX graph ``model.onnx`` + ``model.onnx.data``; the tokenizer,
-   if any, is saved to ``tokenizer/`` next to it;
+   if any, is saved to ``tokenizer/`` next to it (or into the folder itself, see
+   :attr:`BuildOutline.tokenizer_dir`);
 4. ``verify``        -- onnxruntime against torch (skipped with ``verify=False``);
 5. ``save``          -- metadata and ``model.json``, done by :func:`mgx_graph.models.build`.
 
@@ -96,6 +97,8 @@ class BuildOutline:
         nothing_to_fetch: why the fetch step is skipped when ``fetch`` is None.
         requires: modules the build needs (checked before anything runs).
         verify_requires: modules the verify step needs in addition.
+        tokenizer_dir: where the tokenizer is saved, relative to the model folder: ``"tokenizer"``,
+            or ``"."`` for the folder itself (next to ``model.onnx``, as optimum lays it out).
     """
 
     name: str
@@ -107,6 +110,7 @@ class BuildOutline:
     nothing_to_fetch: str = "random weights, nothing to fetch"
     requires: tuple[str, ...] = EXPORT_MODULES
     verify_requires: tuple[str, ...] = ("onnxruntime",)
+    tokenizer_dir: str = TOKENIZER_DIR
 
     def check_requirements(self, opts: dict[str, Any]) -> None:
         """Raise :class:`~.errors.MissingExtraError` if a module that a build with the
@@ -117,7 +121,7 @@ class BuildOutline:
             require_modules(self.name, self.verify_requires, "verifying the export (verify=False skips it)")
 
     def build_into(self, out_dir: Path, opts: dict[str, Any], steps, root: Path) -> dict[str, Any]:
-        """Build into ``out_dir``: ``model.onnx`` + ``model.onnx.data`` (+ ``tokenizer/``).
+        """Build into ``out_dir``: ``model.onnx`` + ``model.onnx.data`` (+ the tokenizer).
 
         ``steps`` is a :class:`~.progress.Steps`; ``root`` the cache root. Returns the
         ModelInfo fields (paths relative to ``out_dir`` where they lie inside it). Raises
@@ -137,7 +141,7 @@ class BuildOutline:
         with steps.step("export"):
             alias = self.export(loaded, onnx_path, opts, steps.note)
             if loaded.tokenizer is not None:
-                loaded.tokenizer_dir = Path(out_dir) / TOKENIZER_DIR
+                loaded.tokenizer_dir = Path(out_dir) / self.tokenizer_dir
                 loaded.tokenizer.save_pretrained(str(loaded.tokenizer_dir))
             size = onnx_path.stat().st_size + onnx_path.with_name(ONNX_NAME + ".data").stat().st_size
             steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
@@ -149,7 +153,7 @@ class BuildOutline:
         inputs, outputs = graph_io(onnx_path)
         return {
             "onnx_path": ONNX_NAME,
-            "tokenizer_dir": TOKENIZER_DIR if loaded.tokenizer is not None else None,
+            "tokenizer_dir": self.tokenizer_dir if loaded.tokenizer is not None else None,
             "alias": alias,
             "inputs": inputs,
             "outputs": outputs,

