@@ -94,7 +94,9 @@ class GatherND(Operation):
     def gpu_kernel(self, inputs, output):
         """``gathernd.cu``, one thread per output element (a strided data or indices input is first
         copied into a workspace); None (the generic path) for more than 4 indexed dims, an element
-        size other than 1, 2, 4 or 8 bytes, or an indexed dim of size 0."""
+        size other than 1, 2, 4 or 8 bytes, or an indexed dim of size 0.  An index outside its dim is
+        clamped into it there (no read outside ``data``; the host raises ExecutionError for it, and
+        CuPy's indexing of the generic path wrapped it around)."""
         x, idx = inputs
         width = np.dtype(x.dtype).itemsize
         if not 1 <= idx.lens[-1] <= 4 or width not in (1, 2, 4, 8) or idx.dtype not in ("int32", "int64") \
