@@ -95,7 +95,9 @@ class CompiledProgram:
     def release(self) -> None:
         """Synchronize, destroy graphs, free device memory.  Safe to call more than once; later runs raise
         MgxError.  While a capture is open on a queue the program used (its own, or one given to
-        ``run_async``), the frees wait until that capture ends (``hipFree`` would invalidate it)."""
+        ``run_async``) or on any queue a capture was begun on through the runtime layer (another
+        program's graph region: the garbage collector may run this on the capturing thread), the frees
+        wait until that capture ends (``hipFree`` would invalidate it)."""
         if self.dispatcher is not None:
             self.dispatcher.release()
         if self.executor is not None:

@@ -46,7 +46,8 @@ class Executor:
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         # library handles and workspaces exist before any capture (never created inside one)
-        if any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions):
+        self._uses_blas = any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions)
+        if self._uses_blas:
             ctx.blas(ctx.queue)
         self.staging = InputStaging.for_executor(self)
 
@@ -173,11 +174,21 @@ class Executor:
             env[bs] = v
 
     # -- running ---------------------------------------------------------------------------------
+    def _use_queue(self, q: int) -> None:
+        """Record ``q`` as a queue runs use; a new one gets its BLAS handle and workspace now, before
+        any run on it: made lazily by the first GEMM, they would be allocated inside the capture of a
+        first run that captures (``warmup=0``, as the runners' prefill programs), which fails it."""
+        if q in self.queues:
+            return
+        if self._uses_blas:
+            self.ctx.blas(q)
+        self.queues.add(q)
+
     def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
-            self.queues.add(q)
+            self._use_queue(q)
             self.bind(params, device=True, queue=q, copy=copy)
             return self._run(q)
 
@@ -237,7 +248,7 @@ class Executor:
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
-            self.queues.add(q)
+            self._use_queue(q)
             self.bind(params, device=True, queue=q)
             with self.ctx.on_queue(q):
                 self.loop.walk("main", q)

@@ -1,9 +1,13 @@
 """Gather and scatter operations: gather, gather_elements, gather_nd, scatternd, scatter_elements.
 
 Each writes into ``out`` (no views); scatternd may write in place into its data input when the
-output is bound onto a parameter (``alias``, the KV cache), see :class:`ScatterND`.
+output is bound onto a parameter (``alias``, the KV cache), see :class:`ScatterND`.  On the gpu target
+gathernd runs ``gathernd.cu`` (scatternd ``scatternd.cu``, see :mod:`.gpu`): no allocation, captured.
 """
 from __future__ import annotations
+
+import functools
+import os
 
 import numpy as np
 
@@ -86,6 +90,56 @@ class GatherND(Operation):
             ii = xp.where(ii < 0, ii + xp.asarray(x.shape[b:b + q]), ii)
             res.append(xr[i][tuple(ii[:, j] for j in range(q))])
         out[...] = xp.stack(res).reshape(out.shape)
+
+    def gpu_kernel(self, inputs, output):
+        """``gathernd.cu``, one thread per output element (a strided data or indices input is first
+        copied into a workspace); None (the generic path) for more than 4 indexed dims, an element
+        size other than 1, 2, 4 or 8 bytes, or an indexed dim of size 0.  An index outside its dim is
+        clamped into it there (no read outside ``data``; the host raises ExecutionError for it, and
+        CuPy's indexing of the generic path wrapped it around)."""
+        x, idx = inputs
+        width = np.dtype(x.dtype).itemsize
+        if not 1 <= idx.lens[-1] <= 4 or width not in (1, 2, 4, 8) or idx.dtype not in ("int32", "int64") \
+                or not output.standard() or 0 in x.lens[self.batch_dims:self.batch_dims + idx.lens[-1]]:
+            return None
+        scal = [np.int64(v) for v in gathernd_geometry(x.lens, idx.lens, self.batch_dims)]
+        scal[4] = np.int32(scal[4])  # q
+        n, name = int(scal[0]), f"gathernd_w{width}_i{idx.dtype[3:]}"
+        stage = [not x.standard(), not idx.standard()]
+        ws = [Shape(s.dtype, s.lens) for s, st in zip(inputs, stage) if st]
+        grid = max(1, min((n + 255) // 256, 65535))
+
+        def run(ctx, out, args, wsa):
+            args, k = list(args), 0
+            for j, st in enumerate(stage):
+                if st:
+                    ctx.xp.copyto(wsa[k], args[j])
+                    args[j], k = wsa[k], k + 1
+            if n:
+                _gathernd_module().get_function(name)((grid,), (256,), (args[0], args[1], out, *scal))
+
+        return run, 1 + len(ws), ws, True, "gathernd.cu"
+
+
+def gathernd_geometry(data_lens, idx_lens, batch_dims: int) -> list[int]:
+    """The scalars ``gathernd.cu`` takes after its three arrays, for standard ``data`` / ``indices`` of
+    these dims: ``[n (output elements), slice, rows (index tuples per batch entry), bstride, q, d0..d3
+    (the indexed dims), s0..s3 (their element strides)]``, unused dims padded with 1 / 0."""
+    b, q = batch_dims, idx_lens[-1]
+    after = [int(np.prod(data_lens[k:])) for k in range(len(data_lens) + 1)]  # elements from dim k on
+    rows = int(np.prod(idx_lens[b:-1]))
+    n = int(np.prod(idx_lens[:-1])) * after[b + q]
+    dims = [int(d) for d in data_lens[b:b + q]] + [1] * (4 - q)
+    strides = [after[b + j + 1] for j in range(q)] + [0] * (4 - q)
+    return [n, after[b + q], rows, after[b], q] + dims + strides
+
+
+@functools.lru_cache(maxsize=None)
+def _gathernd_module():
+    import cupy
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gathernd.cu")) as f:
+        return cupy.RawModule(code=f.read())
 
 
 @register_op

@@ -234,10 +234,12 @@ def _scatternd_module():
 
 
 def _scatternd_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
+    """``scatternd.cu`` after the copy of ``data`` into ``out`` (none when ``out`` is ``data``'s own
+    buffer); strided indices or updates are first copied into a workspace (one launch each)."""
     data, idx, upd = in_shapes
     q = idx.lens[-1]
     trailing = len(data.lens) - q
-    if op.reduction != "none" or q > 4 or trailing > 5 or not upd.standard() or not idx.standard():
+    if op.reduction != "none" or q > 4 or trailing > 5:
         return None
     width = np.dtype(data.dtype).itemsize
     if width not in (1, 2, 4, 8) or idx.dtype not in ("int32", "int64"):
@@ -252,16 +254,24 @@ def _scatternd_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
     block = 256
     grid = max(1, min((n + block - 1) // block, 65535))
     scal = [np.int64(n), np.int64(slice_), np.int32(q)] + [np.int64(v) for v in dims + strides + tdims + tstrides]
+    stage = [not idx.standard(), not upd.standard()]
+    ws = [Shape(s.dtype, s.lens) for s, st in zip((idx, upd), stage) if st]
 
-    def run(ctx, out, args, ws):
+    def run(ctx, out, args, wsa):
         d, i, u = args
+        if stage[0]:
+            ctx.xp.copyto(wsa[0], i)
+            i = wsa[0]
+        if stage[1]:
+            ctx.xp.copyto(wsa[-1], u)
+            u = wsa[-1]
         if out.data.ptr != d.data.ptr or out.strides != d.strides:
             ctx.xp.copyto(out, d)
         if n:
             k = _scatternd_module().get_function(name)
             k((grid,), (block,), (out, i, u, *scal))
 
-    return GpuKernel(run, 2, [], True, "scatternd.cu")
+    return GpuKernel(run, 2 + len(ws), ws, True, "scatternd.cu")
 
 
 def _scatternd_launches(op, in_shapes, out_shape):

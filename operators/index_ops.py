@@ -120,7 +120,8 @@ def _stable_argsort(xp, key, axis):
 
 def topk_order(xp, x, axis: int, largest: bool):
     """Positions along ``axis`` in TopK order: descending (``largest``) or ascending, ties by the lower
-    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime orders them.
+    index, NaN ranked above +inf (first when largest, last otherwise) as onnxruntime (CPU, from 1.32)
+    orders them.
 
     NaNs are ordered by an explicit second stable pass rather than by the sort itself, since numpy
     and CuPy do not place NaN keys alike."""

@@ -183,7 +183,8 @@ class Recurrent(Operation):
         xp.add(xw, b[d, :G * H], out=xw)
         rb = b[d, G * H:]
         lead = (G - 1) * H if G > 1 and self.attrs.get("linear_before_reset") else G * H
-        xp.add(xw[:, :lead], rb[:lead], out=xw[:, :lead])
+        head = xw[:, :lead]  # one view object as input and out: CuPy copies an input that overlaps out
+        xp.add(head, rb[:lead], out=head)  # through another view (an allocation, refused in a capture)
 
     def launches(self, inputs, output):
         """Per direction: the input projection (3), initial state and Y_h copies (2); per step: the state

@@ -157,7 +157,8 @@ class NonZero(Operation):
 @register_op
 class TopK(Operation):
     """Values and indices of the ``k`` largest (or smallest) elements along ``axis`` (ONNX TopK); ties
-    keep the lower index first, NaN ranks above +inf (as onnxruntime orders them)."""
+    keep the lower index first, NaN ranks above +inf (as onnxruntime's CPU kernel orders them from 1.32
+    on, and PyTorch; the ONNX spec leaves NaN unordered)."""
 
     name = "topk"
 

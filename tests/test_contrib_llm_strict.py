@@ -2,96 +2,24 @@
 a numpy stand-in for ``xp`` that records what CuPy would do differently (allocate: a call without
 ``out``; copy: an input that shares memory with ``out`` through another view object; reject: an ``out``
 whose shape is not the broadcast shape, a ``take`` into another dtype, a cast ``copyto`` does not
-allow) and with a ``matmul`` that asks the gpu target's GEMM planner whether the operands need a copy.
-The results are still checked against onnxruntime."""
-import types
-
+allow) and with a ``matmul`` that asks the gpu target's GEMM planner whether the operands need a copy
+(:mod:`cupy_rules`).  The results are still checked against onnxruntime."""
 import numpy as np
 import pytest
+from cupy_rules import strict_kernels
 from test_contrib_llm import (GQA, MHA, assert_gqa_matches, assert_matches, gbq_model, genai_layer, gqa_model,
                               mha_model, ort_outputs)
 
 import mgx_graph
-from mgx_graph.operators.base import numpy_reduce
-from mgx_graph.passes import lowering
 
 STRICT = {"skip_layer_norm", "rotary_embedding", "matmul_nbits", "kv_cache_update", "grouped_attention",
           "quick_gelu", "gather_block_quantized"}
-UFUNCS = ("add", "subtract", "multiply", "true_divide", "exp", "tanh", "maximum", "minimum", "less", "less_equal",
-          "greater", "greater_equal", "logical_and", "logical_not", "right_shift", "bitwise_and", "sqrt",
-          "reciprocal", "negative", "equal")
-
-
-def strict_xp(found: list):
-    def ufunc(name):
-        fn = getattr(np, name)
-
-        def call(*args, out=None, **kw):
-            if out is None:
-                found.append(f"{name} without out allocates")
-                return fn(*args, **kw)
-            arrays = [a for a in args if isinstance(a, np.ndarray)]
-            if np.broadcast_shapes(*[a.shape for a in arrays], out.shape) != out.shape:
-                found.append(f"{name}: out {out.shape} is not the broadcast shape")
-            if any(a is not out and np.may_share_memory(a, out) for a in arrays):
-                found.append(f"{name}: an input shares memory with out through another view (CuPy copies it)")
-            return fn(*args, out=out, **kw)
-        return call
-
-    def copyto(dst, src, casting="same_kind", where=None):
-        if isinstance(src, np.ndarray):
-            if not np.can_cast(src.dtype, dst.dtype, casting):
-                found.append(f"copyto {src.dtype} -> {dst.dtype} is not a {casting} cast")
-            if src is not dst and np.may_share_memory(src, dst):
-                found.append("copyto: source shares memory with the destination")
-        np.copyto(dst, src, casting=casting, where=True if where is None else where)
-
-    def take(a, idx, axis=None, out=None):
-        if out is None or out.dtype != a.dtype:
-            found.append("take without out, or into another dtype")
-        return np.take(a, idx, axis=axis, out=out)
-
-    def clip(a, lo, hi, out=None):
-        if out is None:
-            found.append("clip without out allocates")
-        return np.clip(a, lo, hi, out=out)
-
-    ns = types.SimpleNamespace(**{n: ufunc(n) for n in UFUNCS})
-    ns.copyto, ns.take, ns.clip, ns.lib, ns.finfo = copyto, take, clip, np.lib, np.finfo
-    return ns
 
 
 @pytest.fixture
 def strict(monkeypatch):
     """Runs the kernels of STRICT ops with the stand-in; yields the list of what CuPy would not do."""
-    from mgx_graph.operators.gpu import _dot_kernel
-    from mgx_graph.shape import Shape
-
-    found, ran = [], []
-
-    def shape(a):
-        return Shape(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])
-
-    def matmul(a, b, out):
-        k = _dot_kernel(None, [shape(a), shape(b)], Shape(out.dtype.name, out.shape))
-        if k is None or k.workspace:
-            found.append(f"matmul operands {a.shape}/{a.strides} x {b.shape}/{b.strides} need a copy for BLAS")
-        np.matmul(a, b, out=out)
-
-    ctx = types.SimpleNamespace(name="gpu-rules", xp=strict_xp(found), reduce=numpy_reduce, matmul=matmul)
-    select = lowering.Lowering.select
-
-    def strict_select(self, op, in_shapes, out_shape, ins, target=None):
-        k = select(self, op, in_shapes, out_shape, ins, target)
-        if op.name in STRICT:
-            def fn(_ctx, out, args, ws, op=op):
-                ran.append(op.name)
-                op.compute(ctx, out, args, ws)
-            k.fn = fn
-        return k
-
-    monkeypatch.setattr(lowering.Lowering, "select", strict_select)
-    yield found, ran
+    yield strict_kernels(monkeypatch, STRICT)
 
 
 @pytest.mark.parametrize("case", ["decode_shared_buffer", "decode_rotary_interleaved_packed", "decode_head_sink",

@@ -1,5 +1,5 @@
 """Lifetimes of dynamic programs: threads on one evicting dispatcher, bounded prefix programs, runs
-after release, release during a caller's capture, failed compiles, and oversized shapes.
+after release, release during a caller's capture or another program's, failed compiles, and oversized shapes.
 
 Every test that allocates reads the runtime's books (bytes handed out by ``hipMalloc``, live queues,
 held releases) before and after, and asserts they come back to where they were.  Values are checked
@@ -230,6 +230,47 @@ def test_release_during_a_capture_waits_for_it(target, own_queue):
         prog.run({"x": x})
     if not own_queue:
         rt.hipStreamDestroy(q)
+    assert books(target) == base  # the held release ran when the capture ended
+
+
+def test_program_collected_during_another_programs_capture_waits_for_it(target, monkeypatch):
+    """A dropped program collected by the garbage collector while a graph region of another program
+    captures, on the capturing thread (the collector runs wherever allocations trigger it): its release
+    touches none of the capturing queues, yet ``hipFree`` or a sync there would invalidate the capture.
+    It is held until the capture ends; the capture succeeds and the books come back."""
+    import weakref
+
+    rt = runtime_of(target)
+    model = unary_model([2, 3], "Neg")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
+    base = books(target)
+    dropped = mgx_graph.compile(model, target=target, hip_graph=False)
+    np.testing.assert_array_equal(dropped.run({"x": x})[0], -x)
+    gone = weakref.ref(dropped)
+    cycle = [dropped]
+    cycle.append(cycle)  # only the cyclic collector can free it now
+    begin, seen = rt.hipStreamBeginCapture, []
+
+    def begin_then_collect(s, mode):
+        begin(s, mode)
+        gc.collect()  # the dropped program's release runs here, inside the capture
+        seen.append((gone() is None, rt.counters()["held_releases"], rt.hipStreamIsCapturing(s)))
+
+    gc.disable()  # no automatic collection before the one inside the capture
+    try:
+        del dropped, cycle
+        prog = mgx_graph.compile(model, target=target, hip_graph=True, warmup=0, min_partition_size=1)
+        assert gone() is not None
+        monkeypatch.setattr(rt, "hipStreamBeginCapture", begin_then_collect)
+        np.testing.assert_array_equal(prog.run({"x": x})[0], -x)  # warmup=0: this run captures
+    finally:
+        gc.enable()
+    assert seen and seen[0][0] and seen[0][1] >= base[2] + 1 and seen[0][2] == 1, seen  # held, still capturing
+    st = prog.stats()
+    assert (st["captures"], st["fallbacks"]) == (1, 0), st
+    np.testing.assert_array_equal(prog.run({"x": x})[0], -x)  # a replay
+    assert prog.stats()["replays"] == 1
+    prog.release()
     assert books(target) == base  # the held release ran when the capture ended
 
 

@@ -358,6 +358,25 @@ def test_batch_of_two_equals_two_single_runs(pair, target, hip_graph):
     assert generate(Decoder(p2), [PROMPTS[1]], 8, eos)[0].tokens == singles[1]
 
 
+def test_batch_of_two_lowers_to_one_gpu_graph_region(pair):
+    """The gpu lowering of the two-row step (no device needed to lower): the mask's GatherND and the cache
+    ScatterNDs with strided updates have capturable kernels, so nothing cuts the step into several graph
+    regions (each captured on its own, as the gpu graph run of the test above counted them)."""
+    from mgx_graph.passes import PassContext, PassManager, PipelineOptions
+    from mgx_graph.passes.bind_outputs import detect_alias
+    from mgx_graph.targets import pipeline
+
+    for info in pair:
+        prog = mgx_graph.parse_onnx(str(info.onnx_path))
+        opts = PipelineOptions(hip_graph=True, alias=detect_alias(prog, prog.metadata), strict_alias=False)
+        PassManager(pipeline("gpu", opts), PassContext("gpu")).run(prog)
+        main = prog.get_main_module()
+        regions = [main.label_of(i) for i in main.instructions if i.op.name == "graph_launch"]
+        cut = [f"{main.label_of(i)} {i.op.name}: {i.meta['kernel'].label}" for i in main.instructions
+               if "kernel" in i.meta and not i.meta["kernel"].capturable]
+        assert len(regions) == 1 and cut == [], (info.name, regions, cut)
+
+
 def test_batch_rows_follow_their_own_options(pair, target):
     one, two = pair
     prog = _compile(two, target)

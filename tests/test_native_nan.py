@@ -2,6 +2,12 @@
 GlobalMaxPool, on each target, eager and in a graph.  GlobalMaxPool of a channel of -inf gives the
 type's lowest value, as onnxruntime's pooling (it starts from numeric_limits::lowest()).
 
+TopK is checked against a numpy oracle of the order onnxruntime's CPU kernel has from 1.32 on (NaN above
++inf, ties by the lower index; numpy's sort and PyTorch agree), and against onnxruntime itself from that
+version: up to 1.31 its comparisons (``a > b``, ``a == b``) are false for NaN, so where a line holds NaN its
+answer depends on which selection it runs for k (a scan for k = 1, a heap for small k, nth_element
+otherwise) and follows no order.
+
 Where onnxruntime's own answer depends on how its SIMD lanes meet the NaNs (Hardmax and the max
 pooling of a line mixing NaNs and numbers), the rule implemented is checked against numpy instead:
 Hardmax marks the first maximum of the non-NaN values; GlobalMaxPool propagates NaN (np.max)."""
@@ -11,7 +17,7 @@ from onnx import TensorProto, helper
 
 import mgx_graph
 from native_util import check_outputs, run_native
-from util import make_model, ort_run
+from util import make_model, ort_run, ort_version
 
 R = np.random.default_rng(13)
 NAN, INF = np.nan, np.inf
@@ -74,32 +80,60 @@ def test_argmax_middle_axis_and_ints(target):
 # ---------------------------------------------------------------------------------------------------
 # TopK: NaN ranks above +inf; ties keep the lower index first
 # ---------------------------------------------------------------------------------------------------
+ORT_TOPK_ORDERS_NAN = ort_version() >= (1, 32)
+
+
+def _topk_oracle(x, k: int, axis: int, largest: int) -> list:
+    """[values, int64 indices] of TopK by numpy: one lexicographic sort per line on (NaN first when
+    ``largest`` / last otherwise, the value descending / ascending, the index ascending)."""
+    xs = np.moveaxis(x, axis, -1)
+    nan = np.isnan(xs)
+    val = np.where(nan, 0, xs)
+    pos = np.broadcast_to(np.arange(xs.shape[-1]), xs.shape)
+    keys = (pos, -val, ~nan) if largest else (pos, val, nan)  # np.lexsort: the last key is the primary one
+    idx = np.lexsort(keys, axis=-1)[..., :k]
+    return [np.moveaxis(np.take_along_axis(xs, idx, -1), -1, axis), np.moveaxis(idx, -1, axis).astype(np.int64)]
+
+
+def _run_topk(x, k, axis, largest, target, hip_graph):
+    model = _node_model("TopK", x, {"k": np.array([k], np.int64)}, opset=11, outs=("v", "i"), axis=axis,
+                        largest=largest)
+    want = _topk_oracle(x, k, axis, largest)
+    if ORT_TOPK_ORDERS_NAN:
+        check_outputs(ort_run(model, {"x": x}), want, what="onnxruntime against the numpy oracle")
+    run_native(model, {"x": x}, target, hip_graph, ["topk"], expect=want)
+
+
+def test_topk_oracle_orders_nan_above_inf():
+    v, i = _topk_oracle(np.array([[1, NAN, INF, -INF, NAN, 1]], np.float32), 6, 1, 1)
+    np.testing.assert_array_equal(i, [[1, 4, 2, 0, 5, 3]])
+    np.testing.assert_array_equal(_topk_oracle(np.array([[1, NAN, INF, -INF, NAN, 1]]), 6, 1, 0)[1],
+                                  [[3, 0, 5, 2, 1, 4]])
+
+
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("largest", [1, 0])
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_topk_nan_inf_rows(target, hip_graph, largest, k):
-    x = SMALL
-    model = _node_model("TopK", x, {"k": np.array([k], np.int64)}, opset=11, outs=("v", "i"), axis=1, largest=largest)
-    run_native(model, {"x": x}, target, hip_graph, ["topk"])
+    _run_topk(SMALL, k, 1, largest, target, hip_graph)
 
 
 @pytest.mark.parametrize("largest", [1, 0])
 @pytest.mark.parametrize("n,k", [(17, 5), (300, 150), (64, 64)])
 def test_topk_long_lines(target, largest, n, k):
-    x = _nan_rows(10, n)
-    model = _node_model("TopK", x, {"k": np.array([k], np.int64)}, opset=11, outs=("v", "i"), axis=-1, largest=largest)
-    run_native(model, {"x": x}, target, False, ["topk"])
+    _run_topk(_nan_rows(10, n), k, -1, largest, target, False)
 
 
 def test_topk_axis0_float64_and_unsorted(target):
     x = _nan_rows(20, 4, dtype=np.float64)
-    model = _node_model("TopK", x, {"k": np.array([6], np.int64)}, opset=11, outs=("v", "i"), axis=0)
-    run_native(model, {"x": x}, target, False, ["topk"])
-    # sorted=0: the order is unspecified; the set of indices per line must match onnxruntime's
+    _run_topk(x, 6, 0, 1, target, False)
+    # sorted=0: the order is unspecified; the set of indices per line must be the oracle's
     model = _node_model("TopK", x, {"k": np.array([6], np.int64)}, opset=11, outs=("v", "i"), axis=0, sorted=0)
     got = mgx_graph.compile(model, target=target, hip_graph=False).run({"x": x})[1]
-    want = ort_run(model, {"x": x})[1]
+    want = _topk_oracle(x, 6, 0, 1)[1]
     np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
+    if ORT_TOPK_ORDERS_NAN:
+        np.testing.assert_array_equal(np.sort(ort_run(model, {"x": x})[1], axis=0), np.sort(want, axis=0))
 
 
 # ---------------------------------------------------------------------------------------------------

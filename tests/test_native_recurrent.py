@@ -120,6 +120,29 @@ def test_graph_mode(target, op):
     run_native(model, feeds, target, True, [OPS[op]], tol=(1e-4, 1e-5))
 
 
+STRICT_CASES = {"seq_lens_clip": dict(seq=[4, 1, 3], clip=2.0), "clip": dict(clip=0.8),
+                "defaults": dict(bias=False, h0=False)}
+
+
+@pytest.mark.parametrize("op,kw", [(op, kw) for op in ("RNN", "GRU") for kw in STRICT_CASES.values()] + [
+    ("GRU", dict(seq=[3, 4, 2], linear_before_reset=1)),
+    ("RNN", dict(activations=["LeakyRelu", "Softsign"], activation_alpha=[0.3], clip=1.5)),
+    ("GRU", dict(activations=["HardSigmoid", "ThresholdedRelu", "Sigmoid", "Elu"], activation_alpha=[0.3, 0.5, 0.2],
+                 seq=[2, 4, 1]))],
+    ids=[f"{op}-{k}" for op in ("RNN", "GRU") for k in STRICT_CASES] + ["GRU-seq_lens_lbr", "RNN-activations",
+                                                                         "GRU-activations"])
+def test_kernels_follow_cupy_rules(op, kw, monkeypatch):
+    """The gpu path of both ops (the same compute, with CuPy for ``xp``) under CuPy's rules on the host
+    (:mod:`cupy_rules`): no call allocates and no input overlaps its ``out`` through another view (CuPy
+    would copy it: an allocation, refused while a graph captures).  Values still against onnxruntime."""
+    from cupy_rules import strict_kernels
+
+    found, ran = strict_kernels(monkeypatch, {OPS[op]})
+    model, feeds = rnn_model(op, "bidirectional", **kw)
+    run_native(model, feeds, "ref", False, [OPS[op]], tol=(1e-4, 1e-5))
+    assert ran == [OPS[op]] and found == []
+
+
 @pytest.mark.parametrize("op", ["RNN", "GRU"])
 def test_float64_against_numpy(target, op):
     """float64 (onnxruntime's RNN is float32 only): a numpy loop over the ONNX equations is the oracle."""

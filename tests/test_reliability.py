@@ -113,6 +113,32 @@ def test_b05_first_gemm_inside_capture(target):
     assert again.stats()["captures"] == 1
 
 
+# B05, on a queue given to run_async: with warmup=0 (the runners' prefill programs) its first run is a
+# capture; the queue's BLAS handle and workspace are made before that run, not by its first GEMM inside it
+def test_b05_first_gemm_on_a_new_queue_inside_capture(target, monkeypatch):
+    model = matmul_model()
+    prog = mgx_graph.compile(model, target=target, hip_graph=True, warmup=0)
+    ctx = prog.context
+    rt, blas, made = ctx.runtime, ctx.blas, []
+
+    def recording_blas(queue):
+        made.append((queue, rt.hipStreamIsCapturing(queue)))
+        return blas(queue)
+
+    monkeypatch.setattr(ctx, "blas", recording_blas)
+    q = rt.hipStreamCreate()
+    x = R.normal(size=(4, 16)).astype(np.float32)
+    xd, want = ctx.xp.asarray(x), ort_run(model, {"x": x})[0]
+    for _ in range(3):
+        out = prog.run_async({"x": xd}, q)[0]
+        np.testing.assert_allclose(ctx.to_host(out, q), want, rtol=1e-5, atol=1e-6)
+    assert made and made[0] == (q, 0), made  # asked for before anything was captured on q
+    st = prog.stats()
+    assert (st["captures"], st["replays"], st["fallbacks"]) == (1, 2, 0), st
+    prog.release()
+    rt.hipStreamDestroy(q)
+
+
 # B06: many re-captures (a new pointer each time): graph memory and execs stay bounded
 def test_b06_recapture_memory_plateaus(target):
     prog = mgx_graph.compile(matmul_model(), target=target, hip_graph=True, warmup=1, max_graphs=4)

@@ -32,6 +32,15 @@ def make_model(nodes, inputs: dict, outputs: list, initializers: dict | None = N
     return m
 
 
+def ort_version() -> tuple[int, ...]:
+    """onnxruntime's version as ints, ``(1, 32, 0)`` for "1.32.0" (a suffix such as "rc1" or "+cu130" dropped)."""
+    import re
+
+    import onnxruntime as ort
+
+    return tuple(int(p) for p in re.findall(r"\d+", ort.__version__.split("+")[0])[:3])
+
+
 def ort_run(model: onnx.ModelProto, feeds: dict) -> list:
     import onnxruntime as ort
 

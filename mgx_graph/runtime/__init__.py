@@ -51,6 +51,7 @@ class Runtime:
         self._queues: set[int] = set()
         self._dead: OrderedDict = OrderedDict()  # queues destroyed through this runtime (the latest DEAD_KEPT)
         self._held: list = []
+        self._capture_queues: set[int] = set()  # queues with a capture begun through this runtime, maybe open
 
     def __repr__(self):
         return f"<mgx_graph runtime '{self.platform}'>"
@@ -72,6 +73,7 @@ class Runtime:
                 self._dead.pop(s, None)  # a handle the driver hands out again
             else:
                 self._queues.discard(s)
+                self._capture_queues.discard(s)
                 self._dead[s] = None
                 if len(self._dead) > DEAD_KEPT:
                     self._dead.popitem(last=False)
@@ -92,6 +94,35 @@ class Runtime:
                     "live_queues": len(self._queues), "held_releases": len(self._held)}
 
     # -- releases held back during a capture -----------------------------------------------------
+    def _capture_begun(self, s) -> None:
+        """Backends call this after a capture began on ``s``."""
+        with self._books:
+            self._capture_queues.add(int(s))
+
+    def _capture_ended(self, s) -> None:
+        """Backends call this after ``hipStreamEndCapture`` on ``s`` (whatever it returned): ``s`` is
+        forgotten unless its capture is still open (an end from the wrong thread), then the held
+        releases that may run now are made."""
+        try:
+            still = self.hipStreamIsCapturing(int(s)) != hipStreamCaptureStatusNone
+        except DeviceError:
+            still = False
+        if not still:
+            with self._books:
+                self._capture_queues.discard(int(s))
+        if self._held:
+            self.run_held_releases()
+
+    def _blocking(self, queues) -> list[int]:
+        """The queues whose open capture a release made now could invalidate: those of ``queues`` and
+        every queue with a capture begun through this runtime and not ended.  A release may run on a
+        thread that captures a queue the program never used: the garbage collector runs a dropped
+        program's release wherever it runs, the capturing thread included, and ``hipFree`` or a sync
+        from a thread holding a thread-local or global capture invalidates that capture."""
+        with self._books:
+            begun = set(self._capture_queues)
+        return self.capturing(set(int(q) for q in queues) | begun)
+
     def capturing(self, queues) -> list[int]:
         """The queues among ``queues`` with a capture open (active or invalidated, not yet ended);
         a queue that no longer exists captures nothing."""
@@ -107,12 +138,13 @@ class Runtime:
         return out
 
     def release_after_capture(self, queues, release) -> bool:
-        """Call ``release()`` (frees, stream and handle destruction) now, unless one of ``queues`` has a
-        capture open: ``hipFree`` or a sync then would invalidate that capture (CUDA/HIP capture rules),
-        so the call is held and made once none of them captures any more (checked when a capture ends
-        through this runtime, or by :meth:`run_held_releases`).  Returns True when it ran now."""
+        """Call ``release()`` (frees, stream and handle destruction) now, unless one of ``queues``, or a
+        queue with a capture begun through this runtime, has a capture open: ``hipFree`` or a sync then
+        would invalidate that capture (CUDA/HIP capture rules), so the call is held and made once none
+        of them captures any more (checked when a capture ends through this runtime, or by
+        :meth:`run_held_releases`).  Returns True when it ran now."""
         queues = tuple(int(q) for q in queues)
-        if not self.capturing(queues):
+        if not self._blocking(queues):
             release()
             return True
         with self._books:
@@ -125,7 +157,7 @@ class Runtime:
             held, self._held = self._held, []
         keep = []
         for queues, release in held:
-            if self.capturing(queues):
+            if self._blocking(queues):
                 keep.append((queues, release))
                 continue
             try:

@@ -87,13 +87,13 @@ class CudaRuntime(Runtime):
 
     def hipStreamBeginCapture(self, s, mode: int) -> None:
         check("hipStreamBeginCapture", _rt.cudaStreamBeginCapture(_stream(s), _rt.cudaStreamCaptureMode(int(mode)))[0])
+        self._capture_begun(s)
 
     def hipStreamEndCapture(self, s):
         err, graph = _rt.cudaStreamEndCapture(_stream(s))
         if int(err) != 0 and graph is not None and int(graph) != 0:
             _rt.cudaGraphDestroy(graph)
-        if self._held:  # releases held back while this capture was open
-            self.run_held_releases()
+        self._capture_ended(s)  # and the releases held back while this capture was open
         check("hipStreamEndCapture", err)
         return graph
 

@@ -100,11 +100,11 @@ class HipRuntime(Runtime):
     def hipStreamBeginCapture(self, s, mode: int) -> None:
         m = self.hip.hipStreamCaptureMode(int(mode))
         check("hipStreamBeginCapture", self.hip.hipStreamBeginCapture(self._s(s), m)[0])
+        self._capture_begun(s)
 
     def hipStreamEndCapture(self, s):
         err, graph = self.hip.hipStreamEndCapture(self._s(s))
-        if self._held:  # releases held back while this capture was open
-            self.run_held_releases()
+        self._capture_ended(s)  # and the releases held back while this capture was open
         check("hipStreamEndCapture", err)
         return graph
 

@@ -224,13 +224,13 @@ class HostRuntime(Runtime):
             if st.capture is not None:
                 raise DeviceError("hipStreamBeginCapture", "hipErrorIllegalState", "stream is already capturing")
             st.capture = _Capture(next(self._capture_ids), int(mode), threading.get_ident())
+        self._capture_begun(s)
 
     def hipStreamEndCapture(self, s) -> HostGraph:
         try:
             return self._end_capture(s)
         finally:
-            if self._held:  # releases held back while this capture was open
-                self.run_held_releases()
+            self._capture_ended(s)  # and the releases held back while this capture was open
 
     def _end_capture(self, s) -> HostGraph:
         with self._lock:

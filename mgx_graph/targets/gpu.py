@@ -234,9 +234,11 @@ class GpuContext:
         """Synchronize the queue and ``queues`` (other queues the program ran on), call ``before()``
         (e.g. graph exec teardown), destroy the BLAS handles, free every buffer and destroy the queue.
 
-        While a capture is open on any of those queues, nothing is synchronized or freed yet (either
-        would invalidate the capture): the runtime holds the release and makes it when those captures
-        end (:meth:`Runtime.release_after_capture`)."""
+        While a capture is open on any of those queues, or on any queue a capture was begun on through
+        the runtime (another program's region: a release run by the garbage collector may run on the
+        capturing thread), nothing is synchronized or freed yet (either would invalidate the capture):
+        the runtime holds the release and makes it when those captures end
+        (:meth:`Runtime.release_after_capture`)."""
         watch = {self.queue, *queues}
         self.runtime.release_after_capture(watch, lambda: self._release(watch, before))
 

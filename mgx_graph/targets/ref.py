@@ -125,9 +125,10 @@ class RefContext:
     def close(self, queues=(), before=None) -> None:
         """Free every buffer and destroy the queue, after calling ``before()`` (e.g. graph exec teardown).
 
-        While a capture is open on the queue or on one of ``queues`` (other queues the program ran on),
-        nothing is freed yet (``hipFree`` during a capture would invalidate it): the runtime holds the
-        release and makes it when those captures end (:meth:`Runtime.release_after_capture`)."""
+        While a capture is open on the queue, on one of ``queues`` (other queues the program ran on) or
+        on any queue a capture was begun on through the runtime, nothing is freed yet (``hipFree``
+        during a capture would invalidate it): the runtime holds the release and makes it when those
+        captures end (:meth:`Runtime.release_after_capture`)."""
         self.runtime.release_after_capture({self.queue, *queues}, lambda: self._release(before))
 
     def _release(self, before) -> None:
