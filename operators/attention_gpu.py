@@ -60,7 +60,8 @@ class Spec:
 
     q [B, N, S, H], k [B, NKV, P, H], v [B, NKV, P, HV] and the output [B, N, S, HV] as
     (batch, head, row, column) strides; ``mask``: (b, n, s, t) strides of an additive mask / bias
-    (0 for a broadcast dim) over the first ``mask_len`` keys; ``key_mask``: (b, s, t) strides of a bool
+    (0 for a broadcast dim) over the first ``mask_len`` keys (``mask_round``: its values rounded to ``dtype``
+    first); ``key_mask``: (b, s, t) strides of a bool
     key mask; ``pos``: (b, s) strides of the query positions (causal / window); ``lengths``: a kv_len
     [B] input; ``sink_dtype``: a per-head sink logit [N]; ``smooth``: a zero logit in the denominator;
     ``empty``: what a row that sees no key gives (0 NaN, 1 zero, 2 the mean of all P values);
@@ -84,6 +85,7 @@ class Spec:
     mask_dtype: str | None = None
     mask: tuple = (0, 0, 0, 0)
     mask_len: int = 0
+    mask_round: bool = False
     key_mask: tuple | None = None
     pos: tuple | None = None
     lengths: bool = False
@@ -152,7 +154,7 @@ class Plan:
         return {"T": CTYPES[s.dtype], "MT": CTYPES[s.mask_dtype or s.dtype], "ST": CTYPES[s.sink_dtype or s.dtype],
                 "H": s.H, "HV": s.HV, "ROWS": self.rows, "NT": NT, "TPR": tpr, "VK": vk, "VV": vv, "KC": kc,
                 "VC": vc, "NHG": nhg, "NKG": nkg, "RED": max(NT, nkg * s.HV), "CT": min(NT, 32 * -(-s.HV // 32)),
-                "HAS_MASK": int(s.mask_dtype is not None), "HAS_LEN": int(s.lengths), "CAUSAL": int(s.causal),
+                "HAS_MASK": int(s.mask_dtype is not None), "MASK_ROUND": int(s.mask_round), "HAS_LEN": int(s.lengths), "CAUSAL": int(s.causal),
                 "WINDOW": int(s.window > 0), "KEY_MASK": int(s.key_mask is not None),
                 "SINK": 1 if s.sink_dtype else 2 if s.smooth else 0, "SOFTCAP": int(s.softcap > 0),
                 "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}
@@ -204,9 +206,10 @@ def unsupported(spec: Spec) -> str:
     return ""
 
 
-def make_plan(spec: Spec) -> Plan:
-    """The launch of ``spec`` (see the module docstring); ValueError naming the reason when the kernel
-    cannot run it (see :func:`unsupported`)."""
+def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
+    """The launch of ``spec`` (see the module docstring; ``max_splits``: the most splits of a long cache,
+    each then walking several chunks); ValueError naming the reason when the kernel cannot run it (see
+    :func:`unsupported`)."""
     why = unsupported(spec)
     if why:
         raise ValueError(f"decode attention kernel: unsupported {why}")
@@ -218,7 +221,7 @@ def make_plan(spec: Spec) -> Plan:
         splits, kps = 1, spec.P
     else:
         chunks = -(-spec.P // NT)
-        kps = NT * -(-chunks // MAX_SPLITS)
+        kps = NT * -(-chunks // max(int(max_splits), 1))
         splits = -(-spec.P // kps)
     p = Plan(spec, rows, -(-R // rows), splits, kps, vk, vv, int(wk > 0), int(wv > 0))
     if p.grid[0] >= 2 ** 31 or p.combine_grid[0] >= 2 ** 31 or max(p.shared_bytes(True), p.shared_bytes(False)) \

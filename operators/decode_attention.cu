@@ -10,7 +10,7 @@
 // VK / VV (elements per K / V load), KC / VC (1: K / V rows are contiguous and aligned for VK / VV wide
 // loads), NHG = HV / VV and NKG = NT / NHG (value column groups, key groups), RED (floats of the
 // reduction buffer), CT (threads of the merge kernel), HAS_MASK (an additive mask or bias over the
-// first TB keys), HAS_LEN (kv_len per batch entry), CAUSAL, WINDOW (local window W), KEY_MASK (bool,
+// first TB keys; MASK_ROUND: its values rounded to T first), HAS_LEN (kv_len per batch entry), CAUSAL, WINDOW (local window W), KEY_MASK (bool,
 // 0 hides the key), SINK (0: none, 1: a logit per query head, 2: a zero logit), SOFTCAP, EMPTY (a row
 // that sees no key: 0 NaN, 1 zero, 2 the mean of all P values), NAN_ZERO (a row with a NaN or +inf
 // logit gives 0 instead of NaN).
@@ -36,6 +36,9 @@ __device__ __forceinline__ float mgx_f(float x) { return x; }
 __device__ __forceinline__ float mgx_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ void mgx_put(float* p, float x) { *p = x; }
 __device__ __forceinline__ void mgx_put(__half* p, float x) { *p = __float2half(x); }
+// x rounded to the element type of the pointer's target (the mask rounded to q's type: MASK_ROUND)
+__device__ __forceinline__ float mgx_round_to(float x, const float*) { return x; }
+__device__ __forceinline__ float mgx_round_to(float x, const __half*) { return __half2float(__float2half(x)); }
 
 template <int BYTES> struct mgx_word;
 template <> struct mgx_word<16> { typedef uint4 type; };
@@ -191,7 +194,10 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
 #endif
 #if HAS_MASK
                     if (ok && t < TB) {
-                        const float mv = mgx_f(mask[moff[r] + t * mst]);
+                        float mv = mgx_f(mask[moff[r] + t * mst]);
+#if MASK_ROUND
+                        mv = mgx_round_to(mv, q);
+#endif
                         if (mv == -MGX_INF) ok = false;
                         else x[r] = mv;
                     }

@@ -5,10 +5,11 @@ softmax, the exporter's ``where(isnan(p), 0, p)``, dot).
 
 With G = N / Nkv and float32 arithmetic on inputs read in their own type::
 
-    x[b, n, s, t] = softcap(scale * sum_h q[b, n, s, h] * k[b, n // G, t, h]) + mask[b, n, s, t]
+    x[b, n, s, t] = softcap(scale * sum_h q[b, n, s, h] * k[b, n // G, t, h]) + round(mask[b, n, s, t])
     out[b, n, s, :] = sum_t softmax_t(x)[b, n, s, t] * v[b, n // G, t, :]
 
-``softcap(y) = c * tanh(y / c)`` when ``softcap`` = c > 0 (else y).  A key whose mask value is -inf is
+``softcap(y) = c * tanh(y / c)`` when ``softcap`` = c > 0 (else y); ``round`` rounds a mask value to q's
+type (a float32 mask of a float16 attention is what ``add(scores, convert(mask))`` adds).  A key whose mask value is -inf is
 *hidden*: its K and V rows are not read (so a NaN or infinity in an unused cache row never reaches the
 result), and a zero weight adds nothing.  A row that sees no key, or has a NaN or +inf logit, is NaN, as
 the softmax of the unfused program gives; with ``nan_zero`` it is 0, as the exporter's
@@ -35,7 +36,7 @@ HALF_FLOATS = ("float16", "float32")
 class DecodeAttention(Operation):
     """Inputs: q [B, N, S, H], k [B, Nkv, P, H], v [B, Nkv, P, Hv] (any strides; float16 or float32, one
     type), and with ``mask`` an additive mask (float16 / float32, rank <= 4, broadcast to [B, N, S, P]
-    with numpy's rules).  ``scale``: the factor of Q K^T (as given: no default from H); ``softcap`` > 0
+    with numpy's rules; its values rounded to q's type).  ``scale``: the factor of Q K^T (as given: no default from H); ``softcap`` > 0
     caps the scaled logits; ``nan_zero``: rows that would be NaN give 0.  Output: [B, N, S, Hv], q's
     type.  Raises ShapeError naming the input at fault (rank, type, a Nkv that does not divide N,
     mismatched P / H / B, a mask that does not broadcast)."""
@@ -78,7 +79,7 @@ class DecodeAttention(Operation):
         if self.softcap > 0:
             x = f32(self.softcap) * xp.tanh(x / f32(self.softcap))
         if self.mask:
-            mk = xp.broadcast_to(args[3].astype(f32), (B, N, S, P))
+            mk = xp.broadcast_to(args[3].astype(q.dtype).astype(f32), (B, N, S, P))
             x += mk
             x = xp.where(mk == -inf, -inf, x)  # a hidden key stays hidden whatever its score
         bad = xp.isnan(x) | (x == inf)
@@ -116,7 +117,7 @@ class DecodeAttention(Operation):
         spec = Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=v.lens[3], q=head_strides(q),
                     k=head_strides(k), v=head_strides(v), out=head_strides(output), scale=self.scale,
                     softcap=self.softcap, mask_dtype=mk.dtype if mk is not None else None,
-                    mask=broadcast_strides(mk) if mk is not None else (0, 0, 0, 0), mask_len=k.lens[2],
+                    mask=broadcast_strides(mk) if mk is not None else (0, 0, 0, 0), mask_len=k.lens[2], mask_round=True,
                     empty=1 if self.nan_zero else 0, nan_zero=bool(self.nan_zero))
         shapes = {"q": q, "k": k, "v": v, "out": output}
         if mk is not None:
