@@ -25,11 +25,11 @@ def attention(q, k, v, scale, mask=None, visible=None, softcap=0.0, sink=None, s
     for b in range(B):
         for n in range(N):
             for s in range(S):
-                keys = [t for t in range(P) if vis[b, n, s, t] and mk[b, n, s, t] != -np.inf]
-                x = np.array([kr[b, n, t] @ q[b, n, s] * scale for t in keys])
+                keys = np.flatnonzero(vis[b, n, s] & (mk[b, n, s] != -np.inf))
+                x = kr[b, n, keys] @ q[b, n, s] * scale
                 if softcap > 0:
                     x = softcap * np.tanh(x / softcap)
-                x = x + np.array([mk[b, n, s, t] for t in keys])
+                x = x + mk[b, n, s, keys]
                 extra = None if sink is None and not smooth else (0.0 if sink is None else float(sink[n]))
                 out[b, n, s] = _row(x, vr[b, n, keys], extra, vr[b, n], empty, nan_zero)
     return out

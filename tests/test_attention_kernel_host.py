@@ -134,3 +134,38 @@ def test_grouped_plan_matches_numpy(dtype, B, N, Nkv, P, H, opts):
     plan, arrays, out, want = _grouped(np.random.default_rng(P), dtype, B, N, Nkv, P, H, **opts)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+
+
+def test_the_plans_the_ops_make_match_numpy():
+    """The kernels decode_attention.gpu_kernel and grouped_attention.gpu_kernel plan (their specs from the
+    instructions' shapes: strides, roles, options), run on the host."""
+    from mgx_graph.operators import make_op
+
+    rng = np.random.default_rng(11)
+    B, N, Nkv, P, H = 2, 6, 2, 300, 32
+    q = rng.normal(size=(B, 1, N, H)).astype("float16")  # grouped layout [B, S, N, H]
+    kb, vb = (rng.normal(size=(P, B, Nkv, H)).astype("float16") for _ in range(2))
+    k, v = kb.transpose(1, 2, 0, 3), vb.transpose(1, 2, 0, 3)
+    mask = _decode(rng, "float32", B, N, Nkv, 1, P, H, H)[1]["mask"]
+    qd = q.transpose(0, 2, 1, 3)  # [B, N, 1, H] view
+    op = make_op("decode_attention", scale=0.2, mask=1, nan_zero=1)
+    shapes = [_shape(a) for a in (qd, k, v, mask)]
+    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    out = np.full((B, N, 1, H), 7, np.float16)
+    attn_host.run(kern.fn.plan, {"q": qd, "k": k, "v": v, "mask": mask}, out)
+    want = attn_oracle.attention(qd, k, v, 0.2, mask=mask.astype(np.float16), nan_zero=True)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+    lens = np.array([P, 120], np.int64)
+    pos, sink = (lens - 1).reshape(B, 1), rng.normal(size=(N,)).astype("float32")
+    kc, vc = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    op = make_op("grouped_attention", local_window=50, sink=1)
+    shapes = [_shape(a) for a in (q, kc, vc, pos, lens, np.arange(P), sink)]
+    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    out = np.full((B, 1, N * H), 7, np.float16)
+    attn_host.run(kern.fn.plan, {"q": q, "k": kc, "v": vc, "pos": pos, "kv_len": lens, "sink": sink}, out)
+    t = np.arange(P)
+    vis = (t < lens[:, None]) & (t <= pos) & (t > pos - 50)
+    want = attn_oracle.attention(qd, kc, vc, 1 / np.sqrt(H), visible=vis[:, None, None], sink=sink)
+    np.testing.assert_allclose(out.astype(np.float64), want.transpose(0, 2, 1, 3).reshape(B, 1, N * H),
+                               *TOL["float16"])
