@@ -154,7 +154,8 @@ class Plan:
         return {"T": CTYPES[s.dtype], "MT": CTYPES[s.mask_dtype or s.dtype], "ST": CTYPES[s.sink_dtype or s.dtype],
                 "H": s.H, "HV": s.HV, "ROWS": self.rows, "NT": NT, "TPR": tpr, "VK": vk, "VV": vv, "KC": kc,
                 "VC": vc, "NHG": nhg, "NKG": nkg, "RED": max(NT, nkg * s.HV), "CT": min(NT, 32 * -(-s.HV // 32)),
-                "HAS_MASK": int(s.mask_dtype is not None), "MASK_ROUND": int(s.mask_round), "HAS_LEN": int(s.lengths), "CAUSAL": int(s.causal),
+                "HAS_MASK": int(s.mask_dtype is not None), "MASK_ROUND": int(s.mask_round), "HAS_LEN": int(s.lengths),
+                "CAUSAL": int(s.causal),
                 "WINDOW": int(s.window > 0), "KEY_MASK": int(s.key_mask is not None),
                 "SINK": 1 if s.sink_dtype else 2 if s.smooth else 0, "SOFTCAP": int(s.softcap > 0),
                 "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}

@@ -9,11 +9,11 @@ With G = N / Nkv and float32 arithmetic on inputs read in their own type::
     out[b, n, s, :] = sum_t softmax_t(x)[b, n, s, t] * v[b, n // G, t, :]
 
 ``softcap(y) = c * tanh(y / c)`` when ``softcap`` = c > 0 (else y); ``round`` rounds a mask value to q's
-type (a float32 mask of a float16 attention is what ``add(scores, convert(mask))`` adds).  A key whose mask value is -inf is
-*hidden*: its K and V rows are not read (so a NaN or infinity in an unused cache row never reaches the
-result), and a zero weight adds nothing.  A row that sees no key, or has a NaN or +inf logit, is NaN, as
-the softmax of the unfused program gives; with ``nan_zero`` it is 0, as the exporter's
-``where(isnan(p), 0, p)`` after the softmax gives.  The gpu target runs one kernel
+type (a float32 mask of a float16 attention is what ``add(scores, convert(mask))`` adds).  A key whose
+mask value is -inf is *hidden*: its K and V rows are not read (so a NaN or infinity in an unused cache
+row never reaches the result), and a zero weight adds nothing.  A row that sees no key, or has a NaN
+or +inf logit, is NaN, as the softmax of the unfused program gives; with ``nan_zero`` it is 0, as the
+exporter's ``where(isnan(p), 0, p)`` after the softmax gives.  The gpu target runs one kernel
 (:mod:`.attention_gpu`, two with a cache of more than 256 rows); the ref target the numpy code below.
 
 Source: the scaled dot-product attention of torch.nn.functional.scaled_dot_product_attention (what the
@@ -36,9 +36,9 @@ HALF_FLOATS = ("float16", "float32")
 class DecodeAttention(Operation):
     """Inputs: q [B, N, S, H], k [B, Nkv, P, H], v [B, Nkv, P, Hv] (any strides; float16 or float32, one
     type), and with ``mask`` an additive mask (float16 / float32, rank <= 4, broadcast to [B, N, S, P]
-    with numpy's rules; its values rounded to q's type).  ``scale``: the factor of Q K^T (as given: no default from H); ``softcap`` > 0
-    caps the scaled logits; ``nan_zero``: rows that would be NaN give 0.  Output: [B, N, S, Hv], q's
-    type.  Raises ShapeError naming the input at fault (rank, type, a Nkv that does not divide N,
+    with numpy's rules; its values rounded to q's type).  ``scale``: the factor of Q K^T (as given: no
+    default from H); ``softcap`` > 0 caps the scaled logits; ``nan_zero``: rows that would be NaN give 0.
+    Output: [B, N, S, Hv], q's type.  Raises ShapeError naming the input at fault (rank, type, a Nkv that does not divide N,
     mismatched P / H / B, a mask that does not broadcast)."""
 
     name = "decode_attention"
@@ -61,7 +61,8 @@ class DecodeAttention(Operation):
         if self.mask:
             mk, full = inputs[3], (B, N, S, k.lens[2])
             off = 4 - mk.ndim
-            if mk.dtype not in HALF_FLOATS or off < 0 or any(d not in (1, full[i + off]) for i, d in enumerate(mk.lens)):
+            if mk.dtype not in HALF_FLOATS or off < 0 or \
+                    any(d not in (1, full[i + off]) for i, d in enumerate(mk.lens)):
                 raise ShapeError(f"{self.name}: mask {mk.brief()} must be float16 / float32 and broadcast to "
                                  f"{list(full)}")
         return Shape(q.dtype, [B, N, S, v.lens[3]])

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ShapeError
 from ..operators import make_op
 from ..shape import Shape
 from . import fusion
@@ -276,14 +277,25 @@ class FuseAttention(fusion.FusionPass):
 
     # -- rewriting ------------------------------------------------------------------------------------
     def _rewrite(self, m, mt: Match) -> None:
+        dt = mt.members[0].shape.dtype
+        op = make_op("decode_attention", scale=mt.scale, mask=int(mt.mask is not None or mt.where_mask is not None),
+                     nan_zero=int(mt.nan_zero))
+        shapes = [mt.q.shape, mt.k.shape, mt.v.shape]
+        if mt.mask is not None:
+            shapes.append(mt.mask.shape)
+        elif mt.where_mask is not None:
+            shapes.append(Shape(dt, mt.where_mask[0].shape.lens))
+        try:
+            op.compute_shape(shapes)
+        except ShapeError:  # not expected after the match; the pattern is left as it is
+            return
         mask = mt.mask
         if mt.where_mask is not None:
             cond, neg_first = mt.where_mask
-            dt = np.dtype(mt.members[0].shape.dtype)
             zero = m.insert_literal(mt.out, np.zeros((), dt))
             ninf = m.insert_literal(mt.out, np.array(-np.inf, dt))
-            mask = m.insert_instruction(mt.out, make_op("where"), [cond, ninf, zero] if neg_first else [cond, zero, ninf])
-        op = make_op("decode_attention", scale=mt.scale, mask=int(mask is not None), nan_zero=int(mt.nan_zero))
+            args = [cond, ninf, zero] if neg_first else [cond, zero, ninf]
+            mask = m.insert_instruction(mt.out, make_op("where"), args)
         fused = m.insert_instruction(mt.out, op, [mt.q, mt.k, mt.v] + ([mask] if mask is not None else []))
         m.replace_instruction(mt.out, fused)
         _drop_dead(m, mt.out)
