@@ -38,8 +38,8 @@ class DecodeAttention(Operation):
     type), and with ``mask`` an additive mask (float16 / float32, rank <= 4, broadcast to [B, N, S, P]
     with numpy's rules; its values rounded to q's type).  ``scale``: the factor of Q K^T (as given: no
     default from H); ``softcap`` > 0 caps the scaled logits; ``nan_zero``: rows that would be NaN give 0.
-    Output: [B, N, S, Hv], q's type.  Raises ShapeError naming the input at fault (rank, type, a Nkv that does not divide N,
-    mismatched P / H / B, a mask that does not broadcast)."""
+    Output: [B, N, S, Hv], q's type.  Raises ShapeError naming the input at fault (rank, type, a Nkv
+    that does not divide N, mismatched P / H / B, a mask that does not broadcast)."""
 
     name = "decode_attention"
 
