@@ -262,10 +262,11 @@ class Attention(Operation):
         prompt (S > 1), or a shape the kernel does not take, runs the GEMM path of :meth:`compute` (None)."""
         if inputs[0].lens[1] != 1:
             return None
+        from .attention_gpu import attention_kernel, unsupported
+
         spec = self._gpu_spec(inputs, output)
-        if spec is None:
+        if spec is None or unsupported(spec):
             return None
-        from .attention_gpu import attention_kernel
 
         roles = ["q", "k", "v", "pos", "kv_len", "rows"] + [r for r, f in (("mask", self.bias), ("sink", self.sink),
                                                                           ("key_mask", self.key_mask)) if f]
@@ -277,7 +278,10 @@ class Attention(Operation):
 
         try:
             return attention_kernel(spec, pick, shapes, self.name)
-        except ValueError:
+        except ValueError as e:  # a source that does not compile, a launch too large
+            import warnings
+
+            warnings.warn(f"{self.name}: no one-kernel decode step ({e}); the GEMM path runs", stacklevel=2)
             return None
 
     def _gpu_spec(self, inputs, output):
