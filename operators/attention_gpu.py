@@ -166,7 +166,7 @@ class Plan:
 
     def source(self, vector: bool = True) -> str:
         """The kernel source of this plan (``vector``: the 16-byte-load variant)."""
-        body = "".join(f"#define {k} {v}\n" for k, v in self.defines(vector).items())
+        body = "#define MGX_ATTN_CONFIG 1\n" + "".join(f"#define {k} {v}\n" for k, v in self.defines(vector).items())
         return HEADER + body + kernel_file()
 
     def split_args(self, arrays: dict, out, part) -> tuple:

@@ -29,6 +29,40 @@
 // normalized output, with several it writes (m, l, bad, acc[HV]) per row and split to `part`, which
 // mgx_attn_combine merges.
 
+#ifndef MGX_ATTN_CONFIG  // compiled on its own (CMake's check_kernels): one configuration, SmolLM2's decode step
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+#define T __half
+#define MT float
+#define ST __half
+#define H 64
+#define HV 64
+#define ROWS 3
+#define NT 256
+#define TPR 64
+#define VK 8
+#define VV 8
+#define KC 1
+#define VC 1
+#define NHG 8
+#define NKG 32
+#define RED 2048
+#define CT 64
+#define HAS_MASK 1
+#define MASK_ROUND 1
+#define HAS_LEN 0
+#define CAUSAL 0
+#define WINDOW 0
+#define KEY_MASK 0
+#define SINK 0
+#define SOFTCAP 0
+#define EMPTY 1
+#define NAN_ZERO 1
+#endif
+
 #define MGX_INF __int_as_float(0x7f800000)
 #define MGX_NAN __int_as_float(0x7fc00000)
 
