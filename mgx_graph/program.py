@@ -6,7 +6,7 @@ through the pass manager (``mgx_graph/targets/ref.py`` / ``gpu.py`` ``pipeline()
     simplify: eliminate_dead_code, propagate_constant, simplify_reshapes
     fuse: fuse_norms, eliminate_dead_code
     precision (fp16): quantize_fp16, propagate_constant
-    fuse_kernels: fuse_reduce, fuse_pointwise, eliminate_dead_code
+    fuse_kernels: fuse_attention, fuse_reduce, fuse_pointwise, eliminate_dead_code
     outputs: bind_outputs
     lower: lowering
     graph (hip_graph): hip_graph

@@ -256,6 +256,60 @@ class Attention(Operation):
             xp.add(den, mx, out=den)
         xp.true_divide(pf, den, out=pf)
 
+    def gpu_kernel(self, inputs, output):
+        """A decode step (one query row per batch entry, S == 1) runs as one kernel over the cache
+        (:mod:`.attention_gpu`: the KV heads read in place, flash-decoding splits past 256 rows); a
+        prompt (S > 1), or a shape the kernel does not take, runs the GEMM path of :meth:`compute` (None)."""
+        if inputs[0].lens[1] != 1:
+            return None
+        from .attention_gpu import attention_kernel, unsupported
+
+        spec = self._gpu_spec(inputs, output)
+        if spec is None or unsupported(spec):
+            return None
+
+        roles = ["q", "k", "v", "pos", "kv_len", "rows"] + [r for r, f in (("mask", self.bias), ("sink", self.sink),
+                                                                          ("key_mask", self.key_mask)) if f]
+        shapes = {r: s for r, s in zip(roles, inputs) if r != "rows"}
+        shapes["out"] = output
+
+        def pick(args):
+            return dict(zip(roles, args))
+
+        try:
+            return attention_kernel(spec, pick, shapes, self.name)
+        except ValueError as e:  # a source that does not compile, a launch too large
+            import warnings
+
+            warnings.warn(f"{self.name}: no one-kernel decode step ({e}); the GEMM path runs", stacklevel=2)
+            return None
+
+    def _gpu_spec(self, inputs, output):
+        """The :class:`~.attention_gpu.Spec` of a decode step, or None when an input's layout does not fit
+        the kernel (kv_len / sink not contiguous)."""
+        from .attention_gpu import Spec, broadcast_strides, head_strides
+
+        q, k, v, pos, kv_len = inputs[:5]
+        bias, sink, km = self._extra(inputs)
+        B, S, N, H = q.lens
+        Hv = v.lens[3]
+        if (B > 1 and kv_len.strides[0] != 1) or (sink is not None and N > 1 and sink.strides[0] != 1):
+            return None
+        kms = None
+        if km is not None:
+            kms = broadcast_strides(km, 3) if km.ndim == 3 else (broadcast_strides(km, 2)[0], 0,
+                                                                  broadcast_strides(km, 2)[1])
+        out = (0 if B == 1 else S * N * Hv, Hv, 0 if S == 1 else N * Hv, 1)
+        return Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=Hv,
+                    q=head_strides(q, (0, 2, 1, 3)), k=head_strides(k), v=head_strides(v), out=out,
+                    scale=self.scale or 1.0 / float(np.sqrt(H)), softcap=self.softcap,
+                    mask_dtype=bias.dtype if bias is not None else None,
+                    mask=broadcast_strides(bias) if bias is not None else (0, 0, 0, 0),
+                    mask_len=bias.lens[3] if bias is not None else 0, key_mask=kms,
+                    pos=broadcast_strides(pos, 2), lengths=True, causal=bool(self.causal),
+                    window=max(self.local_window, 0), sink_dtype=sink.dtype if sink is not None else None,
+                    smooth=bool(self.smooth) and sink is None, empty=2)
+
     def launches(self, inputs, output):
         n = 2 + 2 + 1 + 2 + 2 + 5 + 1 + 2  # copies, GEMMs, scale, mask, softmax, output
         n += 3 * (self.softcap > 0) + self.bias + 2 * self.causal + 3 * (self.local_window > 0)

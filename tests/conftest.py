@@ -54,7 +54,7 @@ def rng():
 
 @pytest.fixture
 def unfused(monkeypatch):
-    """Compile without the kernel fusion passes (``fuse_reduce``, ``fuse_pointwise``): for tests that
-    use chains of elementwise ops as a stand-in for so many kernels (graph regions, memory packing)
-    or look at instructions the fusion would fold into one ``pointwise`` / ``fused_reduce``."""
+    """Compile without the kernel fusion passes (``fuse_attention``, ``fuse_reduce``, ``fuse_pointwise``):
+    for tests that use chains of elementwise ops as a stand-in for so many kernels (graph regions, memory
+    packing) or look at instructions the fusion would fold into one ``pointwise`` / ``fused_reduce``."""
     monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", "fuse_kernels")

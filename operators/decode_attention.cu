@@ -1,0 +1,399 @@
+// Attention of a few query rows over a KV cache (the decode step), flash-decoding style: one block per
+// (batch entry, KV head, group of query rows, split of the cache rows), then, with several splits, a
+// small kernel that merges the splits.  operators/attention_gpu.py prepends the configuration and
+// launches it; the semantics are those of operators/decode_attention.py (decode_attention) and
+// operators/attention.py (grouped_attention).
+//
+// Configuration (#defines): T (q / k / v / out element type: __half or float), MT (mask / bias type),
+// ST (sink type), H / HV (key / value head size), ROWS (query rows per block), NT (threads per block =
+// keys per chunk), TPR (threads per row in the row reductions: a power of two, TPR * ROWS <= NT),
+// VK / VV (elements per K / V load), KC / VC (1: K / V rows are contiguous and aligned for VK / VV wide
+// loads), NHG = HV / VV and NKG = NT / NHG (value column groups, key groups), RED (floats of the
+// reduction buffer), CT (threads of the merge kernel), HAS_MASK (an additive mask or bias over the
+// first TB keys; MASK_ROUND: its values rounded to T first), HAS_LEN (kv_len per batch entry), CAUSAL, WINDOW (local window W), KEY_MASK (bool,
+// 0 hides the key), SINK (0: none, 1: a logit per query head, 2: a zero logit), SOFTCAP, EMPTY (a row
+// that sees no key: 0 NaN, 1 zero, 2 the mean of all P values), NAN_ZERO (a row with a NaN or +inf
+// logit gives 0 instead of NaN).
+//
+// A block loads its query rows (the G = N / NKV query heads of its KV head times the S positions; rows
+// r0 .. r0 + ROWS) into shared memory as float and walks its cache rows in chunks of NT keys:
+//   1. scores: thread j takes key t = c0 + j and decides for each row whether the key is visible (lengths,
+//      causal, window, key mask; a mask / bias value of -inf hides it).  For a key some row sees it reads
+//      the K row once and forms x = softcap(scale * q.k) + mask per row in float32; a NaN or +inf logit
+//      marks the row bad.  Hidden keys get x = -inf;
+//   2. per row: the chunk's max joins the running max m (the accumulated values and the sum are rescaled
+//      by exp(m_old - m_new)), then p = exp(x - m) and the running sum l (online softmax, float32);
+//   3. values: thread (kg, hg) adds p * V over keys kg, kg + NKG, ... for VV value columns (a key no row
+//      sees is not read; a zero weight adds nothing, so non-finite values of hidden rows never leak).
+// At the end the key groups' sums are added in shared memory; with one split the block writes the
+// normalized output, with several it writes (m, l, bad, acc[HV]) per row and split to `part`, which
+// mgx_attn_combine merges.
+
+#ifndef MGX_ATTN_CONFIG  // compiled on its own (CMake's check_kernels): one configuration, SmolLM2's decode step
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+#define T __half
+#define MT float
+#define ST __half
+#define H 64
+#define HV 64
+#define ROWS 3
+#define NT 256
+#define TPR 64
+#define VK 8
+#define VV 8
+#define KC 1
+#define VC 1
+#define NHG 8
+#define NKG 32
+#define RED 2048
+#define CT 64
+#define HAS_MASK 1
+#define MASK_ROUND 1
+#define HAS_LEN 0
+#define CAUSAL 0
+#define WINDOW 0
+#define KEY_MASK 0
+#define SINK 0
+#define SOFTCAP 0
+#define EMPTY 1
+#define NAN_ZERO 1
+#endif
+
+#define MGX_INF __int_as_float(0x7f800000)
+#define MGX_NAN __int_as_float(0x7fc00000)
+
+__device__ __forceinline__ float mgx_f(float x) { return x; }
+__device__ __forceinline__ float mgx_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ void mgx_put(float* p, float x) { *p = x; }
+__device__ __forceinline__ void mgx_put(__half* p, float x) { *p = __float2half(x); }
+// x rounded to the element type of the pointer's target (the mask rounded to q's type: MASK_ROUND)
+__device__ __forceinline__ float mgx_round_to(float x, const float*) { return x; }
+__device__ __forceinline__ float mgx_round_to(float x, const __half*) { return __half2float(__float2half(x)); }
+
+template <int BYTES> struct mgx_word;
+template <> struct mgx_word<16> { typedef uint4 type; };
+template <> struct mgx_word<8> { typedef uint2 type; };
+template <> struct mgx_word<4> { typedef unsigned int type; };
+template <> struct mgx_word<2> { typedef unsigned short type; };
+
+// V elements p[0], p[stride], ... as float; CONTIG: one aligned V * sizeof(E) byte load (stride 1)
+template <typename E, int V, int CONTIG>
+__device__ __forceinline__ void mgx_load(const E* p, long long stride, float* out) {
+    if (CONTIG) {
+        typedef typename mgx_word<V * sizeof(E)>::type W;
+        const W w = *reinterpret_cast<const W*>(p);
+        const E* e = reinterpret_cast<const E*>(&w);
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = mgx_f(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = mgx_f(p[i * stride]);
+    }
+}
+
+// The value of one output element from its row's statistics: running max m, sum l, bad flag and the
+// accumulated a = sum_t exp(x_t - m) v_t; vrow = &v[b, kvh, 0, h] (read for EMPTY == 2 only).
+__device__ __forceinline__ float mgx_finish(float m, float l, int bad, float a, long long n, const ST* sink,
+                                            const T* vrow, long long P, long long vst) {
+    if (bad) return NAN_ZERO ? 0.f : MGX_NAN;
+#if SINK
+    const float sv = SINK == 1 ? mgx_f(sink[n]) : 0.f;
+    const float M = fmaxf(m, sv);
+    const float e = m == -MGX_INF ? 0.f : expf(m - M);
+    return a * e / (l * e + expf(sv - M));
+#else
+    if (m == -MGX_INF) {
+#if EMPTY == 2
+        float s = 0.f;
+        for (long long t = 0; t < P; ++t) s += mgx_f(vrow[t * vst]);
+        return s / (float)P;
+#elif EMPTY == 1
+        return 0.f;
+#else
+        return MGX_NAN;
+#endif
+    }
+    return a / l;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
+    const unsigned char* __restrict__ key_mask, const long long* __restrict__ pos,
+    const long long* __restrict__ kv_len, const ST* __restrict__ sink, T* __restrict__ out, float* __restrict__ part,
+    long long N, long long NKV, long long S, long long P, long long TB, long long NRG, long long KPS, long long W,
+    long long qsb, long long qsn, long long qss, long long qsh, long long ksb, long long ksk, long long kst,
+    long long ksh, long long vsb, long long vsk, long long vst, long long vsh, long long msb, long long msn,
+    long long mss, long long mst, long long kmsb, long long kmss, long long kmst, long long psb, long long pss,
+    long long osb, long long osn, long long oss, long long osh, float scale, float softcap) {
+    __shared__ float qs[ROWS][H];
+    __shared__ float sc[ROWS][NT];
+    __shared__ float red[RED];
+    __shared__ float ms[ROWS], ls[ROWS], al[ROWS];
+    __shared__ int bad[ROWS];
+    __shared__ long long lo[ROWS], hi[ROWS], rn[ROWS], rs[ROWS];
+#if HAS_MASK
+    __shared__ long long moff[ROWS];
+#endif
+    __shared__ unsigned char seen[NT];
+    __shared__ long long span[2];
+    const int tid = threadIdx.x;
+    const long long G = N / NKV, GS = G * S;
+    long long bx = blockIdx.x;
+    const long long rg = bx % NRG;
+    bx /= NRG;
+    const long long kvh = bx % NKV, b = bx / NKV;
+    const long long nsplit = gridDim.y, sp = blockIdx.y, r0 = rg * ROWS;
+    const int nrows = GS - r0 < ROWS ? (int)(GS - r0) : ROWS;
+
+    // the block's query rows, and per row its head, position, visible key range and mask offset
+    for (int i = tid; i < ROWS * H; i += NT) {
+        const int r = i / H, h = i % H;
+        float x = 0.f;
+        if (r < nrows) {
+            const long long rr = r0 + r;
+            x = mgx_f(q[b * qsb + (kvh * G + rr / S) * qsn + (rr % S) * qss + h * qsh]);
+        }
+        qs[r][h] = x;
+    }
+    if (tid < ROWS) {
+        const long long rr = r0 + tid, n = kvh * G + rr / S, s = rr % S;
+        long long a = 0, e = P;
+        if (tid >= nrows) {
+            a = P;
+            e = 0;
+        } else {
+#if HAS_LEN
+            const long long len = kv_len[b];
+            if (len < e) e = len;
+#endif
+#if CAUSAL || WINDOW
+            const long long p = pos[b * psb + s * pss];
+#endif
+#if CAUSAL
+            if (p + 1 < e) e = p + 1;
+#endif
+#if WINDOW
+            if (p - W + 1 > a) a = p - W + 1;
+#endif
+        }
+        lo[tid] = a;
+        hi[tid] = e;
+        rn[tid] = tid < nrows ? n : 0;
+        rs[tid] = tid < nrows ? s : 0;
+#if HAS_MASK
+        moff[tid] = tid < nrows ? b * msb + n * msn + s * mss : 0;
+#endif
+        ms[tid] = -MGX_INF;
+        ls[tid] = 0.f;
+        bad[tid] = 0;
+    }
+    __syncthreads();
+    if (tid == 0) {  // this split's keys, cut to the union of the rows' visible ranges
+        long long a = sp * KPS, e = a + KPS, ulo = P, uhi = 0;
+        if (e > P) e = P;
+        for (int r = 0; r < nrows; ++r) {
+            if (lo[r] < ulo) ulo = lo[r];
+            if (hi[r] > uhi) uhi = hi[r];
+        }
+        span[0] = a > ulo ? a : ulo;
+        span[1] = e < uhi ? e : uhi;
+    }
+    __syncthreads();
+    const long long t0 = span[0], t1 = span[1];
+    const int kg = tid / NHG, hg = tid % NHG;
+    const int rr = tid / TPR, ri = tid % TPR;
+    float acc[ROWS][VV];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int i = 0; i < VV; ++i) acc[r][i] = 0.f;
+
+    for (long long c0 = t0; c0 < t1; c0 += NT) {
+        {  // 1. scores of key t for every row
+            const long long t = c0 + tid;
+            float x[ROWS];
+            unsigned vm = 0;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                x[r] = 0.f;
+                if (t < t1 && t >= lo[r] && t < hi[r]) {
+                    bool ok = true;
+#if KEY_MASK
+                    ok = key_mask[b * kmsb + rs[r] * kmss + t * kmst] != 0;
+#endif
+#if HAS_MASK
+                    if (ok && t < TB) {
+                        float mv = mgx_f(mask[moff[r] + t * mst]);
+#if MASK_ROUND
+                        mv = mgx_round_to(mv, q);
+#endif
+                        if (mv == -MGX_INF) ok = false;
+                        else x[r] = mv;
+                    }
+#endif
+                    if (ok) vm |= 1u << r;
+                }
+            }
+            if (vm) {
+                float d[ROWS];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) d[r] = 0.f;
+                const T* kp = k + b * ksb + kvh * ksk + t * kst;
+                for (int h = 0; h < H; h += VK) {
+                    float kv[VK];
+                    mgx_load<T, VK, KC>(kp + h * ksh, ksh, kv);
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                        for (int i = 0; i < VK; ++i) d[r] += qs[r][h + i] * kv[i];
+                }
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    float y = -MGX_INF;
+                    if (vm >> r & 1u) {
+                        y = d[r] * scale;
+#if SOFTCAP
+                        y = softcap * tanhf(y / softcap);
+#endif
+                        y += x[r];
+                        if (y != y || y == MGX_INF) {
+                            bad[r] = 1;
+                            y = -MGX_INF;
+                        }
+                    }
+                    x[r] = y;
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) x[r] = -MGX_INF;
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) sc[r][tid] = x[r];
+            seen[tid] = vm != 0;
+        }
+        __syncthreads();
+        {  // 2. per row: the running max, the weights p = exp(x - m) and the running sum
+            float mx = -MGX_INF;
+            if (rr < ROWS)
+                for (int j = ri; j < NT; j += TPR) mx = fmaxf(mx, sc[rr][j]);
+            red[tid] = mx;
+        }
+        __syncthreads();
+        for (int w = TPR / 2; w > 0; w >>= 1) {
+            if (rr < ROWS && ri < w) red[tid] = fmaxf(red[tid], red[tid + w]);
+            __syncthreads();
+        }
+        if (tid < ROWS) {
+            const float mo = ms[tid], mn = fmaxf(mo, red[tid * TPR]);
+            al[tid] = mo == -MGX_INF ? 0.f : expf(mo - mn);
+            ms[tid] = mn;
+        }
+        __syncthreads();
+        {
+            float s = 0.f;
+            if (rr < ROWS) {
+                const float m = ms[rr];
+                for (int j = ri; j < NT; j += TPR) {
+                    const float xj = sc[rr][j];
+                    const float p = xj == -MGX_INF ? 0.f : expf(xj - m);
+                    sc[rr][j] = p;
+                    s += p;
+                }
+            }
+            red[tid] = s;
+        }
+        __syncthreads();
+        for (int w = TPR / 2; w > 0; w >>= 1) {
+            if (rr < ROWS && ri < w) red[tid] += red[tid + w];
+            __syncthreads();
+        }
+        if (tid < ROWS) ls[tid] = ls[tid] * al[tid] + red[tid * TPR];
+        if (kg < NKG) {  // 3. values
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const float f = al[r];
+#pragma unroll
+                for (int i = 0; i < VV; ++i) acc[r][i] *= f;
+            }
+            for (int j = kg; j < NT; j += NKG) {
+                if (!seen[j]) continue;
+                float vv[VV];
+                mgx_load<T, VV, VC>(v + b * vsb + kvh * vsk + (c0 + j) * vst + (long long)hg * VV * vsh, vsh, vv);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const float wt = sc[r][j];
+                    if (wt != 0.f) {
+#pragma unroll
+                        for (int i = 0; i < VV; ++i) acc[r][i] += wt * vv[i];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // the key groups' sums per row, then the output (one split) or this split's partial row
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        if (kg < NKG) {
+#pragma unroll
+            for (int i = 0; i < VV; ++i) red[kg * HV + hg * VV + i] = acc[r][i];
+        }
+        __syncthreads();
+        if (r < nrows) {
+            const long long n = rn[r], s = rs[r];
+            for (int h = tid; h < HV; h += NT) {
+                float a = 0.f;
+                for (int g = 0; g < NKG; ++g) a += red[g * HV + h];
+                if (nsplit > 1) {
+                    float* pr = part + (((b * N + n) * S + s) * nsplit + sp) * (HV + 3);
+                    if (h == 0) {
+                        pr[0] = ms[r];
+                        pr[1] = ls[r];
+                        pr[2] = (float)bad[r];
+                    }
+                    pr[3 + h] = a;
+                } else {
+                    mgx_put(out + b * osb + n * osn + s * oss + h * osh,
+                            mgx_finish(ms[r], ls[r], bad[r], a, n, sink, v + b * vsb + kvh * vsk + h * vsh, P, vst));
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Merge the splits of one output row (blockIdx.x = (b * N + n) * S + s): m = max m_i, the sums and
+// the accumulated values rescaled by exp(m_i - m); a row is bad when any split saw a bad logit.
+extern "C" __global__ void __launch_bounds__(CT) mgx_attn_combine(
+    const float* __restrict__ part, const T* __restrict__ v, const ST* __restrict__ sink, T* __restrict__ out,
+    long long N, long long NKV, long long S, long long P, long long nsplit, long long vsb, long long vsk,
+    long long vst, long long vsh, long long osb, long long osn, long long oss, long long osh) {
+    const long long row = blockIdx.x;
+    const long long s = row % S, n = (row / S) % N, b = row / (S * N), kvh = n / (N / NKV);
+    const float* pr = part + row * nsplit * (HV + 3);
+    float m = -MGX_INF, l = 0.f;
+    int bd = 0;
+    for (long long i = 0; i < nsplit; ++i) {
+        m = fmaxf(m, pr[i * (HV + 3)]);
+        bd |= pr[i * (HV + 3) + 2] != 0.f;
+    }
+    for (long long i = 0; i < nsplit; ++i) {
+        const float mi = pr[i * (HV + 3)];
+        if (mi != -MGX_INF) l += pr[i * (HV + 3) + 1] * expf(mi - m);
+    }
+    for (int h = threadIdx.x; h < HV; h += CT) {
+        float a = 0.f;
+        for (long long i = 0; i < nsplit; ++i) {
+            const float mi = pr[i * (HV + 3)];
+            if (mi != -MGX_INF) a += pr[i * (HV + 3) + 3 + h] * expf(mi - m);
+        }
+        mgx_put(out + b * osb + n * osn + s * oss + h * osh,
+                mgx_finish(m, l, bd, a, n, sink, v + b * vsb + kvh * vsk + h * vsh, P, vst));
+    }
+}

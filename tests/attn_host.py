@@ -1,0 +1,143 @@
+"""Run ``operators/decode_attention.cu`` on the host, so its arithmetic is checked on a machine without a GPU.
+
+The kernel source of a :class:`mgx_graph.operators.attention_gpu.Plan` is built with g++ (C++20) behind a
+shim: each block runs as ``blockDim.x`` std::threads (``threadIdx`` thread-local), ``__syncthreads()`` is a
+barrier of those threads, ``__shared__`` variables are function-local statics (one block runs at a time,
+so they are that block's shared memory) and ``__half`` is ``_Float16``.  So the index arithmetic, the chunk
+loop, the shared-memory reductions, the online softmax and the split merge run as on the device, block by
+block (not the device's memory model or its float16 / fused multiply-add rounding)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from mgx_graph.operators import attention_gpu
+
+_SHIM = r"""
+#define MGX_HOST_EMULATION 1
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <barrier>
+#include <thread>
+#include <vector>
+struct mgx_dim3 { unsigned x, y, z; };
+static thread_local mgx_dim3 threadIdx;
+static mgx_dim3 blockIdx, blockDim, gridDim;
+static std::barrier<>* mgx_barrier;
+#define __syncthreads() mgx_barrier->arrive_and_wait()
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct __half { _Float16 v; };
+static inline float __half2float(__half h) { return (float)h.v; }
+static inline __half __float2half(float f) { __half h; h.v = (_Float16)f; return h; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F f) {
+    blockDim = {nt, 1, 1};
+    gridDim = {gx, gy, 1};
+    for (unsigned y = 0; y < gy; ++y)
+        for (unsigned x = 0; x < gx; ++x) {
+            blockIdx = {x, y, 0};
+            std::barrier<> bar(nt);
+            mgx_barrier = &bar;
+            std::vector<std::thread> th;
+            for (unsigned t = 0; t < nt; ++t) th.emplace_back([&, t] { threadIdx = {t, 0, 0}; f(); });
+            for (auto& t : th) t.join();
+        }
+}
+"""
+_KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\(\w+\) (\w+)\(([^)]*)\)', re.S)
+_DIR = os.path.join(tempfile.gettempdir(), "mgx_attn_host")
+
+
+def available() -> bool:
+    return shutil.which("g++") is not None
+
+
+def _signatures(src: str) -> dict:
+    """``{kernel name: [(C type, parameter name), ...]}`` of the source's kernels."""
+    sigs = {}
+    for name, params in _KERNEL.findall(src):
+        items = []
+        for p in params.split(","):
+            toks = p.replace("*", " * ").split()
+            items.append((" ".join(toks[:-1]), toks[-1]))
+        sigs[name] = items
+    return sigs
+
+
+def _wrappers(sigs: dict) -> str:
+    out = []
+    for name, params in sigs.items():
+        decl = ", ".join(f"{t} {n}" for t, n in params)
+        call = ", ".join(n for _, n in params)
+        out.append(f'extern "C" void host_{name}(unsigned gx, unsigned gy, unsigned nt, {decl}) {{\n'
+                   f"    mgx_grid(gx, gy, nt, [&] {{ {name}({call}); }});\n}}\n")
+    return "".join(out)
+
+
+_LIBS: dict = {}
+
+
+def build(source: str):
+    """``(library, signatures)`` of a plan's kernel source built for the host (cached by content)."""
+    hit = _LIBS.get(source)
+    if hit is not None:
+        return hit
+    sigs = _signatures(source)
+    full = _SHIM + source + _wrappers(sigs)
+    os.makedirs(_DIR, exist_ok=True)
+    base = os.path.join(_DIR, hashlib.sha1(full.encode()).hexdigest()[:16])
+    if not os.path.exists(base + ".so"):
+        with open(base + ".cpp", "w") as f:
+            f.write(full)
+        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
+                            "-o", base + ".tmp.so", base + ".cpp"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"g++ failed on {base}.cpp:\n{r.stderr[-4000:]}")
+        os.replace(base + ".tmp.so", base + ".so")
+    _LIBS[source] = (ctypes.CDLL(base + ".so"), sigs)
+    return _LIBS[source]
+
+
+def _arg(ctype: str, v):
+    if "*" in ctype:
+        assert isinstance(v, np.ndarray), ctype
+        return ctypes.c_void_p(v.__array_interface__["data"][0])
+    if ctype == "long long":
+        return ctypes.c_longlong(int(v))
+    assert ctype == "float", ctype
+    return ctypes.c_float(float(v))
+
+
+def _launch(lib, sigs, name, grid, block, args):
+    params = sigs[name]
+    assert len(params) == len(args), (name, len(params), len(args))
+    gy = grid[1] if len(grid) > 1 else 1
+    getattr(lib, f"host_{name}")(ctypes.c_uint(grid[0]), ctypes.c_uint(gy), ctypes.c_uint(block),
+                                 *[_arg(t, a) for (t, _), a in zip(params, args)])
+
+
+def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:
+    """Run ``plan`` (both kernels when it splits) over numpy ``arrays`` (by role, as the gpu launch takes
+    them) into ``out``; ``vector``: the 16-byte-load variant (the arrays must then be aligned)."""
+    lib, sigs = build(plan.source(vector))
+    part = None
+    if plan.splits > 1:
+        part = np.full(plan.workspace()[0].lens, np.nan, np.float32)
+    _launch(lib, sigs, "mgx_attn_split", plan.grid, attention_gpu.NT, plan.split_args(arrays, out, part))
+    if part is not None:
+        _launch(lib, sigs, "mgx_attn_combine", plan.combine_grid, plan.defines(vector)["CT"],
+                plan.combine_args(arrays, out, part))

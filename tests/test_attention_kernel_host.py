@@ -1,0 +1,171 @@
+"""decode_attention.cu run on the host (tests/attn_host.py: each block's threads as std::threads, barriers
+for __syncthreads) against the float64 numpy oracle: the plans of decode_attention (masks, NaN rows,
+cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask, bias,
+sink, smooth, softcap, empty rows)."""
+import numpy as np
+import pytest
+
+from mgx_graph.operators import attention_gpu
+from mgx_graph.operators.attention_gpu import Spec, broadcast_strides, head_strides, make_plan
+from mgx_graph.shape import Shape
+
+import attn_host
+import attn_oracle
+
+pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C++20)")
+TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
+
+
+def _shape(a) -> Shape:
+    return Shape(a.dtype.name, a.shape, tuple(s // a.itemsize for s in a.strides))
+
+
+def _kv(rng, dtype, B, Nkv, P, D, layout):
+    """A K or V cache [B, Nkv, P, D]: ``standard``; ``cache``: a transpose of a [P, B, Nkv, D] buffer (the
+    exports' scatternd layout); ``strided``: the head dim not contiguous (element-wise loads)."""
+    if layout == "cache":
+        return rng.normal(size=(P, B, Nkv, D)).astype(dtype).transpose(1, 2, 0, 3)
+    if layout == "strided":
+        return rng.normal(size=(B, Nkv, D, P)).astype(dtype).transpose(0, 1, 3, 2)
+    return rng.normal(size=(B, Nkv, P, D)).astype(dtype)
+
+
+def _decode(rng, dtype, B, N, Nkv, S, P, H, Hv, layout="standard", nan_zero=True, max_splits=64):
+    q = rng.normal(size=(B, N, S, H)).astype(dtype)
+    k, v = _kv(rng, dtype, B, Nkv, P, H, layout), _kv(rng, dtype, B, Nkv, P, Hv, layout)
+    m = rng.normal(size=(B, 1, S, P))
+    m[rng.random(m.shape) < 0.3] = -np.inf
+    m[0, 0, 0, :] = -np.inf  # a row that sees no key
+    m = m.astype(dtype)
+    out = np.full((B, N, S, Hv), 7, dtype)
+    scale = 1.0 / np.sqrt(H)
+    spec = Spec(dtype=dtype, B=B, N=N, NKV=Nkv, S=S, P=P, H=H, HV=Hv, q=head_strides(_shape(q)),
+                k=head_strides(_shape(k)), v=head_strides(_shape(v)), out=head_strides(_shape(out)), scale=scale,
+                mask_dtype=dtype, mask=broadcast_strides(_shape(m)), mask_len=P, mask_round=True,
+                empty=int(nan_zero), nan_zero=nan_zero)
+    want = attn_oracle.attention(q, k, v, scale, mask=m, empty="zero" if nan_zero else "nan", nan_zero=nan_zero)
+    return make_plan(spec, max_splits), {"q": q, "k": k, "v": v, "mask": m}, out, want
+
+
+DECODE = [  # dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits
+    ("float32", 1, 9, 3, 1, 16, 64, 64, "cache", 64),
+    ("float16", 1, 9, 3, 1, 300, 64, 64, "cache", 64),
+    ("float16", 2, 8, 2, 2, 1000, 32, 32, "standard", 2),  # two splits of two chunks each
+    ("float32", 1, 4, 4, 3, 7, 16, 24, "strided", 64),
+    ("float16", 1, 32, 1, 1, 40, 80, 48, "standard", 64),  # 32 query rows per KV head: 4 row groups
+]
+
+
+@pytest.mark.parametrize("dtype,B,N,Nkv,S,P,H,Hv,layout,max_splits", DECODE)
+def test_decode_plan_matches_numpy(dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits):
+    plan, arrays, out, want = _decode(np.random.default_rng(P), dtype, B, N, Nkv, S, P, H, Hv, layout,
+                                      max_splits=max_splits)
+    assert plan.splits == (1 if P <= attention_gpu.SPLIT_ROWS else -(-P // plan.keys_per_split))
+    attn_host.run(plan, arrays, out, vector=layout != "strided")
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+    assert np.all(out[0, :, 0] == 0)  # the row with every key masked (nan_zero)
+
+
+def test_element_wise_variant_matches_the_vector_one():
+    plan, arrays, out, want = _decode(np.random.default_rng(3), "float16", 1, 6, 2, 1, 300, 64, 64, "cache")
+    assert (plan.vk, plan.vv, plan.kc, plan.vc) == (8, 8, 1, 1)
+    attn_host.run(plan, arrays, out, vector=False)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+
+def test_nan_rows_and_hidden_non_finite_values():
+    rng = np.random.default_rng(5)
+    plan, arrays, out, want = _decode(rng, "float32", 1, 4, 2, 1, 300, 16, 16, nan_zero=False)
+    m, k, v = arrays["mask"], arrays["k"], arrays["v"]
+    hidden = np.flatnonzero(m[0, 0, 0] == -np.inf)
+    v[0, :, hidden] = np.inf  # every key of row 0 is hidden: these values must not be read
+    m[0, 0, 0, 5] = 0.0
+    k[0, 1, 5, 0] = np.nan  # key 5 seen by heads 2, 3: their row is NaN
+    v[0, 0, 5] = 1.0
+    want = attn_oracle.attention(arrays["q"], k, v, plan.spec.scale, mask=m)
+    attn_host.run(plan, arrays, out)
+    assert np.all(np.isnan(out[0, 2:, 0])) and np.all(np.isfinite(out[0, :2, 0]))
+    np.testing.assert_allclose(out, want, 2e-5, 2e-5)
+
+
+def _grouped(rng, dtype, B, N, Nkv, P, H, *, kv_len, window=0, softcap=0.0, bias_len=0, sink=False,
+             smooth=False, key_mask=False, max_splits=64):
+    q = rng.normal(size=(B, 1, N, H)).astype(dtype)
+    k, v = _kv(rng, dtype, B, Nkv, P, H, "standard"), _kv(rng, dtype, B, Nkv, P, H, "standard")
+    lens = np.array(kv_len, np.int64)
+    pos = (lens - 1).reshape(B, 1)
+    t = np.arange(P)
+    vis = (t < lens[:, None]) & (t <= pos) & ((t > pos - window) if window > 0 else True)
+    arrays = {"q": q, "k": k, "v": v, "pos": pos, "kv_len": lens}
+    spec = dict(pos=(1, 0) if B > 1 else (0, 0), lengths=True, causal=True, window=window, softcap=softcap, empty=2)
+    mask = None
+    if key_mask:
+        km = rng.random((B, P)) < 0.8
+        arrays["key_mask"], vis = km, vis & km
+        spec["key_mask"] = (P if B > 1 else 0, 0, 1)
+    if bias_len:
+        bias = rng.normal(size=(B, N, 1, bias_len)).astype("float32")
+        arrays["mask"] = bias
+        mask = np.concatenate([bias, np.zeros((B, N, 1, P - bias_len), np.float32)], axis=-1)
+        spec.update(mask_dtype="float32", mask=broadcast_strides(_shape(bias)), mask_len=bias_len)
+    if sink:
+        arrays["sink"] = rng.normal(size=(N,)).astype("float32")
+        spec["sink_dtype"] = "float32"
+    out = np.full((B, 1, N * H), 7, dtype)
+    scale = 1.0 / np.sqrt(H)
+    full = Spec(dtype=dtype, B=B, N=N, NKV=Nkv, S=1, P=P, H=H, HV=H, q=head_strides(_shape(q), (0, 2, 1, 3)),
+                k=head_strides(_shape(k)), v=head_strides(_shape(v)), out=(N * H if B > 1 else 0, H, 0, 1),
+                scale=scale, smooth=smooth, **spec)
+    want = attn_oracle.attention(q.transpose(0, 2, 1, 3), k, v, scale, mask=mask, visible=vis[:, None, None],
+                                 softcap=softcap, sink=arrays.get("sink"), smooth=smooth, empty="mean")
+    return make_plan(full, max_splits), arrays, out, want.transpose(0, 2, 1, 3).reshape(B, 1, N * H)
+
+
+GROUPED = [  # dtype, B, N, Nkv, P, H, options
+    ("float32", 2, 6, 2, 20, 16, dict(kv_len=[20, 0])),  # an entry with no key: the mean of all values
+    ("float16", 2, 8, 2, 600, 64, dict(kv_len=[600, 333], window=100, softcap=20.0, max_splits=2)),
+    ("float16", 1, 4, 1, 64, 32, dict(kv_len=[50], key_mask=True, bias_len=40, sink=True)),
+    ("float32", 2, 4, 4, 30, 16, dict(kv_len=[30, 0], smooth=True)),  # smooth: the empty entry gives 0
+]
+
+
+@pytest.mark.parametrize("dtype,B,N,Nkv,P,H,opts", GROUPED)
+def test_grouped_plan_matches_numpy(dtype, B, N, Nkv, P, H, opts):
+    plan, arrays, out, want = _grouped(np.random.default_rng(P), dtype, B, N, Nkv, P, H, **opts)
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+
+
+def test_the_plans_the_ops_make_match_numpy():
+    """The kernels decode_attention.gpu_kernel and grouped_attention.gpu_kernel plan (their specs from the
+    instructions' shapes: strides, roles, options), run on the host."""
+    from mgx_graph.operators import make_op
+
+    rng = np.random.default_rng(11)
+    B, N, Nkv, P, H = 2, 6, 2, 300, 32
+    q = rng.normal(size=(B, 1, N, H)).astype("float16")  # grouped layout [B, S, N, H]
+    kb, vb = (rng.normal(size=(P, B, Nkv, H)).astype("float16") for _ in range(2))
+    k, v = kb.transpose(1, 2, 0, 3), vb.transpose(1, 2, 0, 3)
+    mask = _decode(rng, "float32", B, N, Nkv, 1, P, H, H)[1]["mask"]
+    qd = q.transpose(0, 2, 1, 3)  # [B, N, 1, H] view
+    op = make_op("decode_attention", scale=0.2, mask=1, nan_zero=1)
+    shapes = [_shape(a) for a in (qd, k, v, mask)]
+    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    out = np.full((B, N, 1, H), 7, np.float16)
+    attn_host.run(kern.fn.plan, {"q": qd, "k": k, "v": v, "mask": mask}, out)
+    want = attn_oracle.attention(qd, k, v, 0.2, mask=mask.astype(np.float16), nan_zero=True)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+    lens = np.array([P, 120], np.int64)
+    pos, sink = (lens - 1).reshape(B, 1), rng.normal(size=(N,)).astype("float32")
+    kc, vc = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    op = make_op("grouped_attention", local_window=50, sink=1)
+    shapes = [_shape(a) for a in (q, kc, vc, pos, lens, np.arange(P), sink)]
+    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    out = np.full((B, 1, N * H), 7, np.float16)
+    attn_host.run(kern.fn.plan, {"q": q, "k": kc, "v": vc, "pos": pos, "kv_len": lens, "sink": sink}, out)
+    t = np.arange(P)
+    vis = (t < lens[:, None]) & (t <= pos) & (t > pos - 50)
+    want = attn_oracle.attention(qd, kc, vc, 1 / np.sqrt(H), visible=vis[:, None, None], sink=sink)
+    np.testing.assert_allclose(out.astype(np.float64), want.transpose(0, 2, 1, 3).reshape(B, 1, N * H),
+                               *TOL["float16"])

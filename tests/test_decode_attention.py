@@ -1,0 +1,174 @@
+"""decode_attention, and grouped_attention's one-row (decode) steps, against a float64 numpy oracle
+(tests/attn_oracle.py) on every target: the gpu target runs decode_attention.cu, split over the cache past
+256 rows.  Random q / k / v / masks, GQA ratios 1, 3 and 4, cache lengths 1 .. 1000, float32 and float16,
+rows that see no key, strided inputs (the exports' cache layout), and the errors of bad shapes."""
+import numpy as np
+import pytest
+
+import mgx_graph
+from mgx_graph import Program, Shape
+from mgx_graph.operators import make_op
+
+import attn_oracle
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (3e-3, 3e-3)}
+
+
+def _run(target, op, feeds: dict, views=None):
+    """Compile and run one ``op`` instruction over parameters ``feeds`` (``views``: {name: (op, shape of the
+    parameter)}: the parameter is given in that shape and viewed by the op before the instruction)."""
+    prog = Program()
+    m = prog.get_main_module()
+    args = []
+    for name, a in feeds.items():
+        view = (views or {}).get(name)
+        p = m.add_parameter(name, Shape(a.dtype.name, a.shape if view is None else view[1]))
+        args.append(p if view is None else m.add_instruction(view[0], [p]))
+    m.add_return([m.add_instruction(op, args)])
+    prog.compile(target=target)
+    try:
+        return prog.run(feeds if not views else {n: np.ascontiguousarray(views[n][2]) if n in views else a
+                                                 for n, a in feeds.items()})[0]
+    finally:
+        prog.release()
+
+
+def _mask(rng, B, S, P, dtype, heads=1):
+    m = rng.normal(size=(B, heads, S, P))
+    m[rng.random(m.shape) < 0.3] = -np.inf
+    m[..., 0] = 0.0  # every row sees a key, except the one made empty below
+    m[0, 0, 0, :] = -np.inf
+    return m.astype(dtype)
+
+
+CASES = [  # B, N, Nkv, S, P, H, Hv
+    (1, 3, 3, 1, 1, 16, 16),  # one cached row, no grouping
+    (1, 9, 3, 1, 7, 64, 64),  # SmolLM2's heads, GQA 3
+    (2, 8, 2, 1, 256, 32, 32),  # GQA 4, a full single split
+    (1, 12, 4, 2, 1000, 64, 32),  # GQA 3, four splits, two query rows
+    (1, 4, 1, 3, 300, 80, 48),  # GQA 4 (one KV head), odd head sizes
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("B,N,Nkv,S,P,H,Hv", CASES)
+def test_matches_numpy(target, dtype, B, N, Nkv, S, P, H, Hv):
+    rng = np.random.default_rng(P + N)
+    q = rng.normal(size=(B, N, S, H)).astype(dtype)
+    k, v = rng.normal(size=(B, Nkv, P, H)).astype(dtype), rng.normal(size=(B, Nkv, P, Hv)).astype(dtype)
+    mask = _mask(rng, B, S, P, dtype)
+    scale = 1.0 / np.sqrt(H)
+    op = make_op("decode_attention", scale=scale, mask=1, nan_zero=1)
+    got = _run(target, op, {"q": q, "k": k, "v": v, "mask": mask})
+    assert got.shape == (B, N, S, Hv) and got.dtype == dtype
+    want = attn_oracle.attention(q, k, v, scale, mask=mask, nan_zero=True)
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL[dtype])
+    assert np.all(got[0, :, 0] == 0)  # the row with every key masked
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_without_mask_and_with_softcap(target, dtype):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=s).astype(dtype) * 3 for s in ((1, 6, 1, 32), (1, 2, 40, 32), (1, 2, 40, 32)))
+    op = make_op("decode_attention", scale=0.5, softcap=5.0)
+    got = _run(target, op, {"q": q, "k": k, "v": v})
+    np.testing.assert_allclose(got.astype(np.float64), attn_oracle.attention(q, k, v, 0.5, softcap=5.0), *TOL[dtype])
+
+
+def test_a_row_that_sees_no_key_is_nan_without_the_guard(target):
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=s).astype("float32") for s in ((1, 4, 1, 16), (1, 2, 300, 16), (1, 2, 300, 16)))
+    mask = _mask(rng, 1, 1, 300, "float32")
+    got = _run(target, make_op("decode_attention", scale=0.25, mask=1), {"q": q, "k": k, "v": v, "mask": mask})
+    assert np.all(np.isnan(got[0, :, 0]))
+
+
+def test_hidden_cache_rows_are_not_read(target):
+    """A -inf mask hides a key: NaN / inf in its K / V rows (cache rows never written) does not leak."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=s).astype("float16") for s in ((1, 6, 1, 64), (1, 2, 400, 64), (1, 2, 400, 64)))
+    mask = np.zeros((1, 1, 1, 400), np.float16)
+    mask[..., 123:] = -np.inf
+    k[:, :, 123:] = np.nan
+    v[:, :, 123:] = np.inf
+    got = _run(target, make_op("decode_attention", scale=0.125, mask=1, nan_zero=1),
+               {"q": q, "k": k, "v": v, "mask": mask})
+    want = attn_oracle.attention(q, k[:, :, :123], v[:, :, :123], 0.125)
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL["float16"])
+
+
+def test_a_float32_mask_is_rounded_to_half(target):
+    """What add(scores, convert(mask)) adds: -3.4e38 is -inf in half, so a row masked with it is empty."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=s).astype("float16") for s in ((1, 3, 1, 16), (1, 1, 8, 16), (1, 1, 8, 16)))
+    mask = np.where(np.arange(8) <= 4, 0, np.finfo(np.float32).min).astype(np.float32).reshape(1, 1, 1, 8)
+    got = _run(target, make_op("decode_attention", scale=0.25, mask=1, nan_zero=1),
+               {"q": q, "k": k, "v": v, "mask": mask})
+    want = attn_oracle.attention(q, k[:, :, :5], v[:, :, :5], 0.25)
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL["float16"])
+
+
+def test_strided_query_and_cache_layouts(target):
+    """q as a transpose of [B, S, N, H]; K / V as transposes of [P, B, Nkv, H] (the scatternd layout)."""
+    rng = np.random.default_rng(5)
+    B, N, Nkv, S, P, H = 2, 8, 2, 1, 600, 64
+    qb = rng.normal(size=(B, S, N, H)).astype("float16")
+    kb, vb = (rng.normal(size=(P, B, Nkv, H)).astype("float16") for _ in range(2))
+    mask = _mask(rng, B, S, P, "float16", heads=N)
+    q, k, v = qb.transpose(0, 2, 1, 3), kb.transpose(1, 2, 0, 3), vb.transpose(1, 2, 0, 3)
+    t = make_op("transpose", permutation=[0, 2, 1, 3])
+    tc = make_op("transpose", permutation=[1, 2, 0, 3])
+    views = {"q": (t, qb.shape, qb), "k": (tc, kb.shape, kb), "v": (tc, vb.shape, vb)}
+    got = _run(target, make_op("decode_attention", scale=0.125, mask=1, nan_zero=1),
+               {"q": q, "k": k, "v": v, "mask": mask}, views)
+    want = attn_oracle.attention(q, k, v, 0.125, mask=mask, nan_zero=True)
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL["float16"])
+
+
+@pytest.mark.parametrize("inputs,match", [
+    ([("float32", (1, 4, 1, 8)), ("float32", (1, 3, 5, 8)), ("float32", (1, 3, 5, 8))], "Nkv dividing 4"),
+    ([("float32", (1, 4, 1, 8)), ("float16", (1, 2, 5, 8)), ("float16", (1, 2, 5, 8))], "key"),
+    ([("float32", (1, 4, 1, 8)), ("float32", (1, 2, 5, 8)), ("float32", (1, 2, 6, 8))], "value"),
+    ([("float64", (1, 4, 1, 8)), ("float64", (1, 2, 5, 8)), ("float64", (1, 2, 5, 8))], "query"),
+    ([("float32", (1, 4, 1, 8)), ("float32", (1, 2, 5, 8)), ("float32", (1, 2, 5, 8)), ("float32", (1, 2, 1, 5))],
+     "mask"),
+])
+def test_bad_shapes_raise(inputs, match):
+    op = make_op("decode_attention", scale=1.0, mask=int(len(inputs) == 4))
+    with pytest.raises(mgx_graph.ShapeError, match=match):
+        op.compute_shape([Shape(d, s) for d, s in inputs])
+
+
+# -- grouped_attention, one row per batch entry ----------------------------------------------------------------
+GROUPED = [  # dtype, B, N, Nkv, P, H, kv_len, options
+    ("float32", 2, 6, 2, 20, 16, [20, 7], {}),
+    ("float16", 1, 9, 3, 256, 64, [200], {}),
+    ("float16", 2, 8, 2, 1000, 64, [1000, 333], dict(local_window=100, softcap=20.0)),
+    ("float32", 2, 4, 1, 64, 32, [50, 0], dict(bias=40, sink=True)),  # an entry that sees no key: the sink alone
+    ("float32", 2, 4, 4, 30, 16, [30, 0], {}),  # no key, no sink: the mean of all the values
+]
+
+
+@pytest.mark.parametrize("dtype,B,N,Nkv,P,H,kv_len,opts", GROUPED)
+def test_grouped_one_row_steps_match_numpy(target, dtype, B, N, Nkv, P, H, kv_len, opts):
+    rng = np.random.default_rng(P + B)
+    q = rng.normal(size=(B, 1, N, H)).astype(dtype)
+    k, v = rng.normal(size=(B, Nkv, P, H)).astype(dtype), rng.normal(size=(B, Nkv, P, H)).astype(dtype)
+    lens = np.array(kv_len, np.int64)
+    pos = (lens - 1).reshape(B, 1)
+    feeds = {"q": q, "k": k, "v": v, "pos": pos, "kv_len": lens, "rows": np.arange(P, dtype=np.int64)}
+    window, softcap = opts.get("local_window", -1), opts.get("softcap", 0.0)
+    t = np.arange(P)
+    vis = (t < lens[:, None]) & (t <= pos) & ((t > pos - window) if window > 0 else True)
+    mask = None
+    if opts.get("bias"):
+        feeds["bias"] = rng.normal(size=(B, N, 1, opts["bias"])).astype(dtype)
+        mask = np.concatenate([feeds["bias"].astype(np.float64), np.zeros((B, N, 1, P - opts["bias"]))], -1)
+    if opts.get("sink"):
+        feeds["sink"] = rng.normal(size=(N,)).astype(dtype)
+    op = make_op("grouped_attention", local_window=window, softcap=softcap, bias=int("bias" in feeds),
+                 sink=int("sink" in feeds))
+    got = _run(target, op, feeds)
+    want = attn_oracle.attention(q.transpose(0, 2, 1, 3), k, v, 1.0 / np.sqrt(H), mask=mask, visible=vis[:, None, None],
+                                 softcap=softcap, sink=feeds.get("sink"), empty="mean")
+    np.testing.assert_allclose(got.astype(np.float64), want.transpose(0, 2, 1, 3).reshape(B, 1, N * H), *TOL[dtype])
