@@ -12,22 +12,29 @@ weight) with the same type and the same ``[..., K]`` dims, and rewrites each gro
     Y   = dot(A, W)                                          [..., M, N_1 + ... + N_n]
     Y_i = slice[axes={-1}, starts={N_1 + ... + N_{i-1}}, ends=...](Y)   a view: no kernel, no copy
 
-The readers of the i-th ``dot`` read ``Y_i``.  When every ``dot`` of the group is read only by one
-``add`` of a constant bias that varies along N alone (a ``Linear`` with bias), the biases are
-concatenated too and one ``add`` over ``Y`` replaces the n adds (the slices then view its result).
+The readers of the i-th ``dot`` read ``Y_i``.  A weight that is a broadcast view (a stride 0 over a
+dim above 1) is not merged: the concatenation would materialize the broadcast.  When every ``dot`` of
+the group is read only by one ``add`` of a constant bias that varies along N alone (a ``Linear`` with
+bias) and none of those adds would be fused into its readers (an elementwise op, a reduction), the
+biases are concatenated too and one ``add`` over ``Y`` replaces the n adds (the slices then view its
+result); an add the fusion passes would absorb is left reading its slice, where it costs no kernel.
 
 ``Y_i`` has ``Y``'s row stride (``N_1 + ... + N_n``), so it is a standard layout only when the rows
-of ``Y`` collapse to one (M = 1 with no batch dims above 1): a strided ``Y_i`` is accepted only by
-readers that take any layout without a copy (views, ``dot``, elementwise ops and ``concat``, which
-the fusion passes turn into kernels with strided loads, reductions and norms).  A ``dot`` is left as it is when one of its readers, or a
-reader of a view of it, would not take its slice: the slice is strided and the reader is another
-op, its ``compute_shape`` refuses the new layout (a ``reshape`` that would need a copy), the value
-is a program output (``@return``: the output would need a copy), or the reader is in another module.
+of ``Y`` collapse to one (M = 1 with no batch dim above 1).  A ``dot`` of the group is left as it is
+when a reader of it, or of a view of it, would not take its slice without a copy:
+
+* the slice is strided and the reader is not one that reads any layout as it is (views, ``dot``,
+  elementwise ops and ``concat``, which the fusion passes turn into kernels with strided loads,
+  reductions and norms): e.g. ``scatternd``, whose gpu kernel wants packed updates;
+* the reader's ``compute_shape`` refuses the new layout (a ``reshape`` that would need a copy);
+* the value, or a view of it, is a program output in a standard layout (its own buffer today;
+  sharing the merged buffer with other outputs would cost a copy in ``bind_outputs``);
+* the reader is in another module, or reads its input's layout through submodules.
 
 Runs after ``precision`` (the weights are already float16 with ``fp16=True``) and before the kernel
 fusion passes, on both targets, so the ``ref`` target checks the merged program numerically;
-``MIGRAPHX_DISABLE_PASSES=merge_dots`` turns it off for A/B runs.  Reference: MIGraphX's
-``simplify_algebra`` (``find_concat_op`` / ``find_splits`` on ``dot``).
+``MIGRAPHX_DISABLE_PASSES=merge_dots`` turns it off for A/B runs.  MIGraphX does the same for dots
+and convolutions of one input in ``simplify_algebra`` (``find_conv_dot_horiz_fusion``).
 """
 from __future__ import annotations
 
@@ -90,10 +97,12 @@ def downstream_shapes(m, changed: dict, apply: bool = False):
     shape}``), following readers in program order while their shapes change.
 
     Returns ``{id: shape}`` of every instruction whose shape changes (``changed`` included), or None
-    when a reader cannot take its new input: it is ``@return``, in another module, reads a submodule,
-    has its layout bound, refuses the new layout (``compute_shape`` raises), or is an op other than a
-    view, ``dot`` or an elementwise op that would read a non-standard layout.  With ``apply`` the new
-    shapes are set on the instructions (call it only after a dry run returned a dict)."""
+    when a reader cannot take its new input: it is in another module, reads a submodule, has its
+    layout bound, refuses the new layout (``compute_shape`` raises), would read a strided layout and
+    is not one that takes it as it is (:func:`_takes_strided`), or is ``@return`` reading a value
+    that is standard before or after (a strided output is copied by ``bind_outputs`` either way; a
+    standard one would now share the merged buffer).  With ``apply`` the new shapes are set on the
+    instructions (call it only after a dry run returned a dict)."""
     order = {id(i): k for k, i in enumerate(m.instructions)}
     new = {id(i): s for i, s in changed.items()}
     heap, queued = [], set()
@@ -110,6 +119,10 @@ def downstream_shapes(m, changed: dict, apply: bool = False):
         push_readers(ins)
     while heap:
         pos, _, c = heapq.heappop(heap)
+        if c.op.name == "@return" and pos >= 0:
+            if not apply and any(id(i) in new and (new[id(i)].standard() or i.shape.standard()) for i in c.inputs):
+                return None
+            continue
         if pos < 0 or c.module is not m or c.op.builtin or c.module_inputs or "bind_layout" in c.meta:
             return None
         in_shapes = [new.get(id(i), i.shape) for i in c.inputs]
@@ -158,7 +171,7 @@ def _bias_of(dot):
     if len(others) != 1:
         return None
     const = constant_value(others[0])
-    if const is None or not _stands_alone(add):
+    if const is None or const[0].dtype != dot.shape.np_dtype or not _stands_alone(add):
         return None
     lens = dot.shape.lens
     full = np.broadcast_to(const[0], lens)
@@ -202,9 +215,12 @@ class MergeDots(ModulePass):
     # -- finding groups --------------------------------------------------------------------------
     @staticmethod
     def _candidate(ins):
-        """A ``_Member`` for a ``dot`` of a non-empty output whose second operand is a constant."""
+        """A ``_Member`` for a ``dot`` of a non-empty output whose second operand is a constant that
+        is not a broadcast view."""
         if ins.op.name != "dot" or ins.module_inputs or len(ins.inputs) != 2 or not isinstance(ins.shape, Shape) \
                 or ins.shape.elements() == 0 or not isinstance(ins.inputs[0].shape, Shape):
+            return None
+        if ins.inputs[1].shape.broadcasted():
             return None
         const = constant_value(ins.inputs[1])
         if const is None:

@@ -168,19 +168,22 @@ def test_a_weight_also_read_elsewhere_stays_for_its_other_reader(target):
 def _rows_program(reader):
     """x [3, 8] (M = 3: the slices are strided) times three weights; the second dot is read by
     ``reader``: ``pointwise`` (tanh), ``copy_reshape`` (a reshape a strided view cannot give),
-    ``output`` (returned as it is)."""
+    ``output`` (returned as it is: a standard output with a buffer of its own), ``transposed_output``
+    (returned through a transpose: strided before and after, so bind_outputs copies it either way)."""
     prog = Program()
     m = prog.get_main_module()
     x = m.add_parameter("x", S("float32", 3, 8))
     d = [m.add_instruction(op("dot"), [x, lit(m, rand(8, n))]) for n in (4, 6, 2)]
     second = {"pointwise": lambda: m.add_instruction(op("tanh"), [d[1]]),
               "copy_reshape": lambda: m.add_instruction(op("reshape", dims=[18]), [d[1]]),
-              "output": lambda: d[1]}[reader]()
+              "output": lambda: d[1],
+              "transposed_output": lambda: m.add_instruction(op("transpose", permutation=[1, 0]), [d[1]])}[reader]()
     m.add_return([m.add_instruction(op("relu"), [d[0]]), second, m.add_instruction(op("exp"), [d[2]])])
     return prog
 
 
-@pytest.mark.parametrize("reader, widths", [("pointwise", [12]), ("copy_reshape", [6, 6]), ("output", [6, 6])])
+@pytest.mark.parametrize("reader, widths", [("pointwise", [12]), ("copy_reshape", [6, 6]), ("output", [6, 6]),
+                                            ("transposed_output", [12])])
 def test_strided_slices_go_only_to_readers_that_take_them(reader, widths, target):
     """N = 4, 6, 2: all three merge (12) or the first and last (4 + 2) and the second stays (6)."""
     prog = _rows_program(reader)
@@ -192,7 +195,8 @@ def test_strided_slices_go_only_to_readers_that_take_them(reader, widths, target
     xv = rand(3, 8)
     got = compile_program(prog, target=target).run({"x": xv})
     y = [xv @ w for w in weights]
-    second = {"pointwise": np.tanh(y[1]), "copy_reshape": y[1].reshape(18), "output": y[1]}[reader]
+    second = {"pointwise": np.tanh(y[1]), "copy_reshape": y[1].reshape(18), "output": y[1],
+              "transposed_output": y[1].T}[reader]
     for g, ref in zip(got, [np.maximum(y[0], 0), second, np.exp(y[2])]):
         np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-6)
 
@@ -366,3 +370,24 @@ def test_decode_step_tokens_match_transformers(llama, monkeypatch):
     half_plain = without_merge(monkeypatch, lambda: mgx_graph.compile(path, target="ref", fp16=True))
     assert _kernels(half_plain, "dot") - _kernels(half, "dot") == 3 * layers
     assert _greedy(half, llama, prompt, n_new) == _greedy(half_plain, llama, prompt, n_new)
+
+
+@pytest.mark.slow
+def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, monkeypatch):
+    """The real SmolLM2-135M decode step in fp16 on ref, graphs on: 3 kernels fewer per layer (Q K V
+    one GEMM, gate up one) and transformers' greedy tokens (float32) for a chat prompt."""
+    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.models import build
+    from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
+
+    try:
+        info = build("smollm2", cache_dir=model_cache, progress=False)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+    path, layers = str(info.onnx_path), info.config["num_layers"]
+    prog = mgx_graph.compile(path, target="ref", fp16=True, hip_graph=True)
+    plain = without_merge(monkeypatch, lambda: mgx_graph.compile(path, target="ref", fp16=True, hip_graph=True))
+    assert _kernels(plain) - _kernels(prog) == 3 * layers
+    ids = chat_prompt_ids(info, "What is the capital of France?")
+    want = hf_greedy_tokens(info, ids, 16)
+    assert generate(Decoder(prog), ids, 16, info.config["eos_token_ids"]).tokens == want
