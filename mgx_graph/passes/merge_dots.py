@@ -38,11 +38,9 @@ and convolutions of one input in ``simplify_algebra`` (``find_conv_dot_horiz_fus
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
-from ..errors import MgxError
+from ..errors import CompileError, MgxError
 from ..operators import make_op
 from ..operators.pointwise import Pointwise
 from ..shape import Shape, standard_strides
@@ -92,40 +90,27 @@ def _returned_standard(ins) -> bool:
     return False
 
 
-def downstream_shapes(m, changed: dict, apply: bool = False):
+def downstream_shapes(m, changed: dict):
     """The new output shapes of the instructions downstream of ``changed`` (``{instruction: new
-    shape}``), following readers in program order while their shapes change.
+    shape}``): readers are recomputed, and followed further while their shapes change.
 
-    Returns ``{id: shape}`` of every instruction whose shape changes (``changed`` included), or None
-    when a reader cannot take its new input: it is in another module, reads a submodule, has its
-    layout bound, refuses the new layout (``compute_shape`` raises), would read a strided layout and
-    is not one that takes it as it is (:func:`_takes_strided`), or is ``@return`` reading a value
-    that is standard before or after (a strided output is copied by ``bind_outputs`` either way; a
-    standard one would now share the merged buffer).  With ``apply`` the new shapes are set on the
-    instructions (call it only after a dry run returned a dict)."""
-    order = {id(i): k for k, i in enumerate(m.instructions)}
-    new = {id(i): s for i, s in changed.items()}
-    heap, queued = [], set()
-
-    def push_readers(ins):
-        for c in ins.outputs:
-            if id(c) not in queued:
-                queued.add(id(c))
-                heapq.heappush(heap, (order.get(id(c), -1), id(c), c))
-
-    for ins in changed:
-        if apply:
-            ins.shape = changed[ins]
-        push_readers(ins)
-    while heap:
-        pos, _, c = heapq.heappop(heap)
-        if c.op.name == "@return" and pos >= 0:
-            if not apply and any(id(i) in new and (new[id(i)].standard() or i.shape.standard()) for i in c.inputs):
+    Returns ``{id: (instruction, new shape)}`` of every instruction whose shape changes (``changed``
+    included), or None when a reader cannot take its new input: it is in another module, reads a
+    submodule, has its layout bound, refuses the new layout (``compute_shape`` raises), would read a
+    strided layout and is not one that takes it as it is (:func:`_takes_strided`), or is ``@return``
+    reading a value that is standard before or after (a strided output is copied by ``bind_outputs``
+    either way; a standard one would now share the merged buffer).  Nothing is changed."""
+    new = {id(i): (i, s) for i, s in changed.items()}
+    stack = [c for i in changed for c in i.outputs]
+    while stack:
+        c = stack.pop()
+        if c.op.name == "@return" and c.module is m:
+            if any(id(i) in new and (new[id(i)][1].standard() or i.shape.standard()) for i in c.inputs):
                 return None
             continue
-        if pos < 0 or c.module is not m or c.op.builtin or c.module_inputs or "bind_layout" in c.meta:
+        if c.module is not m or c.op.builtin or c.module_inputs or "bind_layout" in c.meta:
             return None
-        in_shapes = [new.get(id(i), i.shape) for i in c.inputs]
+        in_shapes = [new[id(i)][1] if id(i) in new else i.shape for i in c.inputs]
         strided = any(id(i) in new and not s.standard() for i, s in zip(c.inputs, in_shapes))
         if strided and not c.op.is_view and not _takes_strided(c):
             return None
@@ -133,11 +118,9 @@ def downstream_shapes(m, changed: dict, apply: bool = False):
             shape = c.op.compute_shape(in_shapes, c.module_inputs)
         except MgxError:
             return None
-        if shape != c.shape:
-            new[id(c)] = shape
-            if apply:
-                c.shape = shape
-            push_readers(c)
+        if shape != (new[id(c)][1] if id(c) in new else c.shape):
+            new[id(c)] = (c, shape)
+            stack.extend(c.outputs)
     return new
 
 
@@ -195,7 +178,10 @@ class _Member:
 
 
 class MergeDots(ModulePass):
-    """The ``merge_dots`` pass (see the module docstring); ``min_group``: the fewest dots merged."""
+    """The ``merge_dots`` pass (see the module docstring): rewrites every module in place but those
+    run by fused instructions; ``min_group``: the fewest dots merged into one (at least 2).  Any
+    float or integer type is merged (the weights keep theirs: float16 after ``quantize_fp16``).
+    Raises CompileError only if a group's readers refuse the slices that the dry run accepted."""
 
     name = "merge_dots"
 
@@ -228,7 +214,8 @@ class MergeDots(ModulePass):
         return _Member(ins, const[0], const[1])
 
     def _groups(self, m) -> list[list[_Member]]:
-        """Candidate dots keyed by (A, type, [..., K] of the weight), program order, two or more."""
+        """Candidate dots keyed by (A, type, [..., K] of the weight), each group in program order
+        (merging one group keeps the order of the others), two or more."""
         groups: dict = {}
         for ins in m.instructions:
             mem = self._candidate(ins)
@@ -267,11 +254,8 @@ class MergeDots(ModulePass):
         group = self._accepted(m, group)
         if not group:
             return
-        order = {id(i): k for k, i in enumerate(m.instructions)}
-        first = min((mem.dot for mem in group), key=lambda i: order[id(i)])
-        lit_anchor = min((mem.literal for mem in group), key=lambda i: order.get(id(i), order[id(first)]))
-        if lit_anchor.module is not m:
-            lit_anchor = first
+        first = group[0].dot  # members are in program order; the first one's weight literal precedes it
+        lit_anchor = group[0].literal if group[0].literal.module is m else first
         a = first.inputs[0]
         weight = np.concatenate([np.asarray(mem.weight) for mem in group], axis=-1)
         merged = m.insert_instruction(first, make_op("dot"), [a, m.insert_literal(lit_anchor, weight)])
@@ -288,7 +272,11 @@ class MergeDots(ModulePass):
             start += mem.n
             m.replace_instruction(mem.tail, s)
             new[s] = shapes[mem.tail]
-        downstream_shapes(m, new, apply=True)
+        shapes = downstream_shapes(m, new)
+        if shapes is None:  # the dry run on the same readers passed: never expected
+            raise CompileError(f"merge_dots: the readers of {merged} in module '{m.name}' refuse its slices")
+        for ins, shape in shapes.values():
+            ins.shape = shape
         for mem in group:
             _remove_dead_chain(m, mem.tail)
 

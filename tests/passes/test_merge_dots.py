@@ -229,7 +229,10 @@ def _biased_program(reader):
     outs = []
     for n in (4, 6, 2):
         d = m.add_instruction(op("dot"), [x, lit(m, rand(8, n))])
-        b = m.add_instruction(op("multibroadcast", out_lens=[1, n]), [lit(m, rand(n))]) if n != 6 else lit(m, rand(1, n))
+        if n == 6:  # a [1, N] literal read as it is
+            b = lit(m, rand(1, n))
+        else:  # a [N] literal broadcast to the output
+            b = m.add_instruction(op("multibroadcast", out_lens=[1, n]), [lit(m, rand(n))])
         a = m.add_instruction(op("add"), [d, b] if n != 2 else [b, d])
         if reader == "dot":
             t = m.add_instruction(op("reshape", dims=[n // 2, 2]), [a])
@@ -269,7 +272,8 @@ def _attention_in_projection_model(s_len):
     init = {"wq": rand(16, 16), "wk": rand(16, 8), "wvt": rand(8, 16), "wg": rand(16, 24), "wu": rand(16, 24),
             "hq": np.array([1, s_len, 4, 4], np.int64), "hk": np.array([1, s_len, 2, 4], np.int64)}
     nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
-             helper.make_node("Transpose", ["wvt"], ["wv"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Transpose", ["wvt"], ["wv"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wv"], ["v"]),
              helper.make_node("Reshape", ["q", "hq"], ["q4"]), helper.make_node("Reshape", ["k", "hk"], ["k4"]),
              helper.make_node("Reshape", ["v", "hk"], ["v4"]),
              helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
