@@ -14,6 +14,7 @@ from .eliminate_dead_code import EliminateDeadCode  # noqa: E402
 from .propagate_constant import PropagateConstant  # noqa: E402
 from .quantize_fp16 import QuantizeFp16  # noqa: E402
 from .fuse_norms import FuseNorms  # noqa: E402
+from .merge_dots import MergeDots  # noqa: E402
 from .fuse_attention import FuseAttention  # noqa: E402
 from .fuse_reduce import FuseReduce  # noqa: E402
 from .fuse_pointwise import FusePointwise  # noqa: E402
@@ -26,6 +27,6 @@ from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["Pass", "ModulePass", "PassContext", "PassGroup", "PassManager", "PipelineOptions", "run_passes",
            "InvalidProgram", "validate_program", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16",
-           "FuseNorms", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND", "SimplifyReshapes",
-           "BindOutputs", "Lowering",
+           "FuseNorms", "MergeDots", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND",
+           "SimplifyReshapes", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]

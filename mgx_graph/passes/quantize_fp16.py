@@ -2,8 +2,9 @@
 arithmetic in float32.
 
 Instructions that depend on a floating-point parameter (the activations) run in float16: float32
-parameters become float16 parameters, float32 literals they use get float16 copies, and conversions
-to float32 among them convert to float16.  Float values computed only from integer inputs and
+parameters become float16 parameters, float32 literals they use (or views of them, such as a transposed
+tied embedding) get float16 copies made at compile time, and conversions to float32 among them convert to
+float16; a float32 table gathered at run-time indices (an embedding lookup) is an activation too.  Float values computed only from integer inputs and
 literals (positions, rotary-embedding angles, masks) are index arithmetic: they stay float32, where
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
 ``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
@@ -25,6 +26,28 @@ def _is_float32(ins) -> bool:
     return not isinstance(ins.shape, tuple) and ins.shape.dtype == F32
 
 
+def _view_chain(ins):
+    """``(literal, [views from the literal outward])`` when ``ins`` is a literal seen through one-input
+    views (a transposed tied embedding read by the LM head); None otherwise."""
+    chain = []
+    while not isinstance(ins.op, Literal):
+        if not ins.op.is_view or len(ins.inputs) != 1:
+            return None
+        chain.append(ins)
+        ins = ins.inputs[0]
+    return ins, chain[::-1]
+
+
+def _is_lookup(ins) -> bool:
+    """Rows of a float32 table (rank >= 2, gathered along axis 0) at run-time indices: an embedding or a
+    cos / sin cache lookup, so activations, not index arithmetic (a 1-D table such as inverse frequencies
+    stays float32)."""
+    if ins.op.name != "gather" or not _is_float32(ins) or not isinstance(ins.inputs[0].op, Literal):
+        return False
+    table = ins.inputs[0].shape
+    return table.ndim >= 2 and ins.op.attrs.get("axis", 0) == 0 and not isinstance(ins.inputs[1].op, Literal)
+
+
 class QuantizeFp16(ModulePass):
     name = "quantize_fp16"
 
@@ -44,9 +67,15 @@ class QuantizeFp16(ModulePass):
                     act.add(id(ins))
             elif op.builtin:
                 continue
-            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs:
+            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs or _is_lookup(ins):
                 act.add(id(ins))
         half_lits = {}
+
+        def half_literal(lit):
+            h = half_lits.get(id(lit))
+            if h is None:
+                h = half_lits[id(lit)] = m.insert_literal(lit, lit.op.value.astype(np.float16))
+            return h
         for ins in list(m.instructions):
             op = ins.op
             if isinstance(op, Param):
@@ -62,10 +91,11 @@ class QuantizeFp16(ModulePass):
             for i in ins.inputs:
                 if id(i) in act or not _is_float32(i):
                     new_inputs.append(i)
-                elif isinstance(i.op, Literal):
-                    h = half_lits.get(id(i))
-                    if h is None:
-                        h = half_lits[id(i)] = m.insert_literal(i, i.op.value.astype(np.float16))
+                elif _view_chain(i) is not None:  # a literal, or views of one: a half copy of the literal
+                    lit, views = _view_chain(i)
+                    h = half_literal(lit)
+                    for v in views:  # the same views over the half copy (no convert kernel per run)
+                        h = m.insert_instruction(ins, make_op(v.op.name, **v.op.attrs), [h])
                     new_inputs.append(h)
                 else:  # float32 index arithmetic meets the activations
                     c = m.insert_instruction(ins, make_op("convert", target_type="float16"), [i])

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import CaptureError
 from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseNorms, FusePointwise, FuseReduce,
-                      FuseScatterND, HipGraph, Lowering, MemoryColoring, PassGroup, PipelineOptions, PropagateConstant,
-                      QuantizeFp16, SimplifyReshapes)
+                      FuseScatterND, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup, PipelineOptions,
+                      PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
 from ..shape import Shape
@@ -33,8 +33,8 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
         PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
-        PassGroup("fuse_kernels", [FuseAttention(o.host_ops), FuseReduce(o.host_ops), FusePointwise(o.host_ops),
-                                   FuseScatterND(o.host_ops), EliminateDeadCode()]),
+        PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
+                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), EliminateDeadCode()]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

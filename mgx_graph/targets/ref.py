@@ -11,8 +11,8 @@ import numpy as np
 
 from ..operators.base import numpy_reduce
 from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseNorms, FusePointwise, FuseReduce,
-                      FuseScatterND, HipGraph, Lowering, MemoryColoring, PassGroup, PipelineOptions, PropagateConstant,
-                      QuantizeFp16, SimplifyReshapes)
+                      FuseScatterND, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup, PipelineOptions,
+                      PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
 from ..shape import Shape
 
@@ -28,8 +28,8 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
         PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
-        PassGroup("fuse_kernels", [FuseAttention(o.host_ops), FuseReduce(o.host_ops), FusePointwise(o.host_ops),
-                                   FuseScatterND(o.host_ops), EliminateDeadCode()]),
+        PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
+                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), EliminateDeadCode()]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("ref", host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

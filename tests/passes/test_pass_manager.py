@@ -156,8 +156,8 @@ def _rms_model():
 
 X = np.random.default_rng(5).normal(size=(2, 8)).astype(np.float32)
 DEFAULT_REF = ["eliminate_dead_code", "propagate_constant", "simplify_reshapes", "fuse_norms",
-               "eliminate_dead_code", "fuse_attention", "fuse_reduce", "fuse_pointwise", "fuse_scatternd",
-               "eliminate_dead_code",
+               "eliminate_dead_code", "merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise",
+               "fuse_scatternd", "eliminate_dead_code",
                "bind_outputs", "lowering", "memory_coloring"]
 
 
@@ -232,7 +232,8 @@ def test_options_select_groups(tname):
     assert _names(pipeline(tname, PipelineOptions())) == [
         ("simplify", ["eliminate_dead_code", "propagate_constant", "simplify_reshapes"]),
         ("fuse", ["fuse_norms", "eliminate_dead_code"]),
-        ("fuse_kernels", ["fuse_attention", "fuse_reduce", "fuse_pointwise", "fuse_scatternd", "eliminate_dead_code"]),
+        ("fuse_kernels", ["merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise", "fuse_scatternd",
+                          "eliminate_dead_code"]),
         ("outputs", ["bind_outputs"]),
         ("lower", ["lowering"]), ("memory", ["memory_coloring"])]
     full = pipeline(tname, PipelineOptions(fp16=True, hip_graph=True, alias={"present": "past"},
@@ -249,9 +250,9 @@ def test_options_select_groups(tname):
 def test_scheduled_and_find_follow_disabled_names():
     groups = pipeline("ref", PipelineOptions(hip_graph=True))
     pm = PassManager(groups, disabled={"fuse", "propagate_constant"})
-    assert [p.name for _, p in pm.scheduled()] == ["eliminate_dead_code", "simplify_reshapes", "fuse_attention",
-                                                   "fuse_reduce", "fuse_pointwise", "fuse_scatternd",
-                                                   "eliminate_dead_code",
+    assert [p.name for _, p in pm.scheduled()] == ["eliminate_dead_code", "simplify_reshapes", "merge_dots",
+                                                   "fuse_attention", "fuse_reduce", "fuse_pointwise",
+                                                   "fuse_scatternd", "eliminate_dead_code",
                                                    "bind_outputs", "lowering", "hip_graph", "memory_coloring"]
     assert pm.find("fuse_norms") is None and pm.find("hip_graph") is groups[6].passes[0]
     assert [p.name for _, p in pm.skipped()] == ["propagate_constant", "fuse_norms", "eliminate_dead_code"]

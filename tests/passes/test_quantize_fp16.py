@@ -28,6 +28,41 @@ def test_parameter_and_the_literal_it_meets_become_half():
     assert prog.get_output_shapes()[0].dtype == "float16"
 
 
+def test_view_of_a_literal_gets_a_half_literal_under_the_same_views():
+    """A tied embedding read by the LM head through a transpose: the half copy is made once at
+    compile time and viewed the same way (no per-run convert of the weight)."""
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(6, 4)).astype(np.float32)
+    prog = Program()
+    m = prog.get_main_module()
+    x = m.add_parameter("x", S("float32", 1, 4))
+    wt = m.add_instruction(op("transpose", permutation=[1, 0]), [lit(m, emb)])
+    m.add_return([m.add_instruction(op("dot"), [x, wt])])
+    run_pass(QuantizeFp16(), prog)
+    mod = prog.get_main_module()
+    assert not [i for i in mod if i.op.name == "convert"]
+    dot = [i for i in mod if i.op.name == "dot"][0]
+    t = dot.inputs[1]
+    assert t.op.name == "transpose" and t.inputs[0].op.name == "@literal"
+    np.testing.assert_array_equal(t.inputs[0].op.value, emb.astype(np.float16))
+    assert t.shape.dtype == "float16" and list(t.shape.lens) == [4, 6]
+
+
+def test_embedding_lookup_is_an_activation_but_a_1d_table_stays_float32():
+    rng = np.random.default_rng(4)
+    emb = rng.normal(size=(10, 4)).astype(np.float32)
+    prog = Program()
+    m = prog.get_main_module()
+    ids = m.add_parameter("ids", S("int64", 1, 2))
+    rows = m.add_instruction(op("gather", axis=0), [lit(m, emb), ids])
+    freq = m.add_instruction(op("gather", axis=0), [lit(m, FREQ), ids])
+    m.add_return([rows, freq])
+    run_pass(QuantizeFp16(), prog)
+    g_rows, g_freq = [i for i in prog.get_main_module() if i.op.name == "gather"]
+    assert g_rows.shape.dtype == "float16" and g_freq.shape.dtype == "float32"
+    np.testing.assert_array_equal(g_rows.inputs[0].op.value, emb.astype(np.float16))
+
+
 def test_index_arithmetic_stays_float32_and_is_converted_where_it_meets_activations():
     def build(half):
         prog = Program()
