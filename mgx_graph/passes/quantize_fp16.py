@@ -4,7 +4,8 @@ arithmetic in float32.
 Instructions that depend on a floating-point parameter (the activations) run in float16: float32
 parameters become float16 parameters, float32 literals they use (or views of them, such as a transposed
 tied embedding) get float16 copies made at compile time, and conversions to float32 among them convert to
-float16; a float32 table gathered at run-time indices (an embedding lookup) is an activation too.  Float values computed only from integer inputs and
+float16; a float32 table gathered at run-time indices (an embedding lookup) is an activation too when the module
+has float32 parameters.  Float values computed only from integer inputs and
 literals (positions, rotary-embedding angles, masks) are index arithmetic: they stay float32, where
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
 ``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
@@ -60,6 +61,9 @@ class QuantizeFp16(ModulePass):
 
     def apply_module(self, m, ctx=None) -> None:
         act = set()
+        # lookups count as activations only in a module that has float32 parameters (a model with
+        # integer inputs only stays as it is: the CLI warns that --fp16 has no effect on it)
+        lookups = any(isinstance(i.op, Param) and _is_float32(i) for i in m.instructions)
         for ins in m.instructions:
             op = ins.op
             if isinstance(op, Param):
@@ -67,7 +71,7 @@ class QuantizeFp16(ModulePass):
                     act.add(id(ins))
             elif op.builtin:
                 continue
-            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs or _is_lookup(ins):
+            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs or (lookups and _is_lookup(ins)):
                 act.add(id(ins))
         half_lits = {}
 

@@ -54,6 +54,7 @@ def test_embedding_lookup_is_an_activation_but_a_1d_table_stays_float32():
     prog = Program()
     m = prog.get_main_module()
     ids = m.add_parameter("ids", S("int64", 1, 2))
+    m.add_parameter("state", S("float32", 1))  # a float32 parameter: the module has activations
     rows = m.add_instruction(op("gather", axis=0), [lit(m, emb), ids])
     freq = m.add_instruction(op("gather", axis=0), [lit(m, FREQ), ids])
     m.add_return([rows, freq])
