@@ -7,7 +7,8 @@ intermediate has a fixed address.  A run converts (:mod:`mgx_graph.interop`), va
 parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.staging`), then
 issues the steps of ``main`` on the queue.  A ``run_async`` that repeats the previous one (the same
 array objects, unchanged, on the same queue: :mod:`mgx_graph.call_record`) reuses its bindings and
-only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).  :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
+only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).
+:meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
 """
 from __future__ import annotations
 

@@ -42,9 +42,6 @@ class GraphKey(tuple):
     def __hash__(self):
         return self._hash
 
-    def __reduce__(self):
-        return tuple, (tuple(self),)
-
 
 @register_op
 class GraphLaunch(Operation):

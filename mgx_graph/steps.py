@@ -193,7 +193,7 @@ def _modules(sc: StepContext, ins):
     if state is not None:
         sc.states.append(state)
     compute = op.compute_modules
-    picks = op.call_inputs() if callable(getattr(type(op), "call_inputs", None)) else None
+    picks = op.call_inputs()
     if picks is not None:
         read = slot_getter([in_slots[k] for k in picks])
 
