@@ -316,3 +316,92 @@ def test_graph_key_is_the_plain_tuple():
     assert GraphLaunchState.key_summary(key) == GraphLaunchState.key_summary(plain)
     assert {plain: 1}[key] == 1 and {key: 2}[plain] == 2
     assert GraphKey(0x10, items[:1]) != key
+
+
+# -- the device check of a gpu run (a fake runtime and stream: the logic runs everywhere) ----------------
+class _FakeRuntime:
+    def __init__(self, current):
+        self.current, self.calls = current, []
+
+    def current_device(self):
+        self.calls.append("get")
+        return self.current
+
+    def hipSetDevice(self, dev):
+        self.calls.append(("set", dev))
+        self.current = dev
+
+
+class _FakeStream:
+    def __init__(self, rt, log):
+        self.rt, self.log, self.device = rt, log, rt.current  # a CuPy stream belongs to the current device
+
+    def __enter__(self):
+        self.log.append(("enter", self.rt.current))
+
+    def __exit__(self, *exc):
+        self.log.append(("exit", self.rt.current))
+
+
+class _FakeGpuContext:
+    def __init__(self, rt, device_id):
+        self.runtime, self.device_id, self.log, self.streams = rt, device_id, [], {}
+
+    def _stream(self, queue):
+        if queue not in self.streams:
+            self.streams[queue] = _FakeStream(self.runtime, self.log)
+        return self.streams[queue]
+
+
+def test_gpu_queue_block_queries_the_device_once_and_sets_it_only_when_needed():
+    from mgx_graph.targets.gpu import GpuContext
+
+    rt = _FakeRuntime(current=1)
+    ctx = _FakeGpuContext(rt, device_id=1)
+    for _ in range(3):
+        with GpuContext.on_queue(ctx, 7):
+            assert rt.current == 1
+    assert rt.calls == ["get"] * 3  # the program's device was current: one query per block, no set
+    assert ctx.log == [("enter", 1), ("exit", 1)] * 3 and ctx.streams[7].device == 1
+
+    rt.current = 0  # the caller moved to another device between two calls
+    with GpuContext.on_queue(ctx, 7):
+        assert rt.current == 1
+    assert rt.current == 0 and rt.calls[3:] == ["get", ("set", 1), ("set", 0)]
+
+
+def test_gpu_queue_block_restores_the_device_after_an_error_and_makes_streams_on_its_device():
+    from mgx_graph.targets.gpu import GpuContext
+
+    rt = _FakeRuntime(current=0)
+    ctx = _FakeGpuContext(rt, device_id=2)
+    with pytest.raises(ZeroDivisionError):
+        with GpuContext.on_queue(ctx, 9):
+            assert rt.current == 2
+            1 / 0
+    assert rt.current == 0
+    assert ctx.streams[9].device == 2  # made once the program's device was current
+    assert ctx.log == [("enter", 2), ("exit", 2)]
+    with GpuContext.on_device(ctx):
+        assert rt.current == 2
+    assert rt.current == 0
+
+
+def test_current_device_falls_back_to_hip_get_device():
+    from mgx_graph.runtime import Runtime
+
+    class Plain(Runtime):
+        platform = "host"
+
+        def hipGetDevice(self):
+            return 3
+
+    assert Plain().current_device() == 3
+
+
+@pytest.mark.gpu
+def test_current_device_is_hip_get_device(gpu_target):
+    from mgx_graph.runtime import device_runtime
+
+    rt = device_runtime()
+    assert rt.current_device() == rt.hipGetDevice()

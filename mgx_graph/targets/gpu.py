@@ -95,19 +95,23 @@ class _OnDevice:
 
 
 class _OnQueue:
-    """The block of :meth:`GpuContext.on_queue`: the program's device, then the queue's CuPy stream."""
+    """The block of :meth:`GpuContext.on_queue`: the program's device, then (made on that device the
+    first time) the queue's CuPy stream."""
 
-    __slots__ = ("device", "stream")
+    __slots__ = ("ctx", "queue", "device", "stream")
 
-    def __init__(self, device: _OnDevice, stream):
-        self.device, self.stream = device, stream
+    def __init__(self, ctx, queue):
+        self.ctx, self.queue, self.device, self.stream = ctx, queue, None, None
 
     def __enter__(self):
-        self.device.__enter__()
+        ctx = self.ctx
+        device = self.device = _OnDevice(ctx.runtime, ctx.device_id)
+        device.__enter__()
         try:
-            self.stream.__enter__()
+            stream = self.stream = ctx._stream(self.queue)
+            stream.__enter__()
         except BaseException:
-            self.device.__exit__(None, None, None)
+            device.__exit__(None, None, None)
             raise
         return self
 
@@ -230,7 +234,7 @@ class GpuContext:
 
     def on_queue(self, queue):
         """CuPy's current stream is ``queue`` (and the program's device current) for the block."""
-        return _OnQueue(_OnDevice(self.runtime, self.device_id), self._stream(queue))
+        return _OnQueue(self, queue)
 
     @contextlib.contextmanager
     def capture_guard(self, where: str):
