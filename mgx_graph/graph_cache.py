@@ -157,6 +157,10 @@ class GraphLaunchState(ValidatedReplay):
         self.last_event = ""
         self.capture_ms = 0.0
         self.eager_times: list = []
+        # what the graph_launch op reuses while a call repeats the last one (dropped at release):
+        # (queue, epoch, movable inputs, (key, callbacks)) and (result list, result tuple)
+        self.last_call = None
+        self.last_result = (None, None)
 
     # -- helpers ---------------------------------------------------------------------------------
     def trace(self, event: str, key_str: str, detail: str = "") -> None:
@@ -372,6 +376,7 @@ class GraphLaunchState(ValidatedReplay):
     def release(self) -> None:
         """Destroy every graph exec (after the queue is synchronized)."""
         with self.lock:
+            self.last_call, self.last_result = None, (None, None)
             for e in self.entries.values():
                 self._drop(e)
             self.entries.clear()

@@ -12,15 +12,35 @@ As MIGraphX's ``gpu::hip_graph`` op (``src/targets/gpu/hip_graph.cpp``), the op 
   loop's ``run`` callback: eagerly, for a capture, or not at all (a replay).
 
 The key is the queue plus ``(parameter name, device pointer, shape, dtype char)`` of every movable
-input, in sorted parameter-name order.  Graph APIs are called only through the runtime layer.
+input, in sorted parameter-name order (a :class:`GraphKey`: a tuple whose hash is computed once).
+A call whose movable inputs are the very objects of the previous call, on the same queue and in the
+same bind epoch of the eval loop (the parameters not bound anew since, so unchanged: see
+:mod:`mgx_graph.call_record`), has the previous call's key; it is reused with the previous call's
+callbacks instead of being built again.  Graph APIs are called only through the runtime layer.
 """
 from __future__ import annotations
+
+from operator import is_
 
 from .errors import CompileError
 from .graph_cache import GraphBudget, GraphLaunchState, GraphOptions  # noqa: F401  (the op's state and settings)
 from .graph_validation import Validator
 from .operators.base import Operation, register_op
 from .passes.hip_graph import launch_count
+
+
+class GraphKey(tuple):
+    """A graph key ``(queue, ((name, device pointer, shape, dtype char), ...))``: equal to, printed
+    and hashed as the plain tuple, its hash computed once, so looking the same key object up again
+    costs no pass over its items."""
+
+    def __new__(cls, queue, items):
+        key = super().__new__(cls, (queue, items))
+        key._hash = tuple.__hash__(key)
+        return key
+
+    def __hash__(self):
+        return self._hash
 
 
 @register_op
@@ -61,6 +81,7 @@ class GraphLaunch(Operation):
                                f"(was the program changed after the hip_graph pass?)")
         run.bind(sub, {n: run.value(ins.inputs[index[n]]) for n in fixed})
         self._movable = sorted((index[n], n) for n in movable)
+        self._names = tuple(n for _, n in self._movable)
         self._single = len(sub.get_return().inputs) == 1
         main = ins.module.program.get_main_module()
         written = [main.get_parameter(i.meta["bind_param"]) for i in sub.instructions if "bind_param" in i.meta]
@@ -70,20 +91,47 @@ class GraphLaunch(Operation):
                                       family=sub.name, validator=validator)
         return self.state
 
-    def graph_key(self, ctx, queue, args) -> tuple:
-        """``(queue, ((name, device pointer, shape, dtype char), ...))`` of the movable inputs."""
+    def call_inputs(self) -> list[int]:
+        """The positions of the inputs a call reads (the movable ones, in key order); the eval loop
+        passes only these as ``args`` (the fixed ones were bound at finalize)."""
+        return [k for k, _ in self._movable]
+
+    def graph_key(self, ctx, queue, args) -> GraphKey:
+        """``(queue, ((name, device pointer, shape, dtype char), ...))`` of the movable inputs ``args``
+        (in :meth:`call_inputs` order)."""
         ptr = ctx.data_ptr
-        return queue, tuple((n, ptr(args[k]), args[k].shape, args[k].dtype.char) for k, n in self._movable)
+        return GraphKey(queue, tuple((n, ptr(a), a.shape, a.dtype.char) for n, a in zip(self._names, args)))
+
+    def call_key(self, ctx, queue, args, sub, run) -> tuple:
+        """``(key, run_body, run_body_capture, read_outputs)`` of a call with movable inputs ``args``:
+        the previous call's when ``args`` are its objects, on the same queue, in the same bind epoch
+        (the key would come out the same), else built anew."""
+        state, epoch = self.state, run.epoch
+        last = state.last_call
+        if last is not None and last[0] == queue and last[1] == epoch and all(map(is_, args, last[2])):
+            return last[3]
+        params = dict(zip(self._names, args))
+        calls = (self.graph_key(ctx, queue, args), lambda: run(sub, queue, params),
+                 lambda: run(sub, queue, params, capture=True), lambda: run.outputs(sub))
+        state.last_call = (queue, epoch, args, calls)
+        return calls
 
     def compute_modules(self, ctx, queue, out, args, mods, run):
-        """One call of the region: its state warms up, captures, replays or runs eagerly; returns the
-        submodule's results (one array, or a tuple)."""
-        sub, state = mods[0], self.state
-        params = {n: args[k] for k, n in self._movable}
-        outs = state.execute(self.graph_key(ctx, queue, args), queue, lambda: run(sub, queue, params),
-                             lambda: run(sub, queue, params, capture=True), lambda: run.outputs(sub))
+        """One call of the region (``args``: its movable inputs, in :meth:`call_inputs` order): its
+        state warms up, captures, replays or runs eagerly; returns the submodule's results (one
+        array, or a tuple: the same tuple object while the state returns the same result list)."""
+        state = self.state
+        key, body, body_capture, read = self.call_key(ctx, queue, args, mods[0], run)
+        outs = state.execute(key, queue, body, body_capture, read)
         run.add_launches(state.last_launches)
-        return outs[0] if self._single else tuple(outs)
+        if self._single:
+            return outs[0]
+        last = state.last_result
+        if last[0] is outs:
+            return last[1]
+        result = tuple(outs)
+        state.last_result = (outs, result)
+        return result
 
 
 def _where(ins) -> str:

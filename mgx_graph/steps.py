@@ -17,8 +17,12 @@ launches being the device kernels one run of the step issues (for ``launches_per
 """
 from __future__ import annotations
 
+from operator import is_
+
 import numpy as np
 
+from .call_record import slot_getter
+from .errors import ExecutionError
 from .operators.base import HOST
 from .operators.dynamic import SpecializationMiss
 from .passes.memory_coloring import on_host
@@ -110,6 +114,39 @@ def _view(sc: StepContext, ins):
     return step, 0
 
 
+def view_group(sc: StepContext, members: list, labels: list, loop):
+    """One step for consecutive view instructions ``members`` (their ``labels`` name a failing one).
+
+    The views are remade only when a source from outside the group is another object than at the
+    last remake, or ``loop.epoch`` changed (a parameter was bound anew, and its layout may differ);
+    else their slots still hold the views of the same sources (only this step and the members' own
+    steps write them).  The memo is listed in ``loop.memos`` (reset when the program is released).
+    A view that fails raises ExecutionError naming its instruction."""
+    xp = sc.ctx.xp
+    items = []
+    for ins in members:
+        out, (src, *_) = sc.slots(ins)
+        items.append((out, src, ins.op.view, ins.shape))
+    made = {out for out, *_ in items}
+    sources = slot_getter(sorted({src for _, src, _, _ in items if src not in made}))
+    memo = [-1, ()]  # (epoch, sources) of the last remake
+    loop.memos.append(memo)
+
+    def step(env, queue):
+        srcs = sources(env)
+        if memo[0] == loop.epoch and all(map(is_, srcs, memo[1])):
+            return
+        memo[0] = -1
+        for k, (out, src, view, shape) in enumerate(items):
+            try:
+                env[out] = view(xp, env[src], shape)
+            except Exception as e:
+                raise ExecutionError(f"instruction {labels[k]}: {type(e).__name__}: {e}") from e
+        memo[0], memo[1] = loop.epoch, srcs
+
+    return step
+
+
 def _guard(sc: StepContext, ins):
     out, (src, *_) = sc.slots(ins)
     op, ctx = ins.op, sc.ctx
@@ -148,13 +185,22 @@ def _copy_to_gpu(sc: StepContext, ins):
 
 def _modules(sc: StepContext, ins):
     """Finalize the op (its state, if it has one, is reported and released with the program), then run
-    it through its ``compute_modules`` with the eval loop's ``run`` callback."""
+    it through its ``compute_modules`` with the eval loop's ``run`` callback.  An op with
+    ``call_inputs()`` gets only those inputs as ``args`` (one C call reads them)."""
     out, in_slots = sc.slots(ins)
     op, ctx, run, mods = ins.op, sc.ctx, sc.run, list(ins.module_inputs)
     state = op.finalize(ctx, ins, run)
     if state is not None:
         sc.states.append(state)
     compute = op.compute_modules
+    picks = op.call_inputs()
+    if picks is not None:
+        read = slot_getter([in_slots[k] for k in picks])
+
+        def step(env, queue):
+            env[out] = compute(ctx, queue, env[out], read(env), mods, run)
+
+        return step, 0
 
     def step(env, queue):
         env[out] = compute(ctx, queue, env[out], [env[s] for s in in_slots], mods, run)

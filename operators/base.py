@@ -132,6 +132,12 @@ class Operation:
         Returns the instruction's value (``out`` or the submodule's results)."""
         raise NotImplementedError(f"{self.name}: no compute over submodules")
 
+    def call_inputs(self) -> list[int] | None:
+        """An op with submodules may name the positions of the inputs its ``compute_modules`` reads
+        on every call (after ``finalize``); ``args`` then holds only those, in that order.  None (the
+        default): every input, in input order."""
+        return None
+
     def workspace(self, inputs: list[Shape], output: Shape) -> list[Shape]:
         """Scratch buffers the generic kernel needs (planned by memory planning)."""
         return []

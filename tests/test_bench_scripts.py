@@ -17,6 +17,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, BENCH)
 
 import conformance  # noqa: E402
+import host_overhead  # noqa: E402
 import real_models  # noqa: E402
 
 
@@ -203,3 +204,33 @@ def test_real_models_peers_json(tmp_path, model_cache, monkeypatch):
     assert res["chart"] == "peers.png"
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+# -- host_overhead: the phases of a replayed run_async -----------------------------------------------------
+
+def test_host_overhead_writes_phases_json_and_chart(target, model_cache, tmp_path):
+    """On a tiny decode step: every timed call replays through the fast path (no staging check, no key
+    built), the phases and the clean split are reported, a second label merges into the same file."""
+    from mgx_graph.models import build
+
+    try:
+        info = build("llama", cache_dir=model_cache, progress=False, max_cache_len=16)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+    out = tmp_path / "ho.json"
+    for label in ("one", "two"):
+        assert host_overhead.main(["--target", target, "--label", label, "--calls", "200", "--kernel-calls", "1",
+                                   "--model", str(info.onnx_path), "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["target"] == target and sorted(d["results"]) == ["one", "two"]
+    r = d["results"]["two"]
+    timed = 3 * 200 + (1 if target == "ref" else 0)
+    assert r["replays_in_timed_calls"] == timed and r["fast_path_hits_in_timed_calls"] == timed
+    ph, clean = r["phases"], r["clean"]
+    assert set(ph) == {*host_overhead.PHASES, "rest", "total"}
+    assert ph["staging check"] == 0 and ph["bind / interop"] > 0 and ph["launch"] > 0
+    assert abs(sum(v for k, v in ph.items() if k != "total") - ph["total"]) < 0.1 * ph["total"] + 1
+    assert clean["launch_stubbed"] == (target == "ref")
+    assert 0 < clean["until_launch_us"] <= clean["total_us"] and clean["host_us"] <= clean["total_us"]
+    assert r["profile_top"] and all(row["calls_per_run"] > 0 for row in r["profile_top"])
+    assert (tmp_path / "ho.png").stat().st_size > 0

@@ -52,9 +52,34 @@ class Runtime:
         self._dead: OrderedDict = OrderedDict()  # queues destroyed through this runtime (the latest DEAD_KEPT)
         self._held: list = []
         self._capture_queues: set[int] = set()  # queues with a capture begun through this runtime, maybe open
+        self._device_query = None  # what current_device() calls (chosen at its first call)
 
     def __repr__(self):
         return f"<mgx_graph runtime '{self.platform}'>"
+
+    # -- the current device ----------------------------------------------------------------------
+    def current_device(self) -> int:
+        """The calling thread's current device (what ``hipGetDevice`` returns), asked through the
+        cheapest binding present: CuPy's runtime module when CuPy is built for this platform (one C
+        call returning a plain int: no result tuple, no error enum), else :meth:`hipGetDevice`.  Both
+        read the same driver state (the context current on the thread), so a device the caller made
+        current in any way between two calls is seen.  Raises DeviceError (``hipGetDevice``) or
+        CuPy's runtime error when the query fails."""
+        query = self._device_query
+        if query is None:
+            query = self._device_query = self._cheapest_device_query()
+        return query()
+
+    def _cheapest_device_query(self):
+        if self.platform in ("cuda", "hip"):
+            try:
+                from cupy.cuda import runtime as cupy_runtime
+
+                if bool(cupy_runtime.is_hip) == (self.platform == "hip"):
+                    return cupy_runtime.getDevice
+            except Exception:  # no CuPy, or one built for the other platform
+                pass
+        return self.hipGetDevice
 
     # -- books -----------------------------------------------------------------------------------
     def _note_malloc(self, ptr: int, nbytes: int) -> None:

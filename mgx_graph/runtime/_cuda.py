@@ -14,8 +14,19 @@ except ImportError:  # pragma: no cover - older cuda-python
     from cuda import cudart as _rt  # type: ignore
 
 
+_STREAMS: dict = {}  # stream handle (int) -> its cudaStream_t, made once (two per replayed call otherwise)
+_STREAMS_KEPT = 256
+
+
 def _stream(s):
-    return _rt.cudaStream_t(int(s)) if isinstance(s, int) else s
+    if not isinstance(s, int):
+        return s
+    h = _STREAMS.get(s)
+    if h is None:
+        if len(_STREAMS) >= _STREAMS_KEPT:
+            _STREAMS.clear()
+        h = _STREAMS[s] = _rt.cudaStream_t(s)
+    return h
 
 
 class CudaRuntime(Runtime):

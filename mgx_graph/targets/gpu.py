@@ -74,6 +74,57 @@ def _external_stream(cupy, ptr: int):
     return cupy.cuda.ExternalStream(ptr)
 
 
+class _OnDevice:
+    """The block of :meth:`GpuContext.on_device` (a plain context manager: no generator per use)."""
+
+    __slots__ = ("rt", "device", "prev")
+
+    def __init__(self, rt, device: int):
+        self.rt, self.device, self.prev = rt, device, None
+
+    def __enter__(self):
+        cur = self.rt.current_device()
+        if cur != self.device:
+            self.rt.hipSetDevice(self.device)
+            self.prev = cur
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            prev, self.prev = self.prev, None
+            self.rt.hipSetDevice(prev)
+        return False
+
+
+class _OnQueue:
+    """The block of :meth:`GpuContext.on_queue`: the program's device, then (made on that device the
+    first time) the queue's CuPy stream."""
+
+    __slots__ = ("ctx", "queue", "device", "stream")
+
+    def __init__(self, ctx, queue):
+        self.ctx, self.queue, self.device, self.stream = ctx, queue, None, None
+
+    def __enter__(self):
+        ctx = self.ctx
+        device = self.device = _OnDevice(ctx.runtime, ctx.device_id)
+        device.__enter__()
+        try:
+            stream = self.stream = ctx._stream(self.queue)
+            stream.__enter__()
+        except BaseException:
+            device.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.stream.__exit__(*exc)
+        finally:
+            self.device.__exit__(*exc)
+        return False
+
+
 class GpuContext:
     """The context of one compiled program on device ``device_id`` (None: the current device).
 
@@ -96,20 +147,11 @@ class GpuContext:
         with self.on_device():
             self.queue = self.runtime.hipStreamCreate()
 
-    @contextlib.contextmanager
     def on_device(self):
         """Make the program's device current for the block (``hipSetDevice``), then restore the one
-        that was current (nothing is set when it is the same device)."""
-        rt = self.runtime
-        prev = rt.hipGetDevice()
-        if prev == self.device_id:
-            yield
-            return
-        rt.hipSetDevice(self.device_id)
-        try:
-            yield
-        finally:
-            rt.hipSetDevice(prev)
+        that was current (nothing is set when it is the same device: one cheap query of the current
+        device, :meth:`Runtime.current_device`)."""
+        return _OnDevice(self.runtime, self.device_id)
 
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of the program's device (``hipMemGetInfo``)."""
@@ -192,11 +234,9 @@ class GpuContext:
             s = self._streams[queue] = _external_stream(self.cupy, int(queue))
         return s
 
-    @contextlib.contextmanager
     def on_queue(self, queue):
         """CuPy's current stream is ``queue`` (and the program's device current) for the block."""
-        with self.on_device(), self._stream(queue):
-            yield
+        return _OnQueue(self, queue)
 
     @contextlib.contextmanager
     def capture_guard(self, where: str):
