@@ -23,6 +23,8 @@ Variables used by mgx_graph:
 ``MIGRAPHX_DISABLE_VALIDATE_PASSES``  do not validate the program after each pass (validation is on
                                       by default)
 ``MIGRAPHX_TRACE_EVAL``               force eager runs of every region (graphs are not used)
+``MIGRAPHX_ATTN_SPLIT_ROWS``          cache rows per block of the gpu decode-attention kernel: a longer
+                                      cache is split over blocks and merged by a second kernel (256)
 ====================================  ==========================================================
 """
 from __future__ import annotations

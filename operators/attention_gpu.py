@@ -32,7 +32,7 @@ from ..shape import Shape
 from .gpu import GpuKernel
 
 NT = 256  # threads per block = keys per chunk
-SPLIT_ROWS = 256  # a longer cache is split over blocks (flash-decoding)
+SPLIT_ROWS = 256  # a longer cache is split over blocks (flash-decoding); MIGRAPHX_ATTN_SPLIT_ROWS overrides
 MAX_SPLITS = 64
 MAX_HEAD = 256  # largest key / value head size the kernel takes
 MAX_ROWS = 16  # query rows per block (fewer with wide value loads: ROWS * VV <= 64 accumulators)
@@ -207,6 +207,14 @@ def unsupported(spec: Spec) -> str:
     return ""
 
 
+def split_rows_setting() -> int:
+    """Cache rows one block walks before the cache is split over blocks: ``MIGRAPHX_ATTN_SPLIT_ROWS``
+    (read once) or ``SPLIT_ROWS``; at least 1."""
+    from ..env import value_of
+
+    return max(1, value_of("MIGRAPHX_ATTN_SPLIT_ROWS", SPLIT_ROWS))
+
+
 def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
     """The launch of ``spec`` (see the module docstring; ``max_splits``: the most splits of a long cache,
     each then walking several chunks); ValueError naming the reason when the kernel cannot run it (see
@@ -218,11 +226,14 @@ def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
     vk, vv = max(wk, 1), max(wv, 1)
     R = (spec.N // spec.NKV) * spec.S
     rows = min(R, MAX_ROWS, 64 // vv)
-    if spec.P <= SPLIT_ROWS:
+    split_rows = split_rows_setting()
+    if spec.P <= split_rows:
         splits, kps = 1, spec.P
     else:
-        chunks = -(-spec.P // NT)
-        kps = NT * -(-chunks // max(int(max_splits), 1))
+        splits = min(-(-spec.P // split_rows), max(int(max_splits), 1))
+        kps = -(-spec.P // splits)
+        if kps > NT:  # several chunks per split: whole chunks
+            kps = NT * -(-kps // NT)
         splits = -(-spec.P // kps)
     p = Plan(spec, rows, -(-R // rows), splits, kps, vk, vv, int(wk > 0), int(wv > 0))
     if p.grid[0] >= 2 ** 31 or p.combine_grid[0] >= 2 ** 31 or max(p.shared_bytes(True), p.shared_bytes(False)) \

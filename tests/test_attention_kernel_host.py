@@ -66,6 +66,17 @@ def test_decode_plan_matches_numpy(dtype, B, N, Nkv, S, P, H, Hv, layout, max_sp
     assert np.all(out[0, :, 0] == 0)  # the row with every key masked (nan_zero)
 
 
+@pytest.mark.parametrize("split_rows,P,want_splits", [(64, 256, 4), (48, 300, 7), (100, 1000, 10)])
+def test_splits_shorter_than_a_chunk_match_numpy(monkeypatch, split_rows, P, want_splits):
+    """MIGRAPHX_ATTN_SPLIT_ROWS below the chunk size (256 keys): splits of part of a chunk, merged."""
+    monkeypatch.setattr(attention_gpu, "split_rows_setting", lambda: split_rows)
+    plan, arrays, out, want = _decode(np.random.default_rng(P), "float16", 1, 9, 3, 1, P, 64, 64, "cache")
+    assert plan.splits == want_splits and plan.launches == 2
+    assert plan.keys_per_split * (plan.splits - 1) < P <= plan.keys_per_split * plan.splits
+    attn_host.run(plan, arrays, out, vector=True)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+
 def test_element_wise_variant_matches_the_vector_one():
     plan, arrays, out, want = _decode(np.random.default_rng(3), "float16", 1, 6, 2, 1, 300, 64, 64, "cache")
     assert (plan.vk, plan.vv, plan.kc, plan.vc) == (8, 8, 1, 1)
