@@ -8,6 +8,9 @@ case and graph mode); the markdown is generated from every such file present, so
     python bench/conformance.py --target ref            # + onnxruntime, writes the JSON and the report
     python bench/conformance.py --target gpu            # on a GPU machine
     python bench/conformance.py --report-only
+    # in parallel: one process per mode and shard, then join them
+    python bench/conformance.py --target gpu --mode eager --shard 0/4 --out-dir OUT   # ... 1/4 .. 3/4, graph
+    python bench/conformance.py --target gpu --merge --out-dir OUT
 """
 from __future__ import annotations
 
@@ -100,38 +103,88 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--report", default=os.path.join(ROOT, "docs", "conformance.md"))
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget per graph mode")
+    ap.add_argument("--mode", choices=["eager", "graph", "both"], default="both", help="graph modes to run")
+    ap.add_argument("--shard", default=None, metavar="K/N",
+                    help="run every N-th case from the K-th (0-based) and write conformance_<target>.<mode>.K-of-N.json; "
+                         "--merge joins the shards")
+    ap.add_argument("--merge", action="store_true", help="join the shard files of --target in --out-dir into "
+                                                          "conformance_<target>.json (and the report)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
-    if not args.report_only:
-        from onnx.backend.test.loader import load_model_tests
-
-        from mgx_graph.backend import KNOWN_FAILURES, MgxBackendEager, MgxBackendGraph
-
-        cases = load_model_tests(kind="node")
-        device = "CUDA" if args.target == "gpu" else "CPU"
-        data = {"target": args.target, "date": datetime.date.today().isoformat(), "cases": len(cases),
-                "op_of": {c.name: op_of(c) for c in cases}, "results": {}, "host_instructions": {}}
-        for mode, cls in (("eager", MgxBackendEager), ("graph", MgxBackendGraph)):
-            t0 = time.time()
-            deadline = t0 + args.max_seconds if args.max_seconds else None
-            hosts = data["host_instructions"][mode] = {}
-            data["results"][mode] = run_cases(cls, device, cases, KNOWN_FAILURES, deadline, hosts)
-            native, passed = native_count(data["results"][mode], hosts)
-            print(f"{args.target} {mode}: {collections.Counter(v.split(':')[0] for v in data['results'][mode].values())}"
-                  f", native {native}/{passed} in {time.time() - t0:.0f} s", flush=True)
-        if args.target == "ref":
-            try:
-                import onnxruntime.backend as ortb
-
-                data["onnxruntime"] = run_cases(ortb, "CPU", cases, [])
-            except ImportError:
-                pass
-        data["machine"] = machine_info()
-        os.makedirs(args.out_dir, exist_ok=True)
-        with open(os.path.join(args.out_dir, f"conformance_{args.target}.json"), "w") as f:
-            json.dump(data, f, indent=0)
+    if args.merge:
+        merge_shards(args.out_dir, args.target)
+    elif not args.report_only:
+        run_target(args)
     write_report(args.out_dir, args.report)
     return 0
+
+
+def run_target(args) -> None:
+    """Run the node cases of ``args.target`` (the modes / shard asked for) and write the JSON."""
+    from onnx.backend.test.loader import load_model_tests
+
+    from mgx_graph.backend import KNOWN_FAILURES, MgxBackendEager, MgxBackendGraph
+
+    cases = load_model_tests(kind="node")
+    n_all = len(cases)
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        cases = cases[k::n]
+    device = "CUDA" if args.target == "gpu" else "CPU"
+    data = {"target": args.target, "date": datetime.date.today().isoformat(), "cases": n_all,
+            "op_of": {c.name: op_of(c) for c in cases}, "results": {}, "host_instructions": {}}
+    modes = [("eager", MgxBackendEager), ("graph", MgxBackendGraph)]
+    for mode, cls in [mc for mc in modes if args.mode in (mc[0], "both")]:
+        t0 = time.time()
+        deadline = t0 + args.max_seconds if args.max_seconds else None
+        hosts = data["host_instructions"][mode] = {}
+        data["results"][mode] = run_cases(cls, device, cases, KNOWN_FAILURES, deadline, hosts)
+        native, passed = native_count(data["results"][mode], hosts)
+        print(f"{args.target} {mode}: {collections.Counter(v.split(':')[0] for v in data['results'][mode].values())}"
+              f", native {native}/{passed} in {time.time() - t0:.0f} s", flush=True)
+    if args.target == "ref" and args.mode == "both" and not args.shard:
+        try:
+            import onnxruntime.backend as ortb
+
+            data["onnxruntime"] = run_cases(ortb, "CPU", cases, [])
+        except ImportError:
+            pass
+    data["machine"] = machine_info()
+    os.makedirs(args.out_dir, exist_ok=True)
+    name = f"conformance_{args.target}.json"
+    if args.shard or args.mode != "both":
+        name = f"conformance_{args.target}.{args.mode}.{(args.shard or '0/1').replace('/', '-of-')}.json"
+    with open(os.path.join(args.out_dir, name), "w") as f:
+        json.dump(data, f, indent=0)
+
+
+def merge_shards(out_dir: str, target: str) -> None:
+    """Join ``conformance_<target>.<mode>.<K>-of-<N>.json`` files into ``conformance_<target>.json``; a
+    ValueError when a mode's shards do not cover every case exactly once."""
+    import glob
+
+    parts = sorted(glob.glob(os.path.join(out_dir, f"conformance_{target}.*-of-*.json")))
+    if not parts:
+        raise ValueError(f"no shard files conformance_{target}.*-of-*.json in {out_dir}")
+    merged = None
+    for p in parts:
+        with open(p) as f:
+            d = json.load(f)
+        if merged is None:
+            merged = {k: d[k] for k in ("target", "date", "cases", "machine")}
+            merged.update(op_of={}, results={}, host_instructions={})
+        merged["op_of"].update(d["op_of"])
+        for mode, r in d["results"].items():
+            got = merged["results"].setdefault(mode, {})
+            if set(got) & set(r):
+                raise ValueError(f"{p}: cases already in another shard of mode {mode}")
+            got.update(r)
+            merged["host_instructions"].setdefault(mode, {}).update(d["host_instructions"].get(mode, {}))
+    for mode, r in merged["results"].items():
+        if len(r) != merged["cases"]:
+            raise ValueError(f"mode {mode}: the shards hold {len(r)} of {merged['cases']} cases")
+    with open(os.path.join(out_dir, f"conformance_{target}.json"), "w") as f:
+        json.dump(merged, f, indent=0)
 
 
 def native_count(results: dict, hosts: dict | None):
