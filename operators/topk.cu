@@ -1,7 +1,8 @@
 // TopK over the lines of a standard-layout tensor viewed as [outer, n, inner]: line l (of outer * inner)
 // starts at (l / inner) * n * inner + l % inner and steps by inner; its k results go to the same place of
 // [outer, k, inner] outputs.  Compiled once per element type by operators/topk_gpu.py, which prepends
-//   typedef <element type> T;  #define MGX_TOPK_KIND <0 signed integer, 1 unsigned integer, 2 float / half, 3 double>
+//   typedef <element type> T;
+//   #define MGX_TOPK_KIND <0 signed integer, 1 unsigned integer, 2 float / half, 3 double>
 // Nothing here allocates: the kernels can be captured.
 //
 // Order (onnxruntime's CPU kernel from 1.32, and the ref target's topk_order): each element becomes an

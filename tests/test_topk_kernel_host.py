@@ -1,8 +1,11 @@
 """operators/topk.cu run on the host (tests/attn_host.py: each block's threads as std::threads, barriers for
-__syncthreads, the dynamic shared memory one static buffer) against the numpy lexsort oracle of
-tests/test_native_nan.py: each key kind (float16 / float32 / float64 / signed / unsigned), largest and
-smallest, k from 1 to the line, middle axes, lines of NaN / +-inf / ties / -0.0, and both slot layouts
-(shared memory, global workspaces)."""
+__syncthreads, the dynamic shared memory one static buffer) against the oracle of tests/test_native_topk.py
+(numpy's lexsort for floats, Python's sort for integers): each key kind (float16 / float32 / float64 /
+signed / unsigned), largest and smallest, k from 1 to the line, middle axes, lines of NaN / +-inf / ties /
+-0.0, and both slot layouts (shared memory, global workspaces); and the device build of each key kind."""
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,8 @@ from mgx_graph.operators import topk_gpu
 from mgx_graph.shape import Shape
 
 import attn_host
-from test_native_nan import _nan_rows, _topk_oracle
+from test_native_nan import _nan_rows
+from test_native_topk import topk_oracle
 
 pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C++20)")
 R = np.random.default_rng(5)
@@ -34,19 +38,12 @@ def _host_topk(x, k, axis, largest, force_global=False):
     return [vals, inds]
 
 
-def _int_oracle(x, k, largest):
-    """TopK of integer rows by Python's sort on (value as a Python int, negated for ``largest``; index):
-    no overflow at the type's minimum (where numpy's negation wraps)."""
-    idx = np.array([sorted(range(x.shape[1]), key=lambda i: (-int(r[i]) if largest else int(r[i]), i))[:k]
-                    for r in x], np.int64).reshape(x.shape[0], k)
-    return [np.take_along_axis(x, idx, 1), idx]
-
-
 def _check(x, k, axis, largest, **kw):
     got = _host_topk(x, k, axis, largest, **kw)
-    want = _topk_oracle(x, k, axis, largest) if x.dtype.kind == "f" else _int_oracle(x, k, largest)
+    want = topk_oracle(x, k, axis, largest)
     np.testing.assert_array_equal(got[1], want[1])
-    np.testing.assert_array_equal(got[0].view(np.uint8), np.ascontiguousarray(want[0]).view(np.uint8))  # bit for bit: NaN, -0.0
+    bits = np.ascontiguousarray(want[0]).view(np.uint8)
+    np.testing.assert_array_equal(got[0].view(np.uint8), bits)  # bit for bit: NaN, -0.0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
@@ -98,3 +95,13 @@ def test_plan_layouts():
     assert [q.shared for q in p] == [True, True, True, True, False]
     assert p[3].shared_mem == 4096 * 12 and p[4].shared_mem == 0
     assert topk_gpu.plan_for(Shape("bool", [3, 4]), 1, 1, 1) is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8"])
+def test_device_build(dtype, tmp_path):
+    """The translation unit NVRTC gets builds for the device (nvcc -c), each key kind."""
+    src = tmp_path / f"topk_{dtype}.cu"
+    src.write_text(topk_gpu.source(dtype))
+    r = subprocess.run(["nvcc", "-c", str(src), "-o", str(src) + ".o"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
