@@ -15,6 +15,11 @@
 // live in dynamic shared memory (keys == 0) or, for long lines, in the line's slice of global
 // workspaces keys / idx of [lines, p] (the same network, each stage ending in __syncthreads()).
 
+#ifndef MGX_TOPK_KIND  // built alone (the CMake kernel check): float32
+typedef float T;
+#define MGX_TOPK_KIND 2
+#endif
+
 #ifdef MGX_HOST_EMULATION
 alignas(8) static unsigned char mgx_topk_smem[49152];
 #else

@@ -5,6 +5,7 @@ signed / unsigned), largest and smallest, k from 1 to the line, middle axes, lin
 -0.0, and both slot layouts (shared memory, global workspaces); and the device build of each key kind."""
 import shutil
 import subprocess
+import types
 
 import numpy as np
 import pytest
@@ -105,3 +106,38 @@ def test_device_build(dtype, tmp_path):
     src.write_text(topk_gpu.source(dtype))
     r = subprocess.run(["nvcc", "-c", str(src), "-o", str(src) + ".o"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+class _HostModule:
+    """Stands in for topk_module(dtype): ``get_function`` launches the host build with a RawKernel's call."""
+
+    def __init__(self, dtype):
+        self.lib, self.sigs = attn_host.build(topk_gpu.source(dtype))
+
+    def get_function(self, name):
+        def call(grid, block, args, shared_mem=0):
+            assert shared_mem <= topk_gpu.SMEM_BYTES
+            args = [None if isinstance(a, np.uint64) and a == 0 else a for a in args]  # the null pointer
+            attn_host.launch(self.lib, self.sigs, name, grid, block[0], args)
+        return call
+
+
+@pytest.mark.parametrize("shape,perm,axis,k,largest", [((5, 7, 3), (2, 0, 1), 1, 3, 1), ((6, 4100), None, 1, 6, 0),
+                                                       ((4, 9), (1, 0), 0, 9, 1)])
+def test_lowered_kernel_runs(monkeypatch, shape, perm, axis, k, largest):
+    """The gpu kernel the lowering gets (its staging copy of a strided input, its workspaces, its launch
+    arguments), run with numpy arrays and the host build in place of CuPy."""
+    monkeypatch.setattr(topk_gpu, "topk_module", _HostModule)
+    base = _nan_rows(int(np.prod(shape[:-1])), shape[-1]).reshape(shape)
+    x = base if perm is None else np.transpose(base, perm)
+    xs = Shape("float32", x.shape, tuple(s // x.itemsize for s in x.strides))
+    op = types.SimpleNamespace(k=k, axis=axis, largest=largest)
+    lens = list(x.shape)
+    lens[axis] = k
+    kern = topk_gpu.topk_gpu_kernel(op, [xs], (Shape("float32", lens), Shape("int64", lens)))
+    assert kern.capturable and kern.launches == (1 if xs.standard() else 2)
+    out = (np.full(lens, 7, np.float32), np.full(lens, -1, np.int64))
+    kern.fn(types.SimpleNamespace(xp=np), out, [x], [np.zeros(s.lens, s.np_dtype) for s in kern.workspace])
+    want = topk_oracle(x, k, axis, largest)
+    np.testing.assert_array_equal(out[1], want[1])
+    np.testing.assert_array_equal(out[0].view(np.uint32), np.ascontiguousarray(want[0]).view(np.uint32))
