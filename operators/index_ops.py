@@ -131,6 +131,8 @@ def topk_order(xp, x, axis: int, largest: bool):
         key = -x.astype(np.int8) if largest else x.astype(np.int8)
     elif x.dtype.kind == "u" and largest:
         key = np.iinfo(x.dtype).max - x  # unsigned: negation wraps around
+    elif x.dtype.kind == "i" and largest:
+        key = ~x  # -1 - x: descending without the wrap of -x at the type's minimum
     elif largest:
         key = -key
     order = _stable_argsort(xp, key, axis)

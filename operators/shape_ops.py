@@ -181,6 +181,12 @@ class TopK(Operation):
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
 
+    def gpu_kernel(self, inputs, output):
+        """``topk.cu`` (see :mod:`.topk_gpu`); None (the generic kernel) for element types it lacks."""
+        from .topk_gpu import topk_gpu_kernel
+
+        return topk_gpu_kernel(self, inputs, output)
+
 
 @register_op
 class Unique(Operation):

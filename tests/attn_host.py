@@ -40,10 +40,12 @@ static std::barrier<>* mgx_barrier;
 #define __launch_bounds__(n)
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
-struct __half { _Float16 v; };
+struct __half { _Float16 v; operator float() const { return (float)v; } };
 static inline float __half2float(__half h) { return (float)h.v; }
 static inline __half __float2half(float f) { __half h; h.v = (_Float16)f; return h; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
 template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F f) {
     blockDim = {nt, 1, 1};
     gridDim = {gx, gy, 1};
@@ -58,7 +60,7 @@ template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F
         }
 }
 """
-_KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\(\w+\) (\w+)\(([^)]*)\)', re.S)
+_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(([^)]*)\)', re.S)
 _DIR = os.path.join(tempfile.gettempdir(), "mgx_attn_host")
 
 
@@ -92,7 +94,8 @@ _LIBS: dict = {}
 
 
 def build(source: str):
-    """``(library, signatures)`` of a plan's kernel source built for the host (cached by content)."""
+    """``(library, signatures)`` of a kernel source (a plan's, or an ``operators/*.cu`` file with its
+    typedefs) built for the host (cached by content)."""
     hit = _LIBS.get(source)
     if hit is not None:
         return hit
@@ -114,15 +117,21 @@ def build(source: str):
 
 def _arg(ctype: str, v):
     if "*" in ctype:
+        if v is None:
+            return ctypes.c_void_p(None)
         assert isinstance(v, np.ndarray), ctype
         return ctypes.c_void_p(v.__array_interface__["data"][0])
     if ctype == "long long":
         return ctypes.c_longlong(int(v))
+    if ctype == "int":
+        return ctypes.c_int(int(v))
     assert ctype == "float", ctype
     return ctypes.c_float(float(v))
 
 
-def _launch(lib, sigs, name, grid, block, args):
+def launch(lib, sigs, name, grid, block, args):
+    """Run kernel ``name`` of a :func:`build` over ``grid`` blocks of ``block`` threads; ``args`` as the
+    gpu launch takes them, numpy arrays for pointers (None: a null pointer)."""
     params = sigs[name]
     assert len(params) == len(args), (name, len(params), len(args))
     gy = grid[1] if len(grid) > 1 else 1
@@ -137,7 +146,7 @@ def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:
     part = None
     if plan.splits > 1:
         part = np.full(plan.workspace()[0].lens, np.nan, np.float32)
-    _launch(lib, sigs, "mgx_attn_split", plan.grid, attention_gpu.NT, plan.split_args(arrays, out, part))
+    launch(lib, sigs, "mgx_attn_split", plan.grid, attention_gpu.NT, plan.split_args(arrays, out, part))
     if part is not None:
-        _launch(lib, sigs, "mgx_attn_combine", plan.combine_grid, plan.defines(vector)["CT"],
+        launch(lib, sigs, "mgx_attn_combine", plan.combine_grid, plan.defines(vector)["CT"],
                 plan.combine_args(arrays, out, part))
