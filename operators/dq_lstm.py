@@ -155,7 +155,8 @@ class DynamicQuantizeLSTM(Operation):
         D, H = self.num_directions, self.hidden_size
         staged = [k for k, s in enumerate(inputs) if not s.standard()]
         ws = [Shape(inputs[k].dtype, inputs[k].lens) for k in staged]
-        ws += [Shape("int32", [max(T * B * I, 1)]), Shape("float32", [2]), Shape("float32", [max(D * T * B * 4 * H, 1)])]
+        ws += [Shape("int32", [max(T * B * I, 1)]), Shape("float32", [2]),
+               Shape("float32", [max(D * T * B * 4 * H, 1)])]
         suffix = "i8" if w.dtype == "int8" else "u8"
         rows, N = T * B, 4 * H
         gemm_grid = (max(1, -(-N // GEMM_BLOCK)), max(1, min(-(-rows // GEMM_ROWS), 65535)), D)
