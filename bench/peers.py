@@ -13,9 +13,12 @@ What is timed (median milliseconds over ``n`` runs, after ``warmup`` untimed run
 * **onnxruntime CPU**: ``InferenceSession.run`` on the host inputs (default threads).
 * **onnxruntime CUDA EP**, with and without ``enable_cuda_graph``: every input and output bound to a
   device ``OrtValue`` with a fixed address through ``io_binding()``, ``run_with_iobinding`` (which
-  synchronizes the EP's stream before it returns).  Where onnxruntime has no CUDA provider, or cannot
-  build or capture the model (control flow, nodes placed on the CPU), the column is None and
-  ``<column>_reason`` says why.
+  synchronizes the EP's stream before it returns).  A model whose declared output rank differs from
+  the produced one (onnxruntime: "Invalid rank for output") gets outputs that onnxruntime allocates
+  instead, bound anew before each run (without graph) or kept from the captured run (with graph), and
+  ``<column>_output_binding`` "onnxruntime" (:class:`BoundOutputs`).  Where onnxruntime has no CUDA
+  provider, or cannot build or capture the model (control flow, nodes placed on the CPU), the column is
+  None and ``<column>_reason`` says why.
 
 Errors: ``max_abs_err`` is the largest |mgx_graph - onnxruntime CPU| over every output of the first
 run and of a run after the timed ones, eager and graph; ``passed`` applies the model's tolerance
@@ -169,37 +172,100 @@ def cuda_unavailable() -> str | None:
     return None
 
 
-def measure_ort_cuda(case: Case, n: int, warmup: int, cuda_graph: bool) -> tuple[float | None, str | None, float]:
-    """(median ms, None, max abs error vs onnxruntime CPU) on the CUDA EP with device-bound IOBinding,
-    or (None, reason, nan) when it cannot run; ``cuda_graph``: ``enable_cuda_graph`` (the first
-    ``run_with_iobinding`` captures, later ones replay)."""
+REJECTED = "Invalid rank for output"  # onnxruntime's error for an output bound with another rank than declared
+
+
+class BoundOutputs:
+    """The outputs of ``io`` (an IOBinding of ``sess``) on ``device``.
+
+    First one OrtValue per output with the shape of onnxruntime CPU's result (``want``) at a fixed
+    address (``binding`` "fixed").  onnxruntime rejects those for a model whose declared output rank
+    differs from the one it produces (``REJECTED``); the outputs are then allocated by onnxruntime
+    (``bind_output(name, device)``, ``binding`` "onnxruntime"): bound anew before every run when
+    ``rebind_each_run``, else (a CUDA-graph session) only after onnxruntime rejected the previous run's,
+    so the buffers of the captured run stay bound for the replays (a replay does not validate them).
+    ``rejected`` counts the runs onnxruntime rejected and ran again."""
+
+    def __init__(self, ort, sess, io, want, device: str, rebind_each_run: bool):
+        self.sess, self.io, self.device, self.rebind_each_run = sess, io, device, rebind_each_run
+        self.binding, self.rejected = "fixed", 0
+        self.fixed = [ort.OrtValue.ortvalue_from_shape_and_type(list(w.shape), w.dtype, device, 0) for w in want]
+        for o, ov in zip(sess.get_outputs(), self.fixed):
+            io.bind_ortvalue_output(o.name, ov)
+
+    def _bind_by_onnxruntime(self) -> None:
+        self.io.clear_binding_outputs()
+        for o in self.sess.get_outputs():
+            self.io.bind_output(o.name, self.device)
+
+    def run(self) -> None:
+        if self.binding == "onnxruntime" and self.rebind_each_run:
+            self._bind_by_onnxruntime()
+        try:
+            self.sess.run_with_iobinding(self.io)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; anything else is re-raised
+            if REJECTED not in str(e):
+                raise
+            self.binding = "onnxruntime"
+            self.rejected += 1
+            self._bind_by_onnxruntime()
+            self.sess.run_with_iobinding(self.io)
+
+    def values(self) -> list:
+        return [ov.numpy() for ov in (self.fixed if self.binding == "fixed" else self.io.get_outputs())]
+
+
+def measure_ort_bound(case: Case, n: int, warmup: int, provider: str, opts: dict, device: str,
+                      cuda_graph: bool) -> tuple[float | None, str | None, float, str | None]:
+    """(median ms, None, max abs error vs onnxruntime CPU, output binding) of ``case`` on ``provider``
+    (with provider options ``opts``) with every input and output bound on ``device`` through
+    ``io_binding()`` (:class:`BoundOutputs`), after at least 2 untimed runs; or (None, reason, nan,
+    binding) when it cannot run.  ``cuda_graph``: the session captures a graph (outputs are then not
+    re-bound between runs, and a timed run that onnxruntime validated, so not a replay, is a reason)."""
     import onnxruntime as ort
 
-    reason = cuda_unavailable()
-    if reason:
-        return None, reason, float("nan")
-    opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    bound = None
     try:
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        sess = ort.InferenceSession(case.path, so, providers=[("CUDAExecutionProvider", opts), "CPUExecutionProvider"])
-        if "CUDAExecutionProvider" not in sess.get_providers():
-            return None, f"the CUDA EP did not load (session providers: {sess.get_providers()})", float("nan")
+        providers = [(provider, opts)] + (["CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [])
+        sess = ort.InferenceSession(case.path, so, providers=providers)
+        if provider not in sess.get_providers():
+            return None, f"the {provider} did not load (session providers: {sess.get_providers()})", \
+                float("nan"), None
         io = sess.io_binding()
-        inputs = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0) for k, v in case.feeds.items()}
+        inputs = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), device, 0)
+                  for k, v in case.feeds.items()}
         for k, v in inputs.items():
             io.bind_ortvalue_input(k, v)
-        outs = [ort.OrtValue.ortvalue_from_shape_and_type(list(w.shape), w.dtype, "cuda", 0) for w in case.want]
-        for o, ov in zip(sess.get_outputs(), outs):
-            io.bind_ortvalue_output(o.name, ov)
-        ms = _median_ms(lambda: sess.run_with_iobinding(io), n, max(warmup, 2))
-        got = [ov.numpy() for ov in outs]
+        bound = BoundOutputs(ort, sess, io, case.want, device, rebind_each_run=not cuda_graph)
+        for _ in range(max(warmup, 2)):
+            bound.run()
+        before = bound.rejected
+        ms = _median_ms(bound.run, n, 0)
+        if cuda_graph and bound.rejected > before:
+            return None, (f"onnxruntime validated the outputs it allocates on {bound.rejected - before} of {n} "
+                          f"timed runs (declared output rank differs from the produced one): not graph replays"), \
+                float("nan"), bound.binding
+        got = bound.values()
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; the reason is recorded
         return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400] if str(e).strip() else ''}", \
-            float("nan")
+            float("nan"), bound.binding if bound is not None else None
     from mgx_graph.models.pypi import errors
 
-    return ms, None, max((a for a, _ in errors(got, case.want)), default=0.0)
+    return ms, None, max((a for a, _ in errors(got, case.want)), default=0.0), bound.binding
+
+
+def measure_ort_cuda(case: Case, n: int, warmup: int, cuda_graph: bool) -> tuple[float | None, str | None, float,
+                                                                                    str | None]:
+    """:func:`measure_ort_bound` on the CUDA EP (device "cuda"), ``cuda_graph``: ``enable_cuda_graph``
+    (the EP captures after its regular runs, later runs replay); (None, reason, nan, None) where
+    onnxruntime has no CUDA EP."""
+    reason = cuda_unavailable()
+    if reason:
+        return None, reason, float("nan"), None
+    opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    return measure_ort_bound(case, n, warmup, "CUDAExecutionProvider", opts, "cuda", cuda_graph)
 
 
 def run_case(case: Case, target: str, n: int, warmup: int, columns=COLUMNS) -> dict:
@@ -223,8 +289,10 @@ def run_case(case: Case, target: str, n: int, warmup: int, columns=COLUMNS) -> d
         row["ort_cpu_ms"] = measure_ort_cpu(case, n, warmup)
     for col, graph in (("ort_cuda_ms", False), ("ort_cuda_graph_ms", True)):
         if col in columns:
-            ms, reason, err = measure_ort_cuda(case, n, warmup, graph)
+            ms, reason, err, binding = measure_ort_cuda(case, n, warmup, graph)
             row[col] = ms
+            if binding == "onnxruntime":
+                row[col[:-3] + "_output_binding"] = binding
             if reason:
                 row[col[:-3] + "_reason"] = reason
             else:

@@ -6,7 +6,7 @@ from .base import Operation, make_op, register_op, registered_ops  # noqa: F401
 from . import pointwise, views, shape_ops, gather_scatter, reduce, nn, control, random, onnx_ref  # noqa: F401  (registration)
 from . import pooling, conv_transpose, resize  # noqa: F401  (native spatial ops)
 from . import normalization, index_ops, detection, activation  # noqa: F401
-from . import normalization_contrib, rotary, quantized, attention  # noqa: F401  (onnxruntime contrib ops)
+from . import normalization_contrib, rotary, quantized, attention, dq_lstm  # noqa: F401  (onnxruntime contrib ops)
 from . import decode_attention  # noqa: F401  (made by the fuse_attention pass)
 from . import recurrent, quantization, sampling, spectral  # noqa: F401
 from . import reinterpret  # noqa: F401

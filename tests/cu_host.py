@@ -1,6 +1,8 @@
 """Build an ``operators/*.cu`` kernel file as host C++ with g++ (one thread runs each grid-stride loop) so
 its arithmetic can be checked against an oracle on a machine without a GPU.  Only for kernels that use
-plain C++ and math functions (no warp or block intrinsics, no half types)."""
+plain C++ and math functions (no warp intrinsics, no half types); ``__shared__`` arrays (function-static)
+and ``__syncthreads()`` (nothing) are emulated for the one thread, so block reductions written for any
+power-of-two block size run too."""
 from __future__ import annotations
 
 import ctypes
@@ -20,6 +22,8 @@ static const mgx_dim3 blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __shared__ static
+#define __syncthreads()
 """
 _DIR = os.path.join(tempfile.gettempdir(), "mgx_cu_host")
 

@@ -18,6 +18,7 @@ sys.path.insert(0, BENCH)
 
 import conformance  # noqa: E402
 import host_overhead  # noqa: E402
+import peers  # noqa: E402
 import real_models  # noqa: E402
 
 
@@ -204,6 +205,67 @@ def test_real_models_peers_json(tmp_path, model_cache, monkeypatch):
     assert res["chart"] == "peers.png"
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+
+# -- peers: outputs bound through io_binding (the CUDA EP's code path, run on onnxruntime's CPU EP) -----
+
+def _rank_model(tmp_path):
+    """y = Reshape(x, s), declared [2, n] (rank 2) but [2, 3, 4] at run time (the shape is an input), and
+    z = Relu(x) declared as produced: a model onnxruntime runs but whose bound rank-3 output it rejects."""
+    import onnx
+
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"]), helper.make_node("Relu", ["x"], ["z"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 12]),
+                                helper.make_tensor_value_info("s", TensorProto.INT64, ["k"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n"]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 12])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    path = str(tmp_path / "rank.onnx")
+    onnx.save(m, path)
+    x = np.random.default_rng(4).normal(size=(2, 12)).astype(np.float32)
+    feeds = {"x": x, "s": np.array([2, 3, 4], np.int64)}
+    return peers.Case("rank", path, feeds, None, 0.0, 0.0, want=[x.reshape(2, 3, 4), np.maximum(x, 0)])
+
+
+@pytest.fixture
+def quiet_ort_log():
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # the rank mismatch is also logged as a warning on every run
+    yield
+    ort.set_default_logger_severity(2)
+
+
+def test_bound_outputs_of_a_model_with_another_output_rank(tmp_path, quiet_ort_log):
+    case = _rank_model(tmp_path)
+    ms, reason, err, binding = peers.measure_ort_bound(case, 3, 0, "CPUExecutionProvider", {}, "cpu", False)
+    assert reason is None and ms > 0 and binding == "onnxruntime"
+    assert err == 0.0  # both outputs equal numpy's (the want of the case), the rank-3 one included
+
+
+def test_bound_outputs_kept_between_runs_are_rejected_without_replays(tmp_path, quiet_ort_log):
+    """As a CUDA-graph session binds them (kept between runs): the CPU EP validates every run, so every
+    timed run needs a new binding and none is a replay; the column says so instead of a time."""
+    case = _rank_model(tmp_path)
+    ms, reason, err, binding = peers.measure_ort_bound(case, 3, 0, "CPUExecutionProvider", {}, "cpu", True)
+    assert ms is None and binding == "onnxruntime" and np.isnan(err)
+    assert "on 3 of 3 timed runs" in reason and "not graph replays" in reason
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_bound_outputs_of_a_model_as_declared_stay_fixed(tmp_path, cuda_graph):
+    import onnx
+
+    x = np.random.default_rng(5).normal(size=(3, 4)).astype(np.float32)
+    model = make_model([helper.make_node("Tanh", ["x"], ["y"])], {"x": x}, ["y"])
+    path = str(tmp_path / "tanh.onnx")
+    onnx.save(model, path)
+    case = peers.Case("tanh", path, {"x": x}, None, 0.0, 0.0, want=[np.tanh(x)])
+    ms, reason, err, binding = peers.measure_ort_bound(case, 3, 0, "CPUExecutionProvider", {}, "cpu", cuda_graph)
+    assert reason is None and ms > 0 and binding == "fixed"
+    assert err <= 1e-6
 
 
 # -- host_overhead: the phases of a replayed run_async -----------------------------------------------------

@@ -1,8 +1,8 @@
 """Ops of domains other than ONNX's, each registered with ``@parser(op_type, domain=...)``, and the
 contrib ops onnxruntime registers under ai.onnx names:
 
-- com.microsoft::DynamicQuantizeLSTM (an LSTM with int8 weights quantized per direction, run on the
-  host as onnxruntime's CPU kernel computes it);
+- com.microsoft::DynamicQuantizeLSTM (an LSTM with int8 weights quantized per direction, computed as
+  onnxruntime's CPU kernel computes it, on the host or with the kernels of ``dq_lstm.cu``);
 - the fused normalizations SkipLayerNormalization, SkipSimplifiedLayerNormalization (com.microsoft) and
   SimplifiedLayerNormalization (ai.onnx domain): one ``skip_layer_norm`` instruction;
 - the GELU family Gelu, FastGelu, BiasGelu, QuickGelu (com.microsoft): ``add`` + ``gelu`` /
