@@ -47,6 +47,17 @@ def model_cache(tmp_path_factory):
     return os.environ.get("MGX_GRAPH_CACHE") or str(tmp_path_factory.mktemp("models"))
 
 
+@pytest.fixture(scope="module")
+def llama(model_cache):
+    """The decode step of a random LLaMA (models/llama.py, KV 16), built once per test module."""
+    from mgx_graph.models import build
+
+    try:
+        return build("llama", cache_dir=model_cache, progress=False, max_cache_len=16)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -26,6 +26,20 @@ class EliminateDeadCode(Pass):
                 program.remove_module(name)
 
 
+def remove_unread(m, root) -> None:
+    """Remove ``root`` when nothing reads it, then, transitively, its inputs in ``m`` that nothing reads
+    any more (never parameters, the return, or instructions with side effects): what a rewrite leaves
+    behind (the old dots of a merge, the decomposed attention a fused instruction replaced)."""
+    stack = [root]
+    while stack:
+        ins = stack.pop()
+        if ins.module is not m or ins.outputs or ins.op.name in ("@param", "@return") or ins.op.side_effects:
+            continue
+        inputs = list(ins.inputs)
+        m.remove_instruction(ins)
+        stack.extend(inputs)
+
+
 def _remove_dead(m) -> None:
     changed = True
     while changed:

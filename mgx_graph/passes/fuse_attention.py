@@ -40,6 +40,7 @@ from ..errors import ShapeError
 from ..operators import make_op
 from ..shape import Shape
 from . import fusion
+from .eliminate_dead_code import remove_unread
 
 MAX_QUERY_ROWS = 16
 MAX_INDEX_ELEMENTS = 1 << 25
@@ -298,7 +299,7 @@ class FuseAttention(fusion.FusionPass):
             mask = m.insert_instruction(mt.out, make_op("where"), args)
         fused = m.insert_instruction(mt.out, op, [mt.q, mt.k, mt.v] + ([mask] if mask is not None else []))
         m.replace_instruction(mt.out, fused)
-        _drop_dead(m, mt.out)
+        remove_unread(m, mt.out)
 
 
 def _index_map_is_repeat(path, N, transposed) -> bool:
@@ -318,14 +319,3 @@ def _index_map_is_repeat(path, N, transposed) -> bool:
         want = want.transpose(0, 1, 3, 2)
     return tuple(arr.shape) == tuple(want.shape) and bool(np.array_equal(arr, want))
 
-
-def _drop_dead(m, root) -> None:
-    """Remove ``root`` and, transitively, the inputs it leaves unread (not parameters, not side effects)."""
-    stack = [root]
-    while stack:
-        ins = stack.pop()
-        if ins.module is not m or ins.outputs or ins.op.name in ("@param", "@return") or ins.op.side_effects:
-            continue
-        inputs = list(ins.inputs)
-        m.remove_instruction(ins)
-        stack.extend(inputs)

@@ -45,6 +45,7 @@ from ..operators import make_op
 from ..operators.pointwise import Pointwise
 from ..shape import Shape, standard_strides
 from .fuse_reduce import NORM_OPS, REDUCE_OPS
+from .eliminate_dead_code import remove_unread
 from .fusion import VIEWS, fused_modules
 from .pass_manager import ModulePass
 
@@ -278,17 +279,5 @@ class MergeDots(ModulePass):
         for ins, shape in shapes.values():
             ins.shape = shape
         for mem in group:
-            _remove_dead_chain(m, mem.tail)
+            remove_unread(m, mem.tail)
 
-
-def _remove_dead_chain(m, ins) -> None:
-    """Remove ``ins`` when nothing reads it, then its inputs in this module that nothing reads any
-    more (the old dot, its bias add, their weight views and literals)."""
-    stack = [ins]
-    while stack:
-        v = stack.pop()
-        if v.module is not m or v.outputs or v.op.name in ("@param", "@return") or v.op.side_effects:
-            continue
-        inputs = list(v.inputs)
-        m.remove_instruction(v)
-        stack.extend(inputs)

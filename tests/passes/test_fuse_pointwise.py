@@ -297,14 +297,7 @@ def test_a_fused_writer_binds_in_place():
 
 
 # -- the decode step of a random LLaMA --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def llama(model_cache):
-    from mgx_graph.models import build
-
-    try:
-        return build("llama", cache_dir=model_cache, progress=False, max_cache_len=16)
-    except ImportError as e:
-        pytest.skip(f"model export needs the [export] extra: {e}")
+# (the `llama` fixture: tests/conftest.py)
 
 
 def _gpu_launches(info, fp16, disabled=()):

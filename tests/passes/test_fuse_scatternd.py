@@ -399,14 +399,7 @@ def test_reduction_add_with_duplicate_indices_stays_a_scatternd(target):
 
 
 # -- the decode step of a random LLaMA --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def llama(model_cache):
-    from mgx_graph.models import build
-
-    try:
-        return build("llama", cache_dir=model_cache, progress=False, max_cache_len=16)
-    except ImportError as e:
-        pytest.skip(f"model export needs the [export] extra: {e}")
+# (the `llama` fixture: tests/conftest.py)
 
 
 def _lowered(info, fp16, disabled=()):
