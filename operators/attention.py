@@ -114,6 +114,12 @@ class KvCacheUpdate(Operation):
         B, S = new.lens[:2]
         return 5 + (2 if self.has_past else 1) + (1 + B if S > 1 else 0)
 
+    def gpu_kernel(self, inputs, output):
+        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.kv_write_kernel`); None for the types and layouts it does
+        not take (the array-library evaluation above runs)."""
+        from .llm_gpu import own_kernel, kv_write_kernel
+
+        return own_kernel(kv_write_kernel, self, inputs, output)
 
 @register_op
 class Attention(Operation):

@@ -168,15 +168,22 @@ def _past_len(p, pk, pv, B, Nkv, H, dtype) -> int:
 
 def _positions(p, m, seqlens, B, S):
     """(kv_len [B], start [B], pos [B, S]) int64: valid cache rows after the step (seqlens_k + 1), the
-    row of the first new token (max(kv_len - S, 0)) and each query row's position."""
+    row of the first new token (max(kv_len - S, 0)) and each query row's position.  Computed once per
+    module for every GroupQueryAttention node that reads the same seqlens_k (every layer of a decoder):
+    later nodes reuse the instructions of the first."""
     if seqlens is None or seqlens.shape.dtype != "int32" or tuple(seqlens.shape.lens) != (B,):
         raise _shape_err(p, f"seqlens_k {seqlens.shape.brief() if seqlens is not None else 'missing'} must "
                             f"be int32 [{B}]")
+    shared = p.__dict__.setdefault("_gqa_positions", {})
+    key = (id(m), id(seqlens), S)
+    if key in shared and shared[key][0] is seqlens:
+        return shared[key][1]
     one = p.lit(m, np.array(1, np.int64))
     kv_len = p.add(m, "add", [p.add(m, "convert", [seqlens], target_type="int64"), one])
     start = p.add(m, "max", [p.add(m, "sub", [kv_len, p.lit(m, np.array(S, np.int64))]),
                              p.lit(m, np.array(0, np.int64))])
     pos = p.add(m, "add", [p.add(m, "unsqueeze", [start], axes=[1]), _iota(p, m, S, lead=1)])
+    shared[key] = (seqlens, (kv_len, start, pos))
     return kv_len, start, pos
 
 
