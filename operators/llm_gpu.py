@@ -11,7 +11,7 @@ the fused and attention kernels do.  Each builder returns a
 
 * ``rotary_embedding``: one thread per output element (its pair of channels read from x, its angle from
   the cos / sin tables at the position id or per token); x of any strides;
-* ``kv_cache_update``: when the present output is the past buffer (bound in place, the shared
+* ``kv_cache_update`` (with its rotation of the new rows, GroupQueryAttention's keys): when the present output is the past buffer (bound in place, the shared
   past / present cache of onnxruntime-genai) only the S new rows per entry are written; otherwise every
   present row is (past row, new row or 0);
 * ``skip_layer_norm``: one block of 256 threads per row (``s = x + skip + bias`` in float32, block
@@ -100,25 +100,31 @@ def _st(shape: Shape, d: int) -> int:
     return 0 if shape.lens[d] == 1 else int(shape.strides[d])
 
 
+def _table_args(cos: Shape, pos) -> tuple:
+    """(pos b, pos s, table row, table b, table s, table column) element strides of the rotation's
+    angles: cos / sin [M, R/2] at position ids [B or 1, S] (``pos``), else per token [B or 1, S, R/2]."""
+    if pos is not None:
+        return (_st(pos, 0), _st(pos, 1), int(cos.strides[0]), 0, 0, int(cos.strides[1]))
+    return (0, 0, 0, _st(cos, 0), _st(cos, 1), int(cos.strides[2]))
+
+
+def _rotary_types_ok(x: Shape, cos: Shape, sin: Shape) -> bool:
+    return x.dtype in CTYPES and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.strides == sin.strides
+
+
 def rotary_kernel(op, inputs: list, output: Shape):
     """One launch of ``mgx_rotary`` for a ``rotary_embedding`` instruction, or None (other types: x, cos
     and sin must share one float16 / float32 type)."""
     x, cos, sin = inputs[:3]
-    if x.dtype not in CTYPES or cos.dtype != x.dtype or sin.dtype != x.dtype or cos.strides != sin.strides:
+    if not _rotary_types_ok(x, cos, sin):
         return None
     B, S, N, H, R = op._dims(x)
     order = (0, 1, 2, 3) if op.heads_axis == 2 else (0, 2, 1, 3)  # (b, s, n, h) dims of x / the output
     xs = [_st(x, d) for d in order]
     ys = [_st(output, d) for d in order]
     has_pos = len(inputs) == 4
-    if has_pos:
-        pos = inputs[3]
-        pstr = (_st(pos, 0), _st(pos, 1))
-        crow, cb, cs, cr = int(cos.strides[0]), 0, 0, int(cos.strides[1])
-    else:
-        pstr = (0, 0)
-        crow, cb, cs, cr = 0, _st(cos, 0), _st(cos, 1), int(cos.strides[2])
-    scalars = _i64(B, S, N, H, R, *xs, *ys, *pstr, crow, cb, cs, cr) + (np.int32(has_pos), np.int32(op.interleaved))
+    table = _table_args(cos, inputs[3] if has_pos else None)
+    scalars = _i64(B, S, N, H, R, *xs, *ys, *table) + (np.int32(has_pos), np.int32(op.interleaved))
     fn = _function(x.dtype, "mgx_rotary")
     check = _checker("rotary_embedding (llm_kernels.cu)", list(inputs) + [output])
     grid = (_blocks(B * S * N * H),)
@@ -132,8 +138,8 @@ def rotary_kernel(op, inputs: list, output: Shape):
 
 
 def kv_write_kernel(op, inputs: list, output: Shape):
-    """One launch of ``mgx_kv_write`` for a ``kv_cache_update`` instruction, or None (types other than
-    float16 / float32)."""
+    """One launch of ``mgx_kv_write`` for a ``kv_cache_update`` instruction (its rotation of the new rows
+    included), or None (types other than float16 / float32, cos / sin of another type)."""
     past = inputs[0] if op.has_past else None
     new = inputs[op.has_past]
     if new.dtype not in CTYPES:
@@ -143,18 +149,27 @@ def kv_write_kernel(op, inputs: list, output: Shape):
     L = past.lens[2] if past is not None else 0
     ps = [int(s) for s in past.strides] if past is not None else [0, 0, 0, 0]
     base = _i64(B, S, Nkv, H, P, L, *new.strides, *ps, *output.strides)
+    if op.rotary:
+        cos, sin, pos = inputs[-3:]
+        if not _rotary_types_ok(new, cos, sin):
+            return None
+        R = op.rotary_dim or H
+        rot = _i64(R, *_table_args(cos, pos)) + (np.int32(1), np.int32(1), np.int32(op.interleaved))
+    else:
+        rot = _i64(0, 0, 0, 0, 0, 0, 0) + (np.int32(0), np.int32(0), np.int32(0))
     fn = _function(new.dtype, "mgx_kv_write")
-    check = _checker("kv_cache_update (llm_kernels.cu)", list(inputs[:op.has_past + 2]) + [output])
+    check = _checker("kv_cache_update (llm_kernels.cu)", list(inputs) + [output])
     grids = {0: (_blocks(B * Nkv * S * H),), 1: (_blocks(B * Nkv * P * H),)}
 
     def run(ctx, out, args, ws):
-        check(list(args[:op.has_past + 2]) + [out])
+        check(list(args) + [out])
         pa = args[0]  # the past, or (no past: L = 0, never read) the new rows
         nw, start = args[op.has_past], args[op.has_past + 1]
         in_place = op.has_past and ctx.data_ptr(pa) == ctx.data_ptr(out) and pa.shape == out.shape \
             and pa.strides == out.strides
         full = 0 if in_place else 1
-        fn(grids[full], (NT,), (pa, nw, start, out) + base + (np.int32(full),))
+        tables = tuple(args[-3:]) if op.rotary else (nw, nw, start)
+        fn(grids[full], (NT,), (pa, nw, start, out) + base + (np.int32(full),) + tables + rot)
 
     return GpuKernel(run, 1, [], True, "kv_cache_update (llm_kernels.cu)")
 

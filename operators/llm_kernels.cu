@@ -16,9 +16,28 @@ __device__ __forceinline__ void mgx_st(float* p, float v) { *p = v; }
 
 #define MGX_NT 256
 
+// Channel h < R of one head's row xr (channel stride xh) rotated by the angle of table row `row`
+// (column r at r * c_r): non-interleaved pairs (i, i + R/2), interleaved (2i, 2i + 1).
+__device__ __forceinline__ float mgx_rotate(const T* xr, long long xh, long long h, long long R, const T* cosv,
+                                            const T* sinv, long long row, long long c_r, int interleaved) {
+    long long half = R / 2, r, lo, hi;
+    if (interleaved) {
+        r = h / 2; lo = 2 * r; hi = lo + 1;
+    } else {
+        r = h < half ? h : h - half; lo = r; hi = r + half;
+    }
+    float c = mgx_ld(cosv[row + r * c_r]), sn = mgx_ld(sinv[row + r * c_r]);
+    float x1 = mgx_ld(xr[lo * xh]), x2 = mgx_ld(xr[hi * xh]);
+    float a, bb;
+    if (h == lo) {
+        a = x1 * c; bb = x2 * sn; return a - bb;
+    }
+    a = x1 * sn; bb = x2 * c;
+    return a + bb;
+}
+
 // y[b, s, n, h] = x rotated by the angles of position pos[b, s] (has_pos) or of token (b, s):
-// cos / sin row  = pos * c_row (has_pos) or b * c_b + s * c_s; column r at r * c_r.
-// Non-interleaved pairs (i, i + R/2), interleaved (2i, 2i + 1); channels h >= R are copied.
+// cos / sin row  = pos * c_row (has_pos) or b * c_b + s * c_s; channels h >= R are copied.
 extern "C" __global__ void mgx_rotary(const T* x, const T* cosv, const T* sinv, const long long* pos, T* y,
                                       long long B, long long S, long long N, long long H, long long R,
                                       long long xb, long long xs, long long xn, long long xh,
@@ -26,7 +45,6 @@ extern "C" __global__ void mgx_rotary(const T* x, const T* cosv, const T* sinv, 
                                       long long pb, long long ps, long long c_row, long long c_b, long long c_s,
                                       long long c_r, int has_pos, int interleaved) {
     long long total = B * S * N * H;
-    long long half = R / 2;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)blockDim.x * gridDim.x) {
         long long h = i % H, n = (i / H) % N, s = (i / (H * N)) % S, b = i / (H * N * S);
@@ -37,31 +55,23 @@ extern "C" __global__ void mgx_rotary(const T* x, const T* cosv, const T* sinv, 
             continue;
         }
         long long row = has_pos ? pos[b * pb + s * ps] * c_row : b * c_b + s * c_s;
-        long long r, lo, hi;
-        if (interleaved) {
-            r = h / 2; lo = 2 * r; hi = lo + 1;
-        } else {
-            r = h < half ? h : h - half; lo = r; hi = r + half;
-        }
-        float c = mgx_ld(cosv[row + r * c_r]), sn = mgx_ld(sinv[row + r * c_r]);
-        float x1 = mgx_ld(xr[lo * xh]), x2 = mgx_ld(xr[hi * xh]);
-        float a, bb;
-        if (h == lo) {
-            a = x1 * c; bb = x2 * sn; mgx_st(yp, a - bb);
-        } else {
-            a = x1 * sn; bb = x2 * c; mgx_st(yp, a + bb);
-        }
+        mgx_st(yp, mgx_rotate(xr, xh, h, R, cosv, sinv, row, c_r, interleaved));
     }
 }
 
-// present[b, n, t, h] of a KV cache: new[b, t - start[b], n, h] for start[b] <= t < start[b] + S.
-// full == 0 (present is the past buffer): only those rows are written (the grid covers B * S * Nkv * H);
-// full == 1: every row, past[b, n, t, h] for t < min(start[b], L), 0 for the others.
+// present[b, n, t, h] of a KV cache: new[b, t - start[b], n, h] for start[b] <= t < start[b] + S, its
+// first R channels rotated (has_rot; angles as mgx_rotary's).  full == 0 (present is the past
+// buffer): only those rows are written (the grid covers B * S * Nkv * H); full == 1: every row,
+// past[b, n, t, h] for t < min(start[b], L), 0 for the others.
 extern "C" __global__ void mgx_kv_write(const T* past, const T* nw, const long long* start, T* out,
                                         long long B, long long S, long long NKV, long long H, long long P,
                                         long long L, long long nb, long long ns, long long nn, long long nh,
                                         long long pb, long long pn, long long pt, long long ph,
-                                        long long ob, long long on, long long ot, long long oh, int full) {
+                                        long long ob, long long on, long long ot, long long oh, int full,
+                                        const T* cosv, const T* sinv, const long long* pos, long long R,
+                                        long long qb, long long qs, long long c_row, long long c_b,
+                                        long long c_s, long long c_r, int has_rot, int has_pos,
+                                        int interleaved) {
     long long rows = full ? P : S;
     long long total = B * NKV * rows * H;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -73,7 +83,13 @@ extern "C" __global__ void mgx_kv_write(const T* past, const T* nw, const long l
         if (t < 0 || t >= P) continue;
         T* op = out + b * ob + n * on + t * ot + h * oh;
         if (rel >= 0 && rel < S) {
-            *op = nw[b * nb + rel * ns + n * nn + h * nh];
+            const T* nr = nw + b * nb + rel * ns + n * nn;
+            if (has_rot && h < R) {
+                long long row = has_pos ? pos[b * qb + rel * qs] * c_row : b * c_b + rel * c_s;
+                mgx_st(op, mgx_rotate(nr, nh, h, R, cosv, sinv, row, c_r, interleaved));
+            } else {
+                *op = nr[h * nh];
+            }
         } else if (t < L && rel < 0) {
             *op = past[b * pb + n * pn + t * pt + h * ph];
         } else {

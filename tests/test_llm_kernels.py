@@ -77,12 +77,19 @@ def test_rotary_kernel_per_token_tables_heads_first(lib):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
 
 
-def _kv_args(B, S, Nkv, H, P, L, full):
-    nb = (S * Nkv * H, Nkv * H, H, 1)
+def _kv_args(B, S, Nkv, H, P, L, full, nb=None, rot=None):
+    """The sizes / strides of ``mgx_kv_write`` after its four arrays; ``rot``: (cos, sin, pos, R,
+    interleaved) for the rotated write, else the rotation is off (its arrays passed as never-read dummies)."""
+    nb = nb or (S * Nkv * H, Nkv * H, H, 1)
     pb = (Nkv * L * H, L * H, H, 1)
     ob = (Nkv * P * H, P * H, H, 1)
-    return (i64(B), i64(S), i64(Nkv), i64(H), i64(P), i64(L), *map(i64, nb), *map(i64, pb), *map(i64, ob),
-            i32(full))
+    head = (i64(B), i64(S), i64(Nkv), i64(H), i64(P), i64(L), *map(i64, nb), *map(i64, pb), *map(i64, ob), i32(full))
+    if rot is None:
+        dummy = np.zeros(1, f32)
+        return head + (dummy, dummy, np.zeros(1, i64)) + tuple(i64(0) for _ in range(7)) + (i32(0),) * 3
+    cos, sin, pos, R, inter = rot
+    return head + (cos, sin, pos, i64(R), i64(S), i64(1), i64(R // 2), i64(0), i64(0), i64(1), i32(1), i32(1),
+                   i32(inter))
 
 
 @needs_gxx
@@ -137,6 +144,31 @@ def test_skip_norm_kernel(lib, simplified, skip_rows, extras):
     np.testing.assert_allclose(sm, s, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(mean, mu[:, 0], atol=1e-5)
     np.testing.assert_allclose(inv, iv[:, 0], rtol=1e-4)
+
+
+@needs_gxx
+@pytest.mark.parametrize("S,inter,R", [(1, 0, 8), (2, 1, 8), (1, 0, 4)])
+def test_kv_write_rotates_the_new_keys_of_a_packed_qkv_slice(lib, S, inter, R):
+    """GroupQueryAttention's keys: read from the packed QKV row (strided), rotated at their positions and
+    written in place as the new cache rows; the other rows keep their values."""
+    rng = np.random.default_rng(S * 7 + R)
+    B, N, Nkv, H, P, M = 2, 2, 1, 8, 8, 16
+    W = (N + 2 * Nkv) * H
+    packed = rng.normal(size=(B, S, W)).astype(f32)
+    k = packed[:, :, N * H:(N + Nkv) * H].reshape(B, S, Nkv, H)
+    ang = rng.uniform(0, 3, size=(M, R // 2))
+    cos, sin = np.cos(ang).astype(f32), np.sin(ang).astype(f32)
+    start = np.array([3, 5], i64)
+    pos = (start[:, None] + np.arange(S)[None]).astype(i64)
+    cache = rng.normal(size=(B, Nkv, P, H)).astype(f32)
+    before = cache.copy()
+    cu_host.launch(lib, "mgx_kv_write", cache, packed.reshape(-1)[N * H:], start, cache,
+                   *_kv_args(B, S, Nkv, H, P, P, 0, nb=(S * W, W, H, 1), rot=(cos, sin, pos, R, inter)))
+    rotated = _rope_oracle(k.astype(np.float64), cos.astype(np.float64), sin.astype(np.float64), pos, R, inter)
+    want = before.astype(np.float64)
+    for b in range(B):
+        want[b, :, start[b]:start[b] + S] = rotated[b].transpose(1, 0, 2)
+    np.testing.assert_allclose(cache, want, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,13 +263,16 @@ def test_decode_step_lowers_to_one_launch_per_op(dtype):
     # every layer's cache writes and attention read the same positions (computed once)
     assert len({id(i.inputs[2]) for i in by_op["kv_cache_update"]}) == 1
     assert len({id(i.inputs[3]) for i in by_op["grouped_attention"]}) == 1
-    # per layer: 2 norms, 4 GEMMs (gate / up merged), 2 rotary, 2 cache writes, attention, SiLU * up
-    # (one pointwise); once: the seqlens / positions arithmetic and the final norm
+    # per layer: 2 norms, 4 GEMMs (gate / up merged), the rotary of Q, 2 cache writes (the keys rotated
+    # by theirs), attention, SiLU * up (one pointwise); once: the seqlens / positions arithmetic and the
+    # final norm
+    assert len(by_op["rotary_embedding"]) == layers
+    assert sorted(i.op.rotary for i in by_op["kv_cache_update"]) == [0] * layers + [1] * layers
     layer = [i for i in ins if i.op.name in ("rotary_embedding", "kv_cache_update", "grouped_attention", "dot")
              or (i.op.name == "skip_layer_norm" and i is not by_op["skip_layer_norm"][-1])
              or (i.op.name == "pointwise" and i.shape.dtype == np.dtype(dtype).name)]
     launches = sum(i.meta["kernel"].launches for i in layer)
-    assert launches <= 12 * layers, [(i.op.name, i.meta["kernel"].launches) for i in ins]
+    assert launches <= 11 * layers, [(i.op.name, i.meta["kernel"].launches) for i in ins]
     once = sum(i.meta["kernel"].launches for i in ins) - launches
     assert once <= 8, [(str(i.op), i.meta["kernel"].launches) for i in ins if i not in layer]
 
