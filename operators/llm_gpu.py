@@ -11,9 +11,10 @@ the fused and attention kernels do.  Each builder returns a
 
 * ``rotary_embedding``: one thread per output element (its pair of channels read from x, its angle from
   the cos / sin tables at the position id or per token); x of any strides;
-* ``kv_cache_update`` (with its rotation of the new rows, GroupQueryAttention's keys): when the present output is the past buffer (bound in place, the shared
-  past / present cache of onnxruntime-genai) only the S new rows per entry are written; otherwise every
-  present row is (past row, new row or 0);
+* ``kv_cache_update`` (with its rotation of the new rows when it has one: GroupQueryAttention's keys,
+  read straight from the packed QKV projection): when the present output is the past buffer (bound in
+  place, the shared past / present cache of onnxruntime-genai) only the S new rows per entry are
+  written; otherwise every present row is (past row, new row or 0);
 * ``skip_layer_norm``: one block of 256 threads per row (``s = x + skip + bias`` in float32, block
   reductions for the statistics, then the normalized row and the optional sum / mean / inv_std_var
   outputs); x, skip, gamma, beta, bias in standard layout, skip broadcast over leading rows.
@@ -29,7 +30,7 @@ from .gpu import GpuKernel
 
 CTYPES = {"float16": "__half", "float32": "float"}
 NT = 256  # threads per block (the normalization's block reduction assumes this power of two)
-MAX_BLOCKS = 1 << 16  # the loops are grid-stride: more elements than this many blocks cover loop
+MAX_BLOCKS = 1 << 16  # the loops are grid-stride: at most this many blocks, each looping when needed
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -3,6 +3,8 @@ the kernel file built as host C++ (one thread per grid-stride loop) against nump
 definitions; the gpu lowering of a two-layer onnxruntime-genai style decoder (one launch per op, the
 GroupQueryAttention positions computed once); that decoder against onnxruntime CPU on each target."""
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -299,3 +301,12 @@ def test_two_layer_decoder_matches_onnxruntime(target, S):
         assert_matches([got[0][b, rows]], [want[0][b, rows]], np.float32, f"hidden row {b}")
         for j in range(1, 5):
             assert_matches([got[j][b, :, :n]], [want[j][b, :, :n]], np.float32, f"present {j} row {b}")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_kernel_source_compiles_for_the_device(dtype, tmp_path):
+    """The source NVRTC gets (the element type's typedef, the fp16 header) builds as device code."""
+    r = subprocess.run(["nvcc", "-c", "-x", "cu", "-", "-o", str(tmp_path / "k.o")], input=llm_gpu.kernel_source(dtype),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
