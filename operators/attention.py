@@ -35,9 +35,12 @@ class KvCacheUpdate(Operation):
     """present [B, Nkv, P, H] = the past cache with this step's rows written at each batch entry's start.
 
     Inputs: past [B, Nkv, L, H] (L <= P; absent when ``has_past`` is 0), new [B, S, Nkv, H] (any strides
-    when S is 1, else standard layout), start [B] int64 (the cache row of each entry's first new token),
-    rows [P] int64 (0, 1, ..., P-1).  Row t of entry b is ``new[b, t - start[b]]`` for
-    ``start[b] <= t < start[b] + S``; otherwise ``past[b, :, t]`` for ``t < start[b]`` and 0 beyond.
+    when S is 1 or ``rotary`` is set, else standard layout), start [B] int64 (the cache row of each
+    entry's first new token), rows [P] int64 (0, 1, ..., P-1); with ``rotary`` then cos, sin and
+    position ids [B or 1, S] as :class:`~.rotary.RotaryEmbedding` takes them (``interleaved``,
+    ``rotary_dim``): the new rows are rotated first (GroupQueryAttention's keys, rotated and written
+    in one kernel).  Row t of entry b is ``new[b, t - start[b]]`` for ``start[b] <= t < start[b] + S``;
+    otherwise ``past[b, :, t]`` for ``t < start[b]`` and 0 beyond.
     When the output is the past buffer itself (bound in place, ``inplace_ok``) only the new rows are
     written: the others keep their values (onnxruntime's shared past/present buffer).
 
@@ -50,13 +53,20 @@ class KvCacheUpdate(Operation):
     inplace_ok = True
     alloc_free = True
 
-    def __init__(self, present_len=0, has_past=1):
-        super().__init__(present_len=int(present_len), has_past=int(has_past))
+    def __init__(self, present_len=0, has_past=1, rotary=0, interleaved=0, rotary_dim=0):
+        super().__init__(present_len=int(present_len), has_past=int(has_past), rotary=int(rotary),
+                         interleaved=int(interleaved), rotary_dim=int(rotary_dim))
+
+    def rotation(self):
+        """The :class:`~.rotary.RotaryEmbedding` applied to the new rows (``rotary`` set)."""
+        from .rotary import RotaryEmbedding
+
+        return RotaryEmbedding(interleaved=self.interleaved, rotary_dim=self.rotary_dim, heads_axis=2)
 
     def compute_shape(self, inputs, mods=()):
-        check_inputs(self, inputs, 3 + self.has_past)
+        check_inputs(self, inputs, 3 + self.has_past + 3 * self.rotary)
         past = inputs[0] if self.has_past else None
-        new, start, rows = inputs[self.has_past:]
+        new, start, rows = inputs[self.has_past:self.has_past + 3]
         if new.ndim != 4 or new.dtype not in FLOATS:
             raise ShapeError(f"{self.name}: new rows {new.brief()} must be float [B, S, Nkv, H]")
         B, S, Nkv, H = new.lens
@@ -67,7 +77,12 @@ class KvCacheUpdate(Operation):
                              f"{new.dtype} of the new rows {list(new.lens)}")
         _check_index(self.name, "start", start, (B,))
         _check_index(self.name, "rows", rows, (P,))
+        if self.rotary:
+            self.rotation().compute_shape([new] + list(inputs[-3:]))
         return Shape(new.dtype, [B, Nkv, P, H])
+
+    def _rot_inputs(self, inputs):
+        return [inputs[self.has_past]] + list(inputs[-3:])
 
     def workspace(self, inputs, output):
         new = inputs[self.has_past]
@@ -76,14 +91,21 @@ class KvCacheUpdate(Operation):
         ws = [Shape("int64", [B, P]), Shape("bool", [B, P]), Shape("bool", [B, P])]
         if S > 1:
             ws += [Shape("int64", [B, P]), Shape(new.dtype, [B, P, Nkv, H])]
+        if self.rotary:  # the rotated rows (standard layout), then the rotation's own scratch
+            rot = self._rot_inputs(inputs)
+            ws += [Shape(new.dtype, new.lens)] + self.rotation().workspace(rot, Shape(new.dtype, new.lens))
         return ws
 
     def compute(self, ctx, out, args, ws):
         xp = ctx.xp
         past = args[0] if self.has_past else None
-        new, start, rows = args[self.has_past:]
+        new, start, rows = args[self.has_past:self.has_past + 3]
         B, S = new.shape[0], new.shape[1]
         P = out.shape[2]
+        if self.rotary:
+            k = 3 + 2 * (S > 1)
+            self.rotation().compute(ctx, ws[k], [new] + list(args[-3:]), ws[k + 1:])
+            new = ws[k]
         rel, is_new, tmp = ws[:3]
         if xp is np and B and (start.min() < 0 or start.max() + S > P):
             bad = int(start.max())
@@ -112,7 +134,15 @@ class KvCacheUpdate(Operation):
     def launches(self, inputs, output):
         new = inputs[self.has_past]
         B, S = new.lens[:2]
-        return 5 + (2 if self.has_past else 1) + (1 + B if S > 1 else 0)
+        rot = self.rotation().launches(self._rot_inputs(inputs), None) if self.rotary else 0
+        return 5 + (2 if self.has_past else 1) + (1 + B if S > 1 else 0) + rot
+
+    def gpu_kernel(self, inputs, output):
+        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.kv_write_kernel`, the rotation included);
+        None for the types it does not take (the array-library evaluation above runs)."""
+        from .llm_gpu import kv_write_kernel, own_kernel
+
+        return own_kernel(kv_write_kernel, self, inputs, output)
 
 
 @register_op

@@ -168,15 +168,22 @@ def _past_len(p, pk, pv, B, Nkv, H, dtype) -> int:
 
 def _positions(p, m, seqlens, B, S):
     """(kv_len [B], start [B], pos [B, S]) int64: valid cache rows after the step (seqlens_k + 1), the
-    row of the first new token (max(kv_len - S, 0)) and each query row's position."""
+    row of the first new token (max(kv_len - S, 0)) and each query row's position.  Computed once per
+    module for every GroupQueryAttention node that reads the same seqlens_k (every layer of a decoder):
+    later nodes reuse the instructions of the first."""
     if seqlens is None or seqlens.shape.dtype != "int32" or tuple(seqlens.shape.lens) != (B,):
         raise _shape_err(p, f"seqlens_k {seqlens.shape.brief() if seqlens is not None else 'missing'} must "
                             f"be int32 [{B}]")
+    shared = p.__dict__.setdefault("_gqa_positions", {})
+    key = (id(m), id(seqlens), S)
+    if key in shared and shared[key][0] is seqlens:
+        return shared[key][1]
     one = p.lit(m, np.array(1, np.int64))
     kv_len = p.add(m, "add", [p.add(m, "convert", [seqlens], target_type="int64"), one])
     start = p.add(m, "max", [p.add(m, "sub", [kv_len, p.lit(m, np.array(S, np.int64))]),
                              p.lit(m, np.array(0, np.int64))])
     pos = p.add(m, "add", [p.add(m, "unsqueeze", [start], axes=[1]), _iota(p, m, S, lead=1)])
+    shared[key] = (seqlens, (kv_len, start, pos))
     return kv_len, start, pos
 
 
@@ -218,20 +225,23 @@ def _parse_gqa(p, m, node, ins):
         raise _shape_err(p, f"the present length {P} (max of total_sequence_length {T} and the past length {L}) "
                             f"is shorter than the {S} new tokens")
     kv_len, start, pos = _positions(p, m, seqlens, B, S)
+    rot_k = {}  # the keys' rotation, done by their cache write (one kernel)
     if attr(node, "do_rotary", 0):
         if cos is None or sin is None:
             raise p.err("do_rotary needs cos_cache and sin_cache")
         rp = _rotary_positions(p, m, node, pos_ids, pos, S, T)
         inter, R = attr(node, "rotary_interleaved", 0), 2 * cos.shape.lens[-1]
         q4 = _rotary(p, m, q4, 2, cos, sin, rp, inter, R)
-        k4 = _rotary(p, m, k4, 2, cos, sin, rp, inter, R)
+        rot_k = dict(tables=[cos, sin, rp], rotary=1, interleaved=int(inter), rotary_dim=int(R))
     if S > 1:
-        k4, v4 = p.contiguous(m, k4), p.contiguous(m, v4)
+        k4 = k4 if rot_k else p.contiguous(m, k4)
+        v4 = p.contiguous(m, v4)
     rows = _iota(p, m, P)
     present = []
-    for past, new in ((pk, k4), (pv, v4)):
-        args = ([past] if past is not None else []) + [new, start, rows]
-        present.append(p.add(m, "kv_cache_update", args, present_len=P, has_past=int(past is not None)))
+    for past, new, rot in ((pk, k4, rot_k), (pv, v4, {})):
+        rot = dict(rot)
+        args = ([past] if past is not None else []) + [new, start, rows] + rot.pop("tables", [])
+        present.append(p.add(m, "kv_cache_update", args, present_len=P, has_past=int(past is not None), **rot))
     extra = [i for i in (bias, sink) if i is not None]
     out = p.add(m, "grouped_attention", [q4] + present + [pos, kv_len, rows] + extra,
                 scale=attr(node, "scale", 0.0), softcap=attr(node, "softcap", 0.0), local_window=window, causal=causal,

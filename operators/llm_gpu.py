@@ -1,0 +1,232 @@
+"""One kernel each on the gpu target for ``rotary_embedding``, ``kv_cache_update`` and ``skip_layer_norm``
+(what onnxruntime's GroupQueryAttention, RotaryEmbedding and (Skip)SimplifiedLayerNormalization lower to).
+
+The kernels are in ``llm_kernels.cu``, compiled at run time through CuPy (``cupy.RawModule``: NVRTC on
+CUDA, hipRTC on ROCm), once per element type (float16 or float32; arithmetic in float32).  Sizes and
+strides are kernel arguments, planned from the instruction's shapes; each launch checks the arrays'
+strides against the planned ones (a mismatch raises ValueError instead of reading wrong elements), as
+the fused and attention kernels do.  Each builder returns a
+:class:`~mgx_graph.operators.gpu.GpuKernel` of one launch, or None for shapes or types it does not take
+(the op's array-library evaluation then runs, as before):
+
+* ``rotary_embedding``: one thread per output element (its pair of channels read from x, its angle from
+  the cos / sin tables at the position id or per token); x of any strides;
+* ``kv_cache_update`` (with its rotation of the new rows when it has one: GroupQueryAttention's keys,
+  read straight from the packed QKV projection): when the present output is the past buffer (bound in
+  place, the shared past / present cache of onnxruntime-genai) only the S new rows per entry are
+  written; otherwise every present row is (past row, new row or 0);
+* ``skip_layer_norm``: one block of 256 threads per row (``s = x + skip + bias`` in float32, block
+  reductions for the statistics, then the normalized row and the optional sum / mean / inv_std_var
+  outputs); x, skip, gamma, beta, bias in standard layout, skip broadcast over leading rows.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..shape import Shape
+from .gpu import GpuKernel
+
+CTYPES = {"float16": "__half", "float32": "float"}
+NT = 256  # threads per block (the normalization's block reduction assumes this power of two)
+MAX_BLOCKS = 1 << 16  # the loops are grid-stride: at most this many blocks, each looping when needed
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def kernel_source(dtype: str) -> str:
+    """The source of ``llm_kernels.cu`` for element type ``dtype`` (float16 / float32)."""
+    from .attention_gpu import HEADER
+
+    with open(os.path.join(_HERE, "llm_kernels.cu")) as f:
+        return HEADER + f"typedef {CTYPES[dtype]} T;\n" + f.read()
+
+
+def _function(dtype: str, name: str):
+    """The compiled kernel now when CuPy is importable, else a loader that compiles on first launch."""
+    from .fused_gpu import compiled_function, precompile
+
+    src = kernel_source(dtype)
+    ready = precompile(src, name)
+    if ready is not None:
+        return ready
+    cache = []
+
+    def lazy(*a):
+        if not cache:
+            cache.append(compiled_function(src, name))
+        return cache[0](*a)
+    return lazy
+
+
+def own_kernel(builder, op, inputs, output):
+    """``builder(op, inputs, output)``, or None with a warning when the kernel does not compile (the
+    array-library evaluation then runs)."""
+    import warnings
+
+    try:
+        return builder(op, inputs, output)
+    except ValueError as e:
+        warnings.warn(f"{op.name} {inputs[0].brief()}: no gpu kernel ({e}); the array-library evaluation runs "
+                      f"instead", stacklevel=3)
+        return None
+
+
+def _blocks(total: int) -> int:
+    return int(min(max(-(-total // NT), 1), MAX_BLOCKS))
+
+
+def _layout(shape: Shape) -> tuple:
+    return tuple((d, s) for d, (n, s) in enumerate(zip(shape.lens, shape.byte_strides())) if n > 1)
+
+
+def _checker(label: str, shapes: list):
+    layouts = [_layout(s) for s in shapes]
+
+    def check(arrays):
+        for k, (a, want) in enumerate(zip(arrays, layouts)):
+            st = a.strides
+            if any(st[d] != b for d, b in want):
+                raise ValueError(f"{label}: argument {k} has strides {st}, the kernel was planned for "
+                                 f"{dict(want)} (bytes, by dim)")
+    return check
+
+
+def _i64(*vals) -> tuple:
+    return tuple(np.int64(v) for v in vals)
+
+
+def _st(shape: Shape, d: int) -> int:
+    """Element stride of dim ``d`` (0 for a dim of size 1: only index 0 is read)."""
+    return 0 if shape.lens[d] == 1 else int(shape.strides[d])
+
+
+def _table_args(cos: Shape, pos) -> tuple:
+    """(pos b, pos s, table row, table b, table s, table column) element strides of the rotation's
+    angles: cos / sin [M, R/2] at position ids [B or 1, S] (``pos``), else per token [B or 1, S, R/2]."""
+    if pos is not None:
+        return (_st(pos, 0), _st(pos, 1), int(cos.strides[0]), 0, 0, int(cos.strides[1]))
+    return (0, 0, 0, _st(cos, 0), _st(cos, 1), int(cos.strides[2]))
+
+
+def _rotary_types_ok(x: Shape, cos: Shape, sin: Shape) -> bool:
+    return x.dtype in CTYPES and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.strides == sin.strides
+
+
+def rotary_kernel(op, inputs: list, output: Shape):
+    """One launch of ``mgx_rotary`` for a ``rotary_embedding`` instruction, or None (other types: x, cos
+    and sin must share one float16 / float32 type)."""
+    x, cos, sin = inputs[:3]
+    if not _rotary_types_ok(x, cos, sin):
+        return None
+    B, S, N, H, R = op._dims(x)
+    order = (0, 1, 2, 3) if op.heads_axis == 2 else (0, 2, 1, 3)  # (b, s, n, h) dims of x / the output
+    xs = [_st(x, d) for d in order]
+    ys = [_st(output, d) for d in order]
+    has_pos = len(inputs) == 4
+    table = _table_args(cos, inputs[3] if has_pos else None)
+    scalars = _i64(B, S, N, H, R, *xs, *ys, *table) + (np.int32(has_pos), np.int32(op.interleaved))
+    fn = _function(x.dtype, "mgx_rotary")
+    check = _checker("rotary_embedding (llm_kernels.cu)", list(inputs) + [output])
+    grid = (_blocks(B * S * N * H),)
+
+    def run(ctx, out, args, ws):
+        check(list(args) + [out])
+        p = args[3] if has_pos else args[0]
+        fn(grid, (NT,), (args[0], args[1], args[2], p, out) + scalars)
+
+    return GpuKernel(run, 1, [], True, "rotary_embedding (llm_kernels.cu)")
+
+
+def kv_write_kernel(op, inputs: list, output: Shape):
+    """One launch of ``mgx_kv_write`` for a ``kv_cache_update`` instruction (its rotation of the new rows
+    included), or None (types other than float16 / float32, cos / sin of another type)."""
+    past = inputs[0] if op.has_past else None
+    new = inputs[op.has_past]
+    if new.dtype not in CTYPES:
+        return None
+    B, S, Nkv, H = new.lens
+    P = op.present_len
+    L = past.lens[2] if past is not None else 0
+    ps = [int(s) for s in past.strides] if past is not None else [0, 0, 0, 0]
+    base = _i64(B, S, Nkv, H, P, L, *new.strides, *ps, *output.strides)
+    if op.rotary:
+        cos, sin, pos = inputs[-3:]
+        if not _rotary_types_ok(new, cos, sin):
+            return None
+        R = op.rotary_dim or H
+        rot = _i64(R, *_table_args(cos, pos)) + (np.int32(1), np.int32(1), np.int32(op.interleaved))
+    else:
+        rot = _i64(0, 0, 0, 0, 0, 0, 0) + (np.int32(0), np.int32(0), np.int32(0))
+    fn = _function(new.dtype, "mgx_kv_write")
+    check = _checker("kv_cache_update (llm_kernels.cu)", list(inputs) + [output])
+    grids = {0: (_blocks(B * Nkv * S * H),), 1: (_blocks(B * Nkv * P * H),)}
+
+    def run(ctx, out, args, ws):
+        check(list(args) + [out])
+        pa = args[0]  # the past, or (no past: L = 0, never read) the new rows
+        nw, start = args[op.has_past], args[op.has_past + 1]
+        in_place = op.has_past and ctx.data_ptr(pa) == ctx.data_ptr(out) and pa.shape == out.shape \
+            and pa.strides == out.strides
+        full = 0 if in_place else 1
+        tables = tuple(args[-3:]) if op.rotary else (nw, nw, start)
+        fn(grids[full], (NT,), (pa, nw, start, out) + base + (np.int32(full),) + tables + rot)
+
+    return GpuKernel(run, 1, [], True, "kv_cache_update (llm_kernels.cu)")
+
+
+def _suffix_rows(s: Shape, x: Shape, D: int):
+    """Rows of ``s`` when it is standard and its dims (leading ones dropped) are a suffix of x's
+    covering the D normalized elements; None otherwise."""
+    lens = list(s.lens)
+    while lens and lens[0] == 1:
+        lens.pop(0)
+    n = int(np.prod(lens)) if lens else 1
+    if not s.standard() or tuple(lens) != tuple(x.lens[len(x.lens) - len(lens):]) or n % D:
+        return None
+    return n // D
+
+
+def skip_norm_kernel(op, inputs: list, output):
+    """One launch of ``mgx_skip_norm`` for a ``skip_layer_norm`` instruction, or None (x not standard,
+    inputs of another type than x's float16 / float32, a skip or gamma / beta / bias that is not a
+    standard suffix of x)."""
+    x, skip, gamma, beta, bias = op._split(inputs)
+    if x.dtype not in CTYPES or not x.standard():
+        return None
+    a = op.axis % x.ndim
+    D = int(np.prod(x.lens[a:]))
+    rows = int(np.prod(x.lens[:a]))
+    if D < 1 or rows < 1:
+        return None
+    skip_rows = 1
+    for s in (skip, gamma, beta, bias):
+        if s is None:
+            continue
+        r = _suffix_rows(s, x, D)
+        if s.dtype != x.dtype or r is None or (s is not skip and r != 1):
+            return None
+        if s is skip:
+            skip_rows = r
+    outs = list(output) if isinstance(output, tuple) else [output]
+    if not all(o.standard() for o in outs):
+        return None
+    flags = tuple(np.int32(v) for v in (op.simplified, skip is not None, beta is not None, bias is not None,
+                                        bool(op.stats), bool(op.stats)))
+    scalars = _i64(rows, D, skip_rows) + (np.float32(op.epsilon),) + flags
+    fn = _function(x.dtype, "mgx_skip_norm")
+    check = _checker("skip_layer_norm (llm_kernels.cu)", list(inputs) + outs)
+    grid = (int(min(rows, MAX_BLOCKS)),)
+    has = (op.skip, 1, op.beta, op.bias)
+
+    def run(ctx, out, args, ws):
+        o = list(out) if op.stats else [out]
+        check(list(args) + o)
+        it = iter(args)
+        xa = next(it)
+        sk, g, be, bi = (next(it) if f else xa for f in has)
+        y = o[0]
+        mean, inv, sm = (o[1], o[2], o[3]) if op.stats else (y, y, y)
+        fn(grid, (NT,), (xa, sk, g, be, bi, y, mean, inv, sm) + scalars)
+
+    return GpuKernel(run, 1, [], True, "skip_layer_norm (llm_kernels.cu)")
