@@ -13,8 +13,8 @@ The lowering of ``dot`` (:func:`dot_gemv_kernel`) takes this kernel when ``MIGRA
 (default on), the product has one row and batch dims of 1, the weight is a literal or a view of one
 whose K dim is contiguous (``gemv_layout`` stores a ``[K, N]`` row-major literal transposed at compile
 time), and the type is float16 / float32; otherwise ``dot`` stays a BLAS GEMM.  The 16-byte variant
-needs aligned row starts (checked per launch on the data pointers: a misaligned buffer runs the
-element-wise variant, compiled as well).
+needs aligned row starts: row strides that are whole loads (known when planned) and aligned data
+pointers (checked per launch); otherwise the element-wise variant, compiled as well, runs.
 """
 from __future__ import annotations
 
@@ -161,6 +161,8 @@ def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") 
     srcs = (plan.source(True), plan.source(False))
     ready = [precompile(src, "mgx_gemv") for src in srcs]
     align = plan.vec * np.dtype(plan.dtype).itemsize
+    # every row start a multiple of the load (with aligned data pointers, checked per launch)
+    rows_aligned = plan.vec > 1 and (plan.N == 1 or sw % plan.vec == 0) and (plan.M == 1 or sx % plan.vec == 0)
     grid, block = plan.grid, plan.block
     item = np.dtype(plan.dtype).itemsize
 
@@ -171,7 +173,7 @@ def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") 
                 (plan.K > 1 and (x.strides[-1] != item or w.strides[-2] != item)):
             raise ValueError(f"{label}: x / W strides {x.strides} / {w.strides}, planned rows of {sx} / {sw} "
                              f"elements with K contiguous")
-        vector = plan.vec > 1 and ctx.data_ptr(x) % align == 0 and ctx.data_ptr(w) % align == 0
+        vector = rows_aligned and ctx.data_ptr(x) % align == 0 and ctx.data_ptr(w) % align == 0
         fn = ready[0 if vector else 1] or compiled_function(srcs[0 if vector else 1], "mgx_gemv")
         fn(grid, block, plan.args(x, w, bias, out, sx, sw, sy))
 
