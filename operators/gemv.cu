@@ -13,6 +13,24 @@
 // float, reduce by xor shuffles within 32-thread groups, then (TPC > 32) through shared memory.
 // Every thread reaches every shuffle and barrier: columns past N only skip their loads and stores.
 
+#ifndef MGX_GEMV_CONFIG  // compiled on its own (CMake's check_kernels): SmolLM2's down projection
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+#define T __half
+#define TO_T __float2half
+#define LT uint4
+#define VEC 8
+#define K 1536
+#define M 1
+#define NT 256
+#define TPC 128
+#define XS 1
+#define HAS_BIAS 0
+#endif
+
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
 #define MGX_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
 #else

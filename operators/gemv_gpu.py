@@ -89,7 +89,7 @@ class GemvPlan:
 
     def source(self, vector: bool = True) -> str:
         """The kernel source (``vector``: the 16-byte-load variant)."""
-        body = "".join(f"#define {k} {v}\n" for k, v in self.defines(vector).items())
+        body = "#define MGX_GEMV_CONFIG 1\n" + "".join(f"#define {k} {v}\n" for k, v in self.defines(vector).items())
         return HEADER + body + kernel_file()
 
     def args(self, x, w, bias, y, sx: int, sw: int, sy: int) -> tuple:

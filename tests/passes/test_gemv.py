@@ -7,7 +7,7 @@ the gpu variant runs the kernel itself); the lowering and the pass need no GPU."
 import numpy as np
 import pytest
 
-from mgx_graph import Program, Shape
+from mgx_graph import Program
 from mgx_graph.operators.gemv_gpu import MAX_ROWS, NT, TARGET_BLOCKS, gemv_plan_for, make_plan
 from mgx_graph.passes import EliminateDeadCode, GemvLayout, Lowering, PassContext, PassManager
 from mgx_graph.program import compile_program
@@ -275,3 +275,23 @@ def test_one_row_dot_matches_numpy(K, N, dtype, weight, bias, target):
     want = _oracle(xv[0], wv.T, bv)[None]
     assert got.shape == want.shape and got.dtype == np.dtype(dtype)
     _close(got, want, dtype, np.sqrt(K))
+
+
+def test_perf_names_the_gemv_instructions():
+    """``mgx-graph perf`` sums a dot lowered to the gemv kernel as ``dot (gemv)``, apart from BLAS dots
+    (the kernel label is what the gpu lowering sets; here given to a ref program's dot)."""
+    from mgx_graph.cli_perf import named_row
+    from mgx_graph.passes.lowering import Kernel
+
+    prog = _dot_program("float32", 16, 6)[0]
+    m = prog.get_main_module()
+    m.add_return([m.get_return().inputs[0], m.add_instruction(op("dot"), [m.instructions[0], m.instructions[1]])])
+    cp = compile_program(prog, target="ref")
+    cp.run({"x": np.zeros((1, 1, 16), np.float32)})
+    ex = cp.active_executor()
+    dots = [(n, i) for n, i in enumerate(cp.program.get_main_module().instructions) if i.op.name == "dot"]
+    assert len(dots) == 2
+    first = dots[0][1]
+    first.meta["kernel"] = Kernel(first.meta["kernel"].fn, 1, [], True, "gemv (gemv.cu, 8 columns per block)")
+    labels = [lab for lab in ex.step_labels() if lab.endswith(" dot")]
+    assert [named_row(ex, lab) for lab in labels] == [(labels[0] + " (gemv)", "dot (gemv)"), (labels[1], "dot")]
