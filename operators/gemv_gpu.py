@@ -183,13 +183,18 @@ def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") 
 
 def dot_gemv_kernel(ins, in_shapes, out_shape) -> GpuKernel | None:
     """The gemv kernel of ``dot`` instruction ``ins`` on gpu, or None (a BLAS GEMM then): see the
-    module docstring for when it applies."""
-    if not gemv_enabled() or len(ins.inputs) != 2 or not _constant(ins.inputs[1]):
+    module docstring for when it applies.  Marks ``ins.meta["gemv"]`` when it does: a saved program
+    keeps the mark, so on load (where the graph pass has moved the ``dot`` into a ``graph_launch``
+    submodule that reads the weight as a parameter) the same kernel is selected again."""
+    if not gemv_enabled() or len(ins.inputs) != 2:
+        return None
+    if not (ins.meta.get("gemv") or _constant(ins.inputs[1])):
         return None
     got = gemv_plan_for(in_shapes, out_shape)
     if got is None:
         return None
     plan, sx, sw = got
+    ins.meta["gemv"] = True
     return gemv_kernel(plan, sx, sw, plan.N)
 
 

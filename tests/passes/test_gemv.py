@@ -295,3 +295,30 @@ def test_perf_names_the_gemv_instructions():
     first.meta["kernel"] = Kernel(first.meta["kernel"].fn, 1, [], True, "gemv (gemv.cu, 8 columns per block)")
     labels = [lab for lab in ex.step_labels() if lab.endswith(" dot")]
     assert [named_row(ex, lab) for lab in labels] == [(labels[0] + " (gemv)", "dot (gemv)"), (labels[1], "dot")]
+
+
+def test_a_marked_dot_keeps_the_gemv_when_its_weight_is_a_parameter():
+    """As on load of a saved program, where the dot reads the weight as a graph_launch parameter:
+    ``meta["gemv"]`` (set by the first lowering) selects the kernel again; an unmarked one is BLAS."""
+    def build(mark):
+        prog = Program()
+        m = prog.get_main_module()
+        x = m.add_parameter("x", S("float16", 1, 1, 64))
+        w = m.add_parameter("w", S("float16", 64, 24, strides=[1, 64]))
+        d = m.add_instruction(op("dot"), [x, w])
+        if mark:
+            d.meta["gemv"] = True
+        m.add_return([d])
+        Lowering("gpu").select_kernels(prog)
+        return d.meta["kernel"].label
+
+    assert build(True).startswith("gemv (gemv.cu") and build(False) == "gemm"
+
+
+def test_lowering_marks_the_dots_it_gives_the_gemv():
+    prog = _dot_program("float16", 64, 24)[0]
+    _lowered_dot(prog)
+    assert _literal_of_dot(prog)[0].meta["gemv"] is True
+    prog = _dot_program("float16", 64, 24, rows=2)[0]
+    _lowered_dot(prog)
+    assert "gemv" not in _literal_of_dot(prog)[0].meta
