@@ -57,3 +57,25 @@ def test_decode_steps_with_transposed_weights_match_onnxruntime(tiny, target, mo
         np.testing.assert_allclose(got, outs[0], rtol=1e-4, atol=1e-4, err_msg=f"step {pos}")
         for n, v in zip(names[1:], outs[1:]):
             feeds[tiny.alias[n]] = v
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_tokens_with_transposed_weights_equal_transformers(model_cache, monkeypatch):
+    """The real SmolLM2-135M (ref, float32) with every layer projection stored transposed by
+    ``gemv_layout`` (merged QKV, O, merged gate/up, down): greedy tokens equal transformers' generate."""
+    from mgx_graph.generate import generate
+    from mgx_graph.models import build
+    from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
+
+    try:
+        info = build("smollm2", cache_dir=model_cache, progress=False)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+    ids = chat_prompt_ids(info, "What is the capital of France?")
+    want = hf_greedy_tokens(info, ids, 16)
+    _with_layout(monkeypatch)
+    prog = mgx_graph.compile(str(info.onnx_path), target="ref")
+    dots = [i for i in prog.program.get_main_module().instructions if i.op.name == "dot"]
+    stored = [d for d in dots if d.inputs[1].op.name == "transpose" and d.inputs[1].shape.strides[-2] == 1]
+    assert len(stored) == len(dots) == 121  # 4 per layer and the LM head (a transposed [N, K] already)
+    assert generate(Decoder(prog), ids, 16, info.config["eos_token_ids"]).tokens == want
