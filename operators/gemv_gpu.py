@@ -149,7 +149,10 @@ def gemv_plan_for(in_shapes, out_shape) -> tuple | None:
     sw = weight_layout(b.lens, b.strides)
     if sw is None or not out_shape.standard():
         return None
-    return make_plan(a.dtype, 1, K, N), K, sw
+    try:
+        return make_plan(a.dtype, 1, K, N), K, sw
+    except ValueError:  # more blocks than a grid takes: BLAS
+        return None
 
 
 def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") -> GpuKernel:

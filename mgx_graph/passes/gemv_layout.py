@@ -67,7 +67,9 @@ class GemvLayout(ModulePass):
             if ins.op.name != "dot" or len(ins.inputs) != 2:
                 continue
             a, b = ins.inputs
-            if not isinstance(b.shape, Shape) or b.shape.ndim < 2 or weight_layout(b.shape.lens, b.shape.strides) is not None:
+            if not isinstance(b.shape, Shape) or b.shape.ndim < 2:
+                continue
+            if weight_layout(b.shape.lens, b.shape.strides) is not None:  # K contiguous already
                 continue
             if gemv_plan_for([a.shape, transposed_shape(b.shape)], ins.shape) is None:
                 continue
