@@ -322,3 +322,18 @@ def test_lowering_marks_the_dots_it_gives_the_gemv():
     prog = _dot_program("float16", 64, 24, rows=2)[0]
     _lowered_dot(prog)
     assert "gemv" not in _literal_of_dot(prog)[0].meta
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype, M, K", [("float32", 4, 2304), ("float16", 3, 6000)])
+def test_kernel_on_the_host_reads_a_long_x_from_global_memory(dtype, M, K, rng):
+    """x over 32 KiB is not copied to shared memory: the loads read it in place (row stride padded)."""
+    N, sx = 5, K + 8
+    plan = make_plan(dtype, M, K, N, True)
+    assert plan.defines()["XS"] == 0
+    xb = rng.standard_normal((M, sx)).astype(dtype)
+    wb = rng.standard_normal((N, K)).astype(dtype)
+    bv = rng.standard_normal(N).astype(dtype)
+    y = np.zeros((M, N), dtype)
+    gemv_host.run(plan, xb, wb, bv, y, sx, K, N)
+    _close(y, _oracle(xb[:, :K], wb, bv), dtype, np.sqrt(K))
