@@ -91,8 +91,30 @@ def _profiled_runs(ex, host: dict, dev: dict, n: int, offload: bool, bar):
         run_ms.append(total)
         outside.append(total - sum(times))
         bar.update()
-    rows = [(lab, lab.split(" ", 1)[1].split("[")[0], t) for lab, t in zip(labels, per)]
+    rows = [named_row(ex, lab) + (t,) for lab, t in zip(labels, per)]
     return rows, outside, run_ms
+
+
+KERNEL_NAMES = ("gemv",)  # kernels an op can lower to besides its usual one, named in the report
+
+
+def named_row(ex, label: str) -> tuple:
+    """``(instruction, op)`` of the report for step ``label`` (``"main:@<n> <op>"``): the op's name
+    without attributes, followed by ``(<kernel>)`` when its instruction runs one of ``KERNEL_NAMES``
+    (a one-row ``dot`` lowered to the gemv kernel: ``dot (gemv)``), so such instructions are summed
+    apart from the op's other instructions."""
+    op = label.split(" ", 1)[1].split("[")[0]
+    where = label.split(" ", 1)[0]
+    mod, _, idx = where.partition(":@")
+    try:
+        ins = ex.program.modules[mod].instructions[int(idx)]
+    except (AttributeError, KeyError, IndexError, ValueError):
+        return label, op
+    k = ins.meta.get("kernel")
+    name = getattr(k, "label", "").split(" ", 1)[0]
+    if name in KERNEL_NAMES:
+        return f"{label} ({name})", f"{op} ({name})"
+    return label, op
 
 
 def _dry_runs(ex, dev: dict, n: int, bar) -> list:

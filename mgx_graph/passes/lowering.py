@@ -4,7 +4,8 @@ Sets ``ins.meta["kernel"]`` (a :class:`Kernel`) on every non-builtin, non-view i
 the function, the number of device launches it issues, its scratch buffers, and whether it may be
 recorded into a graph.  On ``ref`` every kernel is one host function on the queue; on ``gpu`` an
 op's own ``gpu_kernel`` when it gives one (the generated kernels of ``pointwise`` / ``fused_reduce``),
-else :func:`mgx_graph.operators.gpu.select_gpu_kernel`.
+else, for a one-row ``dot`` against a constant weight, the GEMV of
+:mod:`mgx_graph.operators.gemv_gpu` (``MIGRAPHX_GEMV``), else :func:`mgx_graph.operators.gpu.select_gpu_kernel`.
 
 A fused instruction (``pointwise``, ``fused_reduce``) first gives up its submodule: the op keeps it
 (its kernel runs it) and the module leaves the program, so what follows (graph regions, memory
@@ -166,6 +167,10 @@ class Lowering(Pass):
         from ..operators.gpu import GpuKernel, select_gpu_kernel
 
         k = op.gpu_kernel(in_shapes, out_shape)
+        if k is None and op.name == "dot":
+            from ..operators.gemv_gpu import dot_gemv_kernel
+
+            k = dot_gemv_kernel(ins, in_shapes, out_shape)
         if isinstance(k, tuple):  # (fn, launches, workspace) as Operation.gpu_kernel documents
             k = GpuKernel(k[0], k[1], list(k[2]), True, f"{op.name} (op kernel)")
         if k is None:

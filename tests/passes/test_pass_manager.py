@@ -229,17 +229,18 @@ def _names(groups):
 
 @pytest.mark.parametrize("tname", ["ref", "gpu"], ids=["ref-pipeline", "gpu-pipeline"])
 def test_options_select_groups(tname):
+    layout = [("layout", ["gemv_layout"])] if tname == "gpu" else []  # weights for the gpu gemv kernel
     assert _names(pipeline(tname, PipelineOptions())) == [
         ("simplify", ["eliminate_dead_code", "propagate_constant", "simplify_reshapes"]),
         ("fuse", ["fuse_norms", "eliminate_dead_code"]),
         ("fuse_kernels", ["merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise", "fuse_scatternd",
-                          "eliminate_dead_code"]),
+                          "eliminate_dead_code"]), *layout,
         ("outputs", ["bind_outputs"]),
         ("lower", ["lowering"]), ("memory", ["memory_coloring"])]
     full = pipeline(tname, PipelineOptions(fp16=True, hip_graph=True, alias={"present": "past"},
                                            host_ops=("erf",), min_partition_size=7))
-    assert [g for g, _ in _names(full)] == ["simplify", "fuse", "precision", "fuse_kernels", "outputs", "lower",
-                                            "graph", "memory"]
+    assert [g for g, _ in _names(full)] == ["simplify", "fuse", "precision", "fuse_kernels", *[g for g, _ in layout],
+                                            "outputs", "lower", "graph", "memory"]
     by_name = {p.name: p for g in full for p in g.passes}
     assert by_name["lowering"].target == tname and by_name["lowering"].host_ops == {"erf"}
     assert by_name["hip_graph"].min_partition_size == 7

@@ -1,0 +1,31 @@
+"""Run ``operators/gemv.cu`` on the host (the shim of :mod:`attn_host`: one std::thread per CUDA thread,
+``__syncthreads()`` a barrier of the block), so its index arithmetic, the shared-memory copy of x, the
+xor-shuffle reduction (emulated through a block-wide buffer between two barriers: every thread of the
+kernel reaches every shuffle) and the cross-group reduction are checked on a machine without a GPU."""
+from __future__ import annotations
+
+import numpy as np
+
+import attn_host
+
+SHUFFLE = r"""
+#define __align__(n) __attribute__((aligned(n)))
+static float mgx_shfl_buf[1024];
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+    mgx_shfl_buf[threadIdx.x] = v;
+    __syncthreads();
+    float r = mgx_shfl_buf[threadIdx.x ^ o];
+    __syncthreads();
+    return r;
+}
+"""
+
+available = attn_host.available
+
+
+def run(plan, x: np.ndarray, w: np.ndarray, bias, y: np.ndarray, sx: int, sw: int, sy: int,
+        vector: bool = True) -> None:
+    """Launch ``plan`` over numpy buffers as the gpu launch passes them: ``x`` / ``w`` / ``y`` flat
+    (views with the given row strides, elements), ``bias`` [N] or None."""
+    lib, sigs = attn_host.build(SHUFFLE + plan.source(vector))
+    attn_host._launch(lib, sigs, "mgx_gemv", plan.grid, plan.block[0], plan.args(x, w, bias, y, sx, sw, sy))
