@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", choices=["ref", "gpu"], default="ref")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
-    ap.add_argument("--report", default=os.path.join(ROOT, "docs", "conformance.md"))
+    ap.add_argument("--report", default=None, help="markdown report (default: docs/conformance.md with the default "
+                                                    "--out-dir, else OUT_DIR/conformance.md)")
     ap.add_argument("--max-seconds", type=float, default=None, help="time budget per graph mode")
     ap.add_argument("--mode", choices=["eager", "graph", "both"], default="both", help="graph modes to run")
     ap.add_argument("--shard", default=None, metavar="K/N",
@@ -110,9 +111,17 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="store_true", help="join the shard files of --target in --out-dir into "
                                                           "conformance_<target>.json (and the report)")
     args = ap.parse_args(argv)
+    if args.report is None:
+        default_out = os.path.join(ROOT, "bench", "results")
+        args.report = os.path.join(ROOT, "docs", "conformance.md") if os.path.abspath(args.out_dir) == default_out \
+            else os.path.join(args.out_dir, "conformance.md")
     warnings.filterwarnings("ignore")
     if args.merge:
-        merge_shards(args.out_dir, args.target)
+        try:
+            merge_shards(args.out_dir, args.target)
+        except ValueError as e:
+            print(f"conformance: {e}", file=sys.stderr)
+            return 1
     elif not args.report_only:
         run_target(args)
     write_report(args.out_dir, args.report)

@@ -25,9 +25,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_TRACE_EVAL``               force eager runs of every region (graphs are not used)
 ``MIGRAPHX_ATTN_SPLIT_ROWS``          cache rows per block of the gpu decode-attention kernel: a longer
                                       cache is split over blocks and merged by a second kernel (256)
-``MIGRAPHX_GEMV``                      ``0`` (or false / no / off): a one-row ``dot`` against a constant
-                                      weight stays a BLAS GEMM on gpu instead of the gemv kernel and its
-                                      weight is not stored transposed (on by default; for A/B runs)
+``MIGRAPHX_GEMV``                      a one-row ``dot`` against a constant weight runs the gemv kernel on
+                                      gpu (its weight stored transposed) instead of a BLAS GEMM (off by
+                                      default: not yet timed against cuBLAS)
 ====================================  ==========================================================
 """
 from __future__ import annotations

@@ -28,4 +28,4 @@ def run(plan, x: np.ndarray, w: np.ndarray, bias, y: np.ndarray, sx: int, sw: in
     """Launch ``plan`` over numpy buffers as the gpu launch passes them: ``x`` / ``w`` / ``y`` flat
     (views with the given row strides, elements), ``bias`` [N] or None."""
     lib, sigs = attn_host.build(SHUFFLE + plan.source(vector))
-    attn_host._launch(lib, sigs, "mgx_gemv", plan.grid, plan.block[0], plan.args(x, w, bias, y, sx, sw, sy))
+    attn_host.launch(lib, sigs, "mgx_gemv", plan.grid, plan.block[0], plan.args(x, w, bias, y, sx, sw, sy))

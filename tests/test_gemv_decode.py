@@ -10,6 +10,17 @@ from mgx_graph.generate import Decoder
 from mgx_graph.passes import GemvLayout, PassGroup
 
 
+@pytest.fixture(autouse=True)
+def _gemv_on(monkeypatch):
+    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1); these tests turn it on unless they set it themselves."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
+    env._reset_for_tests()
+    yield
+    env._reset_for_tests()
+
+
 @pytest.fixture(scope="module")
 def tiny(model_cache):
     from mgx_graph.models import build

@@ -11,6 +11,17 @@ from mgx_graph import Program, Shape
 from mgx_graph.operators import make_op
 from mgx_graph.operators.gemv_gpu import gemv_kernel, make_plan
 
+
+@pytest.fixture(autouse=True)
+def _gemv_on(monkeypatch):
+    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1); these tests turn it on unless they set it themselves."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
+    env._reset_for_tests()
+    yield
+    env._reset_for_tests()
+
 pytestmark = pytest.mark.gpu
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
 KS = (1, 3, 8, 64, 100, 576, 1536, 4096)
@@ -74,7 +85,7 @@ def test_gemv_kernel_matches_numpy(gpu_target):
         for K in KS:
             for N in NS + ((49152,) if K == 576 else ()):
                 for M, bias, layout in ((1, False, "packed"), (1, True, "padded"), (1, False, "misaligned"),
-                                        (2, True, "packed"), (4, False, "padded"), (3, False, "odd_rows")):
+                                        (1, True, "odd_rows")):
                     n += 1
                     err, ok, label = _case(dtype, M, K, N, bias, layout, n)
                     if not ok:
@@ -96,7 +107,8 @@ def _program(dtype, K, N, w_nk: np.ndarray, row_major: bool):
 
 
 def _dot_label(cp) -> str:
-    return next(i for i in cp.program.get_main_module().instructions if i.op.name == "dot").meta["kernel"].label
+    """The kernel label of the program's one ``dot`` (in a graph_launch submodule when graphs are on)."""
+    return next(i for m in cp.program.module_order() for i in m.instructions if i.op.name == "dot").meta["kernel"].label
 
 
 @pytest.mark.parametrize("row_major", [True, False], ids=["kn", "nk"])

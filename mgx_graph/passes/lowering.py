@@ -171,8 +171,9 @@ class Lowering(Pass):
             from ..operators.gemv_gpu import dot_gemv_kernel
 
             k = dot_gemv_kernel(ins, in_shapes, out_shape)
-        if isinstance(k, tuple):  # (fn, launches, workspace) as Operation.gpu_kernel documents
-            k = GpuKernel(k[0], k[1], list(k[2]), True, f"{op.name} (op kernel)")
+        if isinstance(k, tuple):  # (fn, launches, workspace[, capturable[, label]]) as Operation.gpu_kernel documents
+            k = GpuKernel(k[0], k[1], list(k[2]), bool(k[3]) if len(k) > 3 else True,
+                          k[4] if len(k) > 4 else f"{op.name} (op kernel)")
         if k is None:
             k = select_gpu_kernel(op, in_shapes, out_shape)
         launches = k.launches - (1 if "bind_param" in ins.meta and _copies_data(op, k.label) else 0)

@@ -4,8 +4,9 @@ arithmetic in float32.
 Instructions that depend on a floating-point parameter (the activations) run in float16: float32
 parameters become float16 parameters, float32 literals they use (or views of them, such as a transposed
 tied embedding) get float16 copies made at compile time, and conversions to float32 among them convert to
-float16; a float32 table gathered at run-time indices (an embedding lookup) is an activation too when the module
-has float32 parameters.  Float values computed only from integer inputs and
+float16.  A float32 table gathered at run-time indices stays float32 (it may hold angles: a rotary table of
+``pos * inv_freq`` in half would be off by up to 2 at position 4096); it meets the activations through a
+convert, as index arithmetic does.  Float values computed only from integer inputs and
 literals (positions, rotary-embedding angles, masks) are index arithmetic: they stay float32, where
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
 ``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
@@ -39,16 +40,6 @@ def _view_chain(ins):
     return ins, chain[::-1]
 
 
-def _is_lookup(ins) -> bool:
-    """Rows of a float32 table (rank >= 2, gathered along axis 0) at run-time indices: an embedding or a
-    cos / sin cache lookup, so activations, not index arithmetic (a 1-D table such as inverse frequencies
-    stays float32)."""
-    if ins.op.name != "gather" or not _is_float32(ins) or not isinstance(ins.inputs[0].op, Literal):
-        return False
-    table = ins.inputs[0].shape
-    return table.ndim >= 2 and ins.op.attrs.get("axis", 0) == 0 and not isinstance(ins.inputs[1].op, Literal)
-
-
 class QuantizeFp16(ModulePass):
     name = "quantize_fp16"
 
@@ -61,9 +52,6 @@ class QuantizeFp16(ModulePass):
 
     def apply_module(self, m, ctx=None) -> None:
         act = set()
-        # lookups count as activations only in a module that has float32 parameters (a model with
-        # integer inputs only stays as it is: the CLI warns that --fp16 has no effect on it)
-        lookups = any(isinstance(i.op, Param) and _is_float32(i) for i in m.instructions)
         for ins in m.instructions:
             op = ins.op
             if isinstance(op, Param):
@@ -71,7 +59,7 @@ class QuantizeFp16(ModulePass):
                     act.add(id(ins))
             elif op.builtin:
                 continue
-            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs or (lookups and _is_lookup(ins)):
+            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs:
                 act.add(id(ins))
         half_lits = {}
 
