@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 
 import mgx_graph
 from mgx_graph.errors import ParseError, UnsupportedOpError
+import attn_oracle
 from native_util import run_native
 from util import make_model
 
@@ -89,6 +90,19 @@ def test_attention_qk_output(target, mode):
 def test_attention_float16(target):
     feeds = _qkv(dtype=np.float16)
     run_native(_model(feeds, is_causal=1), feeds, target, False, ["dot"], tol=(5e-3, 5e-3))
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("B,N,S,T,H", [(2, 3, 4, 6, 8), (1, 2, 16, 16, 64), (1, 2, 5, 40, 32)])
+def test_attention_causal_float16_against_float64(target, hip_graph, B, N, S, T, H):
+    """is_causal in float16 (the first shapes are the node suite's test_attention_4d_causal_fp16: fewer
+    queries than keys, query s sees keys 0..s) against the float64 oracle, within the float16 rounding
+    of the scaled Q and K, the scores and the probabilities (about 1e-3 here)."""
+    feeds = _qkv(B=B, N=N, Nkv=N, S=S, T=T, H=H, Hv=H, dtype=np.float16)
+    want = attn_oracle.attention(feeds["q"], feeds["k"], feeds["v"], 1 / np.sqrt(H),
+                                 visible=np.tril(np.ones((S, T), bool)))
+    run_native(_model(feeds, is_causal=1), feeds, target, hip_graph, ["dot"], tol=(3e-3, 3e-3),
+               expect=[want.astype(np.float16)])
 
 
 def test_attention_nonpad_kv_seqlen(target):

@@ -112,6 +112,30 @@ def test_dft_run_time_length(target):
     np.testing.assert_allclose(prog.run(feeds)[0], ort_run(m, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
+def ramp():
+    """The node suite's test_dft_inverse input: x[0, i, j] = 10 i + j + 0j, [1, 10, 10, 2] float32."""
+    x = np.zeros((1, 10, 10, 2), np.float32)
+    x[..., 0] = np.arange(100, dtype=np.float32).reshape(1, 10, 10)
+    return x
+
+
+def ramp_inverse():
+    """The float64 inverse DFT of :func:`ramp` along axis 1 (1/10 scaled) as float32 [1, 10, 10, 2]: row 5
+    (the Nyquist bin of a real column) is real, its imaginary parts are exactly 0."""
+    return real_rep(np.fft.ifft(cplx(ramp().astype(np.float64)), axis=1), np.float32)
+
+
+@pytest.mark.parametrize("opset", [19, 20])
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+def test_inverse_dft_of_the_suite_ramp_against_float64(target, opset, hip_graph):
+    """Inverse DFT of the suite's ramp (axis attribute at opset 19, axis input at 20) against numpy in
+    float64, within float32 rounding; the suite's own expected output is numpy's complex64 result, whose
+    Nyquist imaginary parts hold 1.9e-7 of rounding (the spec value is 0), more than its atol of 1e-7."""
+    x = ramp()
+    run_native(dft_model(x, 1, opset=opset, inverse=1), {"x": x}, target, hip_graph, ["dft"], tol=(1e-5, 1e-5),
+               expect=[ramp_inverse()])
+
+
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
 def test_dft_graph_mode(target, hip_graph):
     run_native(dft_model(XR, 1, 10, onesided=1), {"x": XR}, target, hip_graph, ["dft"], tol=TOL)
@@ -340,3 +364,11 @@ def test_stft_gpu_glue(host_fft_glue):
     x = R.standard_normal((2, 30, 2)).astype(np.float32)
     np.testing.assert_allclose(host_fft_glue("stft", [x, win], frame_step=4, frame_length=8, onesided=0),
                                stft_complex_oracle(x, 4, win), rtol=1e-4, atol=1e-4)
+
+
+def test_inverse_dft_gpu_glue_of_the_suite_ramp(host_fft_glue):
+    """The gpu kernel's data movement (transformed axis moved last, unscaled cuFFT inverse, the 1/n scale
+    into out) on the suite's ramp: equal to the float64 inverse within float32 rounding, the Nyquist
+    row's imaginary parts included."""
+    got = host_fft_glue("dft", [ramp()], axis=1, length=10, inverse=1)
+    np.testing.assert_allclose(got, ramp_inverse(), rtol=1e-5, atol=1e-5)

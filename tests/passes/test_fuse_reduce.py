@@ -264,3 +264,79 @@ def test_a_fused_reduce_writer_binds_in_place():
     e = np.exp(y - y.max(axis=-1, keepdims=True))
     np.testing.assert_allclose(prog.run({"state_in": s, "y": y})[0], s + e / e.sum(axis=-1, keepdims=True), rtol=1e-6)
 
+
+
+# -- causal float16 Attention: the gpu program of the node suite's case, run on the host -------------------------
+def _gpu_program(model):
+    from mgx_graph.compile_result import CompileResult
+    from mgx_graph.onnx import parse_onnx
+    from mgx_graph.passes import PipelineOptions
+    from mgx_graph.targets import pipeline
+
+    prog = parse_onnx(model)
+    opts = PipelineOptions(alias={}, strict_alias=True)
+    PassManager(pipeline("gpu", opts), PassContext("gpu", CompileResult(target="gpu", hip_graph=False))).run(prog)
+    return prog
+
+
+def _emulate_gpu(prog, feeds, workdir):
+    """Evaluate the lowered gpu ``prog`` on the host: dots as cuBLAS with COMPUTE_32F (float32 products and
+    sums, one rounding into the output type), fused_reduce instructions by their generated kernel built
+    for the host with nvcc, views by numpy, every other instruction by its host kernel."""
+    from kernel_host import run_on_host
+
+    from mgx_graph.operators.base import HOST
+    from mgx_graph.operators.fused_reduce_codegen import reduce_source
+
+    vals = {}
+    for i in prog.get_main_module().instructions:
+        name, args, s = i.op.name, [vals.get(id(a)) for a in i.inputs], i.shape
+        if name == "@param":
+            vals[id(i)] = feeds[i.op.parameter]
+        elif name == "@literal":
+            vals[id(i)] = i.op.value
+        elif name == "@return":
+            return [vals[id(a)] for a in i.inputs]
+        elif name == "dot":
+            vals[id(i)] = np.matmul(args[0].astype(np.float32), args[1].astype(np.float32)).astype(s.np_dtype)
+        elif name == "fused_reduce":
+            ks = reduce_source(i.op.module, [a.shape for a in i.inputs], s)
+            vals[id(i)] = run_on_host([(ks, [np.ascontiguousarray(a) for a in args], s)], workdir)[0]
+        elif name == "reshape":
+            vals[id(i)] = args[0].reshape(s.lens)
+        elif name == "transpose":
+            vals[id(i)] = args[0].transpose(i.op.permutation)
+        else:
+            out = np.empty(s.lens, s.np_dtype)
+            i.op.compute(HOST, out, args, [])
+            vals[id(i)] = out
+    raise AssertionError("no @return")
+
+
+@pytest.mark.skipif(__import__("kernel_host").NVCC is None, reason="nvcc (CUDA toolkit) not found")
+def test_causal_float16_attention_gpu_program_on_the_host(tmp_path):
+    """ONNX Attention with is_causal, float16, Q [2, 3, 4, 8], K / V [2, 3, 6, 8] (the node suite's
+    test_attention_4d_causal_fp16): the gpu lowering gives scaled Q and
+    K, a batched GEMM, one generated mask + softmax kernel (float32 inside, one rounding to float16) and a
+    second GEMM, no decode_attention kernel and nothing on the host; run on the host, that program equals
+    the float64 oracle within float16 rounding."""
+    import attn_oracle
+    from onnx import TensorProto, helper
+
+    feeds = {k: R.uniform(-1.5, 1.5, size=s).astype(np.float16)
+             for k, s in (("q", (2, 3, 4, 8)), ("k", (2, 3, 6, 8)), ("v", (2, 3, 6, 8)))}
+    model = make_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)], feeds, ["y"], opset=23,
+                       output_types={"y": TensorProto.FLOAT16})
+    prog = _gpu_program(model)
+    main = prog.get_main_module().instructions
+    labels = [(i.op.name, i.meta["kernel"].label.split(" (")[0]) for i in main if "kernel" in i.meta]
+    assert labels == [("mul", "generic"), ("mul", "generic"), ("dot", "gemm_batched"), ("fused_reduce", "reduce"),
+                      ("dot", "gemm_batched")], labels
+    assert not any(i.meta.get("on_host") for i in main)
+    red = next(i for i in main if i.op.name == "fused_reduce")
+    assert str(red.op).endswith("kernel=add_softmax_where]"), str(red.op)
+    got = _emulate_gpu(prog, feeds, tmp_path)[0]
+    visible = np.tril(np.ones((4, 6), bool))
+    want = attn_oracle.attention(feeds["q"], feeds["k"], feeds["v"], 1 / np.sqrt(8), visible=visible)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
