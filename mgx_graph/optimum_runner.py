@@ -106,9 +106,9 @@ class OptimumRunner(GenaiRunner):
         self.program = self._program(1)
         ctx = self.program.context
         self.ctx, self.xp, self.queue = ctx, ctx.xp, self.program.queue
-        lens = [batch, info["num_kv_heads"], max_length, info["head_size"]]
+        shapes = self.program.get_parameter_shapes()  # float16 cache buffers under fp16
         with ctx.on_queue(self.queue):
-            self.state = {n: ctx.xp.zeros(lens, dtype=np.float32) for n in self.cache}
+            self.state = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in self.cache}
             self.feeds: dict = {}
         ctx.synchronize(self.queue)
         self.last_logits, self.last_host_s = None, 0.0
