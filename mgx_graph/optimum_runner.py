@@ -101,7 +101,7 @@ class OptimumRunner(GenaiRunner):
         self.batch, self.max_len, self.vocab_size = batch, max_length, info["vocab_size"]
         self.cache = [f"past_key_values.{i}.{t}" for i in range(info["num_layers"]) for t in ("key", "value")]
         self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
-        self.host_ops = f"3 copies, {len(self.cache)} window copies"
+        self.host_op_parts = ((3, "copies"), (len(self.cache), "window copies"))
         self.programs: dict = {}
         self.program = self._program(1)
         ctx = self.program.context

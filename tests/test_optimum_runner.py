@@ -92,6 +92,11 @@ def test_cli_generate_optimum_folder(folder, capsys):
     out = capsys.readouterr().out
     assert out.split()[:len(want)] == [str(t) for t in want], out
     assert f"generated: {len(want)}" in out
+    from util import outside_the_program
+
+    L = read_folder(folder.directory)["num_layers"]
+    # three copies (ids, mask, positions), one window copy per cache tensor (key and value per layer), argmax
+    assert outside_the_program(out) == (3 + 2 * L + 1, [(3, "copies"), (2 * L, "window copies"), (1, "argmax")])
 
 
 def test_fp16_window_follows_the_program_and_matches_torch(folder, target):
