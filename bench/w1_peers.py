@@ -29,12 +29,13 @@ keeps what it measured; a PNG chart (``plot_w1.plot_peers``) is written beside i
 
 ``--budget-s`` bounds the whole run: model builds run in time-boxed child processes (cached under
 ``MGX_GRAPH_CACHE``, so a second run skips them) and a row that would start after the budget is spent is
-skipped. Progress lines go to stderr. A cold cache costs minutes of builds (W1: the export and the fp16
+skipped. Progress lines go to stderr. The exit status is 1 when no row of the run measured anything
+(every one skipped or failed; why is printed on stderr). A cold cache costs minutes of builds (W1: the export and the fp16
 genai folder from the GGUF, about a minute each on the H200; W2: the 1B export and its genai folder, more):
 where one run does not fit, run the workloads as two commands into the same file, ``--workloads W1`` then
 ``--workloads W2 --append`` (``--append`` keeps the other workloads' rows).
 
-    python bench/w1_peers.py [--workloads W1,W2] [--systems mgx_graph,...] [--tokens 96] [--target gpu]
+    python bench/w1_peers.py [--workloads W1,W2] [--systems mgx_graph,...] [--tokens 96] [--target gpu] [--tiny]
                              [--out bench/results/w1_peers_h200.json] [--budget-s 330] [--append]
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ SYSTEMS = ("mgx_graph", "mgx_eager", "mgx_graph_genai_folder", "onnxruntime_gena
            "torch_cuda_graph")
 PRECISIONS = ("fp16", "fp32")
 METRICS = ("ms_per_token", "kernels_per_token", "prefill_ms", "host_us_per_token", "first_tokens")
+TOKENS, TINY_TOKENS = 96, 8  # default decode steps timed; --tiny: fits the tiny KV caches (32 and 64 slots)
 MIN_ROW_S = 15.0
 WARM_STEPS = 4
 
@@ -245,6 +247,16 @@ def ratios(rows: list) -> dict:
     return out
 
 
+def nothing_measured(rows: list, workloads) -> str | None:
+    """The message when no row of ``workloads`` measured anything (each skipped or failed, or there are
+    none), naming every row and why; None when one did."""
+    mine = [r for r in rows if r["workload"] in workloads]
+    if any(not r.get("skipped") and not r.get("error") for r in mine):
+        return None
+    lines = [f"  {r['workload']} {r['system']} {r['precision']}: {r.get('error') or r.get('skipped')}" for r in mine]
+    return "\n".join([f"w1_peers: nothing measured: all {len(mine)} rows of the run were skipped or failed"] + lines)
+
+
 def peer_versions() -> dict:
     """Installed versions of the peers' packages (``{distribution: version}``, the ones found)."""
     from importlib import metadata
@@ -279,7 +291,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="W1,W2")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--tokens", type=int, default=96, help="decode steps timed (EOS ignored); >= 1")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help=f"decode steps timed (EOS ignored); >= 1 (default {TOKENS}, {TINY_TOKENS} with --tiny)")
     ap.add_argument("--target", default="gpu", choices=("gpu", "ref"), help="ref: check the script on a CPU")
     ap.add_argument("--precisions", default=None, help="override the workloads' mgx_graph / torch precisions")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -291,6 +304,8 @@ def parse_args(argv=None):
     args.workloads = _list(args.workloads, ("W1", "W2"), "--workloads")
     args.systems = _list(args.systems, SYSTEMS, "--systems")
     args.precisions = _list(args.precisions, PRECISIONS, "--precisions") if args.precisions else None
+    if args.tokens is None:
+        args.tokens = TINY_TOKENS if args.tiny else TOKENS
     if args.tokens < 1:
         raise SystemExit("w1_peers: --tokens must be >= 1")
     return args
@@ -339,6 +354,10 @@ def main(argv=None) -> int:
     except ImportError:
         print("plot: matplotlib is not installed; run bench/plot_w1.py where it is", file=sys.stderr)
     print(json.dumps(doc["ratios"], indent=2))
+    why = nothing_measured(doc["results"], args.workloads)
+    if why:
+        print(why, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -235,12 +235,22 @@ def _tokenizer(info):
     return _tokenizer(info)
 
 
+def outside_parts(dec, args) -> list:
+    """What one step launches outside the program, ``[(count, what), ...]``: the runner's own
+    (``dec.host_op_parts``) and the read of the next token (an argmax, or the logits read back when
+    sampling or a repetition penalty needs them)."""
+    read = "logits read-back" if args.do_sample or args.repetition_penalty != 1.0 else "argmax"
+    return [*dec.host_op_parts, (1, read)]
+
+
 def _print_generation(info, prog, dec, results, args) -> None:
+    from .generate import describe_host_ops
+
     res = results[0]
     st = res.stats
     launches = st["launches_per_run"]
-    read = "1 logits read-back" if args.do_sample or args.repetition_penalty != 1.0 else "1 argmax"
-    outside = 3 + (2 if dec.rows_interface else 0)
+    parts = outside_parts(dec, args)
+    outside = sum(n for n, _ in parts)
     print(f"--- {info.name} on {prog.target} ({'fp16' if args.fp16 else 'fp32'}), graphs "
           f"{'on' if prog.hip_graph else 'off'}" + (f", batch {dec.batch}" if dec.batch > 1 else ""))
     prompt = ", ".join(str(r.prompt_tokens) for r in results)
@@ -255,7 +265,7 @@ def _print_generation(info, prog, dec, results, args) -> None:
                  f"{res.tokens_per_s if len(results) == 1 else per_s:.1f}")
     else:
         speed = f"ms/{unit}: n/a (needs 2 generated tokens)"
-    print(f"{speed}  launches/{unit}: {launches} (+{outside} outside the program: {dec.host_ops}, {read})  "
+    print(f"{speed}  launches/{unit}: {launches} (+{outside} outside the program: {describe_host_ops(parts)})  "
           f"host us/run: {res.host_us_per_step:.1f}")
     print("graph stats: " + json.dumps({k: st[k] for k in ("captures", "replays", "fallbacks", "warmups",
                                                               "eager_runs", "launches_per_run_eager")}))

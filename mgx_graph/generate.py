@@ -132,9 +132,15 @@ class Decoder:
         self.last_host_s = 0.0
 
     @property
+    def host_op_parts(self) -> tuple:
+        """The launches per step outside the program, as ``((count, what), ...)``: B rows: three
+        host-to-device copies and one fill; one row: two fills (the next token's read is not included)."""
+        return ((3, "copies"), (1, "fill")) if self.rows_interface else ((2, "fills"),)
+
+    @property
     def host_ops(self) -> str:
-        """The work per step outside the program (what the CLI reports next to launches/token)."""
-        return "3 copies, 1 fill" if self.rows_interface else "2 fills"
+        """:attr:`host_op_parts` as text (what the CLI reports next to launches/token)."""
+        return describe_host_ops(self.host_op_parts)
 
     def reset(self) -> None:
         with self.ctx.on_queue(self.queue):
@@ -193,6 +199,11 @@ class Decoder:
         self.ctx.synchronize(self.queue)
         return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 
+
+
+def describe_host_ops(parts) -> str:
+    """``((3, "copies"), (1, "fill"))`` -> ``"3 copies, 1 fill"``."""
+    return ", ".join(f"{n} {what}" for n, what in parts)
 
 
 # -- generation ---------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MgxError, ParameterError
+from .generate import describe_host_ops
 
 GENAI_CONFIG = "genai_config.json"
 #: Registry names whose build is a runner folder (onnxruntime-genai or optimum-style), not a decode step.
@@ -130,7 +131,12 @@ class GenaiRunner:
     """
 
     rows_interface = True
-    host_ops = "2 copies"
+    host_op_parts = ((2, "copies"),)  # per run outside the program: the ids and the mask, host to device
+
+    @property
+    def host_ops(self) -> str:
+        """:attr:`host_op_parts` as text (as :attr:`mgx_graph.generate.Decoder.host_ops`)."""
+        return describe_host_ops(self.host_op_parts)
 
     def __init__(self, folder, *, batch: int = 1, max_length: int = 256, target: str = "auto",
                  hip_graph: bool | None = None, fp16: bool = False):

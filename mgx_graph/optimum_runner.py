@@ -101,14 +101,14 @@ class OptimumRunner(GenaiRunner):
         self.batch, self.max_len, self.vocab_size = batch, max_length, info["vocab_size"]
         self.cache = [f"past_key_values.{i}.{t}" for i in range(info["num_layers"]) for t in ("key", "value")]
         self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
-        self.host_ops = f"3 copies, {len(self.cache)} window copies"
+        self.host_op_parts = ((3, "copies"), (len(self.cache), "window copies"))
         self.programs: dict = {}
         self.program = self._program(1)
         ctx = self.program.context
         self.ctx, self.xp, self.queue = ctx, ctx.xp, self.program.queue
-        lens = [batch, info["num_kv_heads"], max_length, info["head_size"]]
+        shapes = self.program.get_parameter_shapes()  # float16 cache buffers under fp16
         with ctx.on_queue(self.queue):
-            self.state = {n: ctx.xp.zeros(lens, dtype=np.float32) for n in self.cache}
+            self.state = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in self.cache}
             self.feeds: dict = {}
         ctx.synchronize(self.queue)
         self.last_logits, self.last_host_s = None, 0.0

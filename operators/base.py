@@ -74,6 +74,8 @@ class Operation:
     foldable:     may be evaluated at compile time when all inputs are literals.
     inplace_ok:   ``out`` may be the same buffer as input 0 (used to bind a KV-cache output onto
                   its input parameter).
+    float32_only: computes in float32 only: ``quantize_fp16`` converts its half inputs to float32
+                  and keeps its outputs float32 (converted to half where they meet activations).
     """
 
     name = "?"
@@ -83,6 +85,7 @@ class Operation:
     foldable = True
     inplace_ok = False
     builtin = False
+    float32_only = False
     side_effects = False  # kept by dead-code elimination even when nothing reads it
     gpu_supported = True  # False: the gpu target runs it on the host (host fallback)
     uses_blas = False  # True: its kernel calls ctx.matmul (the vendor BLAS handle is made at finalize)

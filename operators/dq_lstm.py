@@ -84,6 +84,7 @@ class DynamicQuantizeLSTM(Operation):
     """
 
     name = "dynamic_quantize_lstm"
+    float32_only = True  # onnxruntime's kernel takes float32 X only; quantize_fp16 keeps it in float32
 
     def __init__(self, hidden_size=0, direction="forward"):
         super().__init__(hidden_size=int(hidden_size), direction=str(direction))

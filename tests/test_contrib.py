@@ -87,6 +87,34 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(case, target, hip_graph):
         assert k.label.startswith("dq_lstm.cu") and k.capturable
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dynamic_quantize_lstm_in_fp16_program_matches_onnxruntime(case, target):
+    """fp16 compile of Y + z (z a second input) with Y_h, Y_c returned as they are: the op keeps float32
+    (X converted back from half), Y meets z in half.  Against onnxruntime float32 on X and z rounded to
+    half, Y_h / Y_c are the float32 op's (1e-6) and Y + z is within 0.01 (a few float16 spacings at
+    |Y + z| < 4); against onnxruntime on the unrounded X, within 0.05: rounding X to half can move an
+    element of X by one uint8 quantization step, which moves a gate's pre-activation by about
+    x_scale * w_scale * |w| (up to ~0.03 here), and the outputs pass through sigmoid / tanh."""
+    kw = CASES[case]
+    model = dq_lstm_model(**kw)
+    T, B, D, H = kw.get("T", 7), kw.get("B", 2), 1 if "direction" in kw else 2, kw.get("H", 4)
+    g = model.graph
+    g.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [T, D, B, H]))
+    g.node.append(helper.make_node("Add", ["y", "z"], ["s"]))
+    g.output[0].CopyFrom(helper.make_tensor_value_info("s", TensorProto.FLOAT, None))
+    feeds = dict(case_feeds(kw), z=np.random.default_rng(2).normal(size=(T, D, B, H)).astype(np.float32))
+    half = {k: v.astype(np.float16) for k, v in feeds.items()}
+    prog = mgx_graph.compile(model, target=target, fp16=True, min_partition_size=1)
+    got = prog.run(half)
+    assert [a.dtype for a in got] == [np.float16, np.float32, np.float32]
+    want = ort_oracle(model, {k: v.astype(np.float32) for k, v in half.items()}, threads=B)
+    np.testing.assert_allclose(got[0].astype(np.float32), want[0], atol=0.01, rtol=0)
+    for a, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(a, w, atol=1e-6, rtol=0)
+    for a, w in zip(got, ort_oracle(model, feeds, threads=B)):
+        np.testing.assert_allclose(a.astype(np.float32), w, atol=0.05, rtol=0)
+
+
 def test_dynamic_quantize_lstm_variant_not_supported():
     model = dq_lstm_model(clip=3.0)
     with pytest.raises(mgx_graph.UnsupportedOpError, match=r"DynamicQuantizeLSTM.*clip") as e:

@@ -441,3 +441,22 @@ def test_cli_batches_prompts_and_streams_one(pair, capsys, tmp_path):
     assert "(stop)" in out
     assert main(["generate", str(one.directory), "--target", "ref", "--prompt", "1 2", "--prompt", "3"]) == 1
     assert "takes 1 row(s); build it with batch=2" in capsys.readouterr().err
+
+
+def test_cli_counts_what_it_lists_outside_the_program(pair, capsys):
+    """One row: two fills (token, position) and the argmax; B rows: three copies (ids, positions, mask),
+    one fill (the slot) and the argmax, or the logits read back when sampling."""
+    from mgx_graph.cli import main
+    from util import outside_the_program
+
+    one, two = pair
+    base = ["--target", "ref", "--no-stream", "--max-new-tokens", "2", "--prompt", "1 2"]
+    cases = [([str(one.directory)], [(2, "fills"), (1, "argmax")]),
+             ([str(two.directory), "--prompt", "3"], [(3, "copies"), (1, "fill"), (1, "argmax")]),
+             ([str(two.directory), "--prompt", "3", "--do-sample", "--seed", "1"],
+              [(3, "copies"), (1, "fill"), (1, "logits read-back")])]
+    for argv, want in cases:
+        capsys.readouterr()
+        assert main(["generate", *argv, *base]) == 0
+        n, parts = outside_the_program(capsys.readouterr().out)
+        assert parts == want and n == sum(k for k, _ in want), (argv, n, parts)

@@ -106,6 +106,18 @@ def test_trace_one_capture_for_decode_and_per_prefill_bucket(monkeypatch, capfd)
     runner.release()
 
 
+def test_cli_counts_what_it_lists_outside_the_program(capsys):
+    """A genai folder: per run two copies (ids, mask) and the argmax, counted as listed."""
+    from mgx_graph.cli import main
+    from util import outside_the_program
+
+    argv = ["generate", str(genai_folder(num_layers=2)), "--target", "ref", "--no-stream", "--max-new-tokens", "2",
+            "--prompt", "Hi"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert outside_the_program(capsys.readouterr().out) == (3, [(2, "copies"), (1, "argmax")])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph"])
 def test_cli_fp32_folder_same_tokens_as_onnxruntime_genai(graphs, capsys):

@@ -92,3 +92,45 @@ def test_cli_generate_optimum_folder(folder, capsys):
     out = capsys.readouterr().out
     assert out.split()[:len(want)] == [str(t) for t in want], out
     assert f"generated: {len(want)}" in out
+    from util import outside_the_program
+
+    L = read_folder(folder.directory)["num_layers"]
+    # three copies (ids, mask, positions), one window copy per cache tensor (key and value per layer), argmax
+    assert outside_the_program(out) == (3 + 2 * L + 1, [(3, "copies"), (2 * L, "window copies"), (1, "argmax")])
+
+
+def test_fp16_window_follows_the_program_and_matches_torch(folder, target):
+    """Under fp16 the cache buffers take the compiled program's float16 parameters; the prefill logits
+    and the logits of a decode step over the slid window agree with the float32 torch model within
+    0.05 (about 1% of the logits' scale of ~5; float16 keeps 11 significant bits, and two layers of
+    half arithmetic put the observed gap near 0.01)."""
+    import numpy as np
+
+    from mgx_graph.models.llama_optimum import load_torch_model
+
+    runner = OptimumRunner(folder.directory, max_length=16, target=target, fp16=True)
+    assert runner.program.fp16
+    assert {str(a.dtype) for a in runner.state.values()} == {"float16"}
+    prompt = PROMPTS[0]
+    tokens, _ = runner.prefill_rows([prompt], 8, 0)
+    host = lambda a: np.asarray(runner.ctx.to_host(a, runner.queue), np.float32)  # noqa: E731
+    first = host(runner.run(8, tokens, np.array([len(prompt)])))[0, 8 - len(prompt):]
+    nxt = int(first[-1].argmax())
+    step = host(runner.run(1, np.array([[nxt]]), np.array([len(prompt) + 1])))[0]
+    with torch.no_grad():
+        want = load_torch_model(folder)(torch.tensor([prompt + [nxt]])).logits[0].numpy()
+    assert np.isfinite(first).all() and np.isfinite(step).all()
+    np.testing.assert_allclose(first, want[:len(prompt)], rtol=0, atol=0.05)
+    np.testing.assert_allclose(step, want[len(prompt):], rtol=0, atol=0.05)
+    runner.release()
+
+
+def test_cli_generate_optimum_fp16(capsys):
+    from mgx_graph.cli import main
+
+    argv = ["generate", "llama-optimum", "--target", "ref", "--fp16", "--no-stream", "--max-new-tokens", "3",
+            "--prompt", " ".join(map(str, PROMPTS[0]))]
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(fp16)" in out and "generated: 3" in out, out

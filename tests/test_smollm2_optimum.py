@@ -67,12 +67,12 @@ def hf_greedy(info, ids, n: int, eos: list[int]) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def cli_text(folder, n: int, graphs: bool, capsys, eos_ids=()) -> tuple[str, str]:
-    """``(answer text, report)`` that ``mgx-graph generate FOLDER --target ref`` prints."""
+def cli_text(folder, n: int, graphs: bool, capsys, eos_ids=(), fp16: bool = False) -> tuple[str, str]:
+    """``(answer text, report)`` that ``mgx-graph generate FOLDER --target ref [--fp16]`` prints."""
     from mgx_graph.cli import main
 
     argv = ["generate", str(folder), "--target", "ref", "--no-stream", "--max-new-tokens", str(n),
-            "--prompt", PROMPT, *(["--hip-graph"] if graphs else [])]
+            "--prompt", PROMPT, *(["--hip-graph"] if graphs else []), *(["--fp16"] if fp16 else [])]
     for e in eos_ids:
         argv += ["--eos-id", str(e)]
     capsys.readouterr()
@@ -155,3 +155,14 @@ def test_cli_full_model_same_tokens_as_transformers(model_cache, graphs, capsys)
     text, report = cli_text(full.directory, 24, graphs, capsys, eos_ids=other)
     assert text == tok.decode(long, skip_special_tokens=True)
     assert "generated: 24 (length)" in report
+
+
+def test_cli_fp16_small_build_same_answer_as_transformers(small, capsys):
+    """``--fp16`` on ref: the window buffers follow the half program and the 2-layer build's first 8
+    greedy tokens are transformers' float32 ones (the top-two logit gap of the first step is ~1.8,
+    float16 moves the logits by ~0.04)."""
+    tok = gguf_tokenizer(small)
+    want = hf_greedy(small, chat_ids(tok), 8, small.config["eos_token_ids"])
+    text, report = cli_text(small.directory, 8, False, capsys, fp16=True)
+    assert text == tok.decode(want, skip_special_tokens=True)
+    assert "(fp16)" in report and f"generated: {len(want)}" in report

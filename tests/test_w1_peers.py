@@ -208,3 +208,60 @@ def test_mgx_details_counts_graph_nodes_or_eager_launches():
     assert d["graph_nodes"] == [41, 7] and d["kernels_per_token"] == 41 + 7 + 3  # 2 replays + 3 launches outside
     assert peer_systems.mgx_details(st, hip_graph=False)["kernels_per_token"] == 60
     assert peer_systems.mgx_details({**st, "fallbacks": 1}, hip_graph=True)["kernels_per_token"] == 60
+
+
+def test_tiny_defaults_tokens_to_what_the_tiny_caches_hold():
+    assert w1_peers.parse_args([]).tokens == 96
+    assert w1_peers.parse_args(["--tiny", "--tokens", "30"]).tokens == 30  # given: kept (and skipped if too long)
+    tokens = w1_peers.parse_args(["--tiny"]).tokens
+    for work in peer_models.workloads(tiny=True).values():
+        assert work.prompt_tokens + max(tokens, w1_peers.WARM_STEPS) + 1 <= work.kv, work.name
+
+
+class _FakeStep(_Counter):
+    prefill_mode = "token by token"
+
+    def details(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def _fake_build(monkeypatch, why=None):
+    """The workloads' builds made up: a model (with ``why`` None) whose runner is a _FakeStep, or none."""
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(directory="fake", onnx_path="fake/model.onnx", config={"vocab_size": 256})
+    monkeypatch.setattr(peer_models, "registry_build", lambda *a: (None, why) if why else (info, None))
+    monkeypatch.setattr(peer_models, "prompt_ids", lambda work, info: list(range(1, work.prompt_tokens + 1)))
+    monkeypatch.setattr(w1_peers.Workbench, "runner", lambda self, system, precision: (_FakeStep(), None))
+
+
+def test_tiny_run_without_tokens_measures_and_exits_0(tmp_path, monkeypatch):
+    _fake_build(monkeypatch)
+    out = tmp_path / "peers.json"
+    rc = w1_peers.main(["--target", "ref", "--tiny", "--systems", "mgx_graph", "--precisions", "fp32",
+                        "--out", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["workload"], r.get("skipped"), r.get("error")) for r in rows] == [("W1", None, None), ("W2", None, None)]
+    assert all(r["timed_steps"] == w1_peers.TINY_TOKENS for r in rows) and rc == 0
+
+
+def test_run_where_every_row_is_skipped_exits_1(tmp_path, monkeypatch, capsys):
+    _fake_build(monkeypatch, why="no build here")
+    out = tmp_path / "peers.json"
+    rc = w1_peers.main(["--target", "ref", "--tiny", "--workloads", "W2", "--systems", "mgx_graph,mgx_eager",
+                        "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "nothing measured" in err and err.count("no build here") >= 2, err
+    assert [r["skipped"] for r in json.loads(out.read_text())["results"]] == ["no build here"] * 2
+
+
+def test_nothing_measured_counts_only_the_rows_of_the_run():
+    ok = {"workload": "W1", "system": "mgx_graph", "precision": "fp16", "ms_per_token": 1.0}
+    bad = {"workload": "W2", "system": "mgx_graph", "precision": "fp16", "error": "RuntimeError: x"}
+    assert w1_peers.nothing_measured([ok, bad], ["W1", "W2"]) is None
+    msg = w1_peers.nothing_measured([ok, bad], ["W2"])  # W1's row kept from an earlier run (--append)
+    assert "W2 mgx_graph fp16: RuntimeError: x" in msg and "1 rows" in msg
+    assert "0 rows" in w1_peers.nothing_measured([], ["W1"])

@@ -56,3 +56,17 @@ def compile_run(model, feeds, target="ref", hip_graph=False, runs=1, **kw):
     for _ in range(runs):
         outs = prog.run(feeds)
     return prog, outs
+
+
+def outside_the_program(out: str) -> tuple[int, list]:
+    """From ``mgx-graph generate``'s report ``... (+N outside the program: 3 copies, 1 argmax) ...``:
+    ``(N, [(3, "copies"), (1, "argmax")])``; AssertionError when the line is missing."""
+    import re
+
+    m = re.search(r"\(\+(\d+) outside the program: ([^)]*)\)", out)
+    assert m, out
+    parts = []
+    for item in m.group(2).split(", "):
+        n, what = item.split(" ", 1)
+        parts.append((int(n), what))
+    return int(m.group(1)), parts

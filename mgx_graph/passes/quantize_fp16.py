@@ -9,8 +9,12 @@ float16.  A float32 table gathered at run-time indices stays float32 (it may hol
 convert, as index arithmetic does.  Float values computed only from integer inputs and
 literals (positions, rotary-embedding angles, masks) are index arithmetic: they stay float32, where
 half precision would be too coarse (an angle of 200 rad has a float16 spacing of 0.125), and a
-``convert`` to float16 is inserted where they meet the activations.  Inputs and outputs of the
-compiled program that were float32 become float16 (a KV cache bound in place stays in half).
+``convert`` to float16 is inserted where they meet the activations.  An op that computes in float32
+only (``Operation.float32_only``, e.g. ``dynamic_quantize_lstm``) stays float32: a ``convert`` to float32
+is inserted on each of its half inputs, and its float32 results (and their ``get_tuple_elem``) meet the
+activations after it through a ``convert`` to float16, as index arithmetic does; returned as they are,
+they stay float32.  Other inputs and outputs of the compiled program that were float32 become float16
+(a KV cache bound in place stays in half).
 Shapes are recomputed bodies first, so an ``if`` / ``loop`` takes the half results of its bodies.
 """
 from __future__ import annotations
@@ -26,6 +30,11 @@ F32 = "float32"
 
 def _is_float32(ins) -> bool:
     return not isinstance(ins.shape, tuple) and ins.shape.dtype == F32
+
+
+def _is_float(ins) -> bool:
+    """A float32 value, or a half one (a parameter already turned to half)."""
+    return not isinstance(ins.shape, tuple) and ins.shape.dtype in (F32, "float16")
 
 
 def _view_chain(ins):
@@ -50,8 +59,12 @@ class QuantizeFp16(ModulePass):
         for m in reversed(program.module_order()):
             m.recompute_shapes()
 
-    def apply_module(self, m, ctx=None) -> None:
-        act = set()
+    @staticmethod
+    def _activations(m) -> tuple[set, set]:
+        """``(act, kept)``: ids of the instructions that run in half, and of the float32-only instructions
+        fed by activations (with their ``get_tuple_elem``), which stay float32 but whose users are
+        activations."""
+        act, kept = set(), set()
         for ins in m.instructions:
             op = ins.op
             if isinstance(op, Param):
@@ -59,8 +72,13 @@ class QuantizeFp16(ModulePass):
                     act.add(id(ins))
             elif op.builtin:
                 continue
-            elif any(id(i) in act for i in ins.inputs) or ins.module_inputs:
-                act.add(id(ins))
+            elif any(id(i) in act or id(i) in kept for i in ins.inputs) or ins.module_inputs:
+                stays = op.float32_only or (op.name == "get_tuple_elem" and id(ins.inputs[0]) in kept)
+                (kept if stays else act).add(id(ins))
+        return act, kept
+
+    def apply_module(self, m, ctx=None) -> None:
+        act, kept = self._activations(m)
         half_lits = {}
 
         def half_literal(lit):
@@ -74,6 +92,10 @@ class QuantizeFp16(ModulePass):
                 if id(ins) in act:
                     ins.op = Param(op.parameter, ins.shape.with_type("float16"))
                     ins.shape = ins.op.compute_shape([])
+                continue
+            if id(ins) in kept and op.float32_only:  # its half inputs back to float32
+                m.set_inputs(ins, [m.insert_instruction(ins, make_op("convert", target_type=F32), [i])
+                                   if id(i) in act and _is_float(i) else i for i in ins.inputs])
                 continue
             if op.builtin or id(ins) not in act:
                 continue

@@ -147,3 +147,37 @@ def test_if_model_in_half_matches_onnxruntime(target):
         want = ort_run(model, {"x": x, "c": np.array([c])})[0]
         assert got.dtype == np.float16
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-3)
+
+
+def _dq_lstm_program(half: bool) -> Program:
+    """x -> dynamic_quantize_lstm -> Y + z, Y_h returned as it is; ``half``: what quantize_fp16 makes
+    of it (x and z half, x converted to float32 for the float32-only op, Y converted to half where it
+    meets z, Y_h float32)."""
+    rng = np.random.default_rng(5)
+    T, B, I, H = 3, 2, 5, 4
+    f16 = "float16" if half else "float32"
+    prog = Program()
+    m = prog.get_main_module()
+    x = m.add_parameter("x", S(f16, T, B, I))
+    z = m.add_parameter("z", S(f16, T, 1, B, H))
+    rest = [lit(m, rng.integers(-128, 128, (1, I, 4 * H)), "int8"), lit(m, rng.integers(-128, 128, (1, H, 4 * H)),
+                                                                        "int8"),
+            lit(m, np.zeros((1, 8 * H))), lit(m, np.zeros((1, B, H))), lit(m, np.zeros((1, B, H))),
+            lit(m, [0.01]), lit(m, [0], "int8"), lit(m, [0.01]), lit(m, [0], "int8")]
+    if half:
+        x = m.add_instruction(op("convert", target_type="float32"), [x])
+    lstm = m.add_instruction(op("dynamic_quantize_lstm", hidden_size=H), [x] + rest)
+    y = m.add_instruction(op("get_tuple_elem", index=0), [lstm])
+    yh = m.add_instruction(op("get_tuple_elem", index=1), [lstm])
+    if half:
+        y = m.add_instruction(op("convert", target_type="float16"), [y])
+    m.add_return([m.add_instruction(op("add"), [y, z]), yh])
+    return prog
+
+
+def test_float32_only_op_keeps_float32_and_meets_activations_through_converts():
+    prog = run_pass(QuantizeFp16(), _dq_lstm_program(half=False))
+    assert_same_ir(prog, _dq_lstm_program(half=True))
+    assert [s.dtype for s in prog.get_output_shapes()] == ["float16", "float32"]
+    lstm = [i for i in prog.get_main_module() if i.op.name == "dynamic_quantize_lstm"][0]
+    assert [s.dtype for s in lstm.shape] == ["float32"] * 3
