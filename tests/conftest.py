@@ -59,6 +59,17 @@ def llama(model_cache):
 
 
 @pytest.fixture
+def gemv_on(monkeypatch):
+    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1): on for the test, unless the test sets it itself."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
+    env._reset_for_tests()
+    yield
+    env._reset_for_tests()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(0)
 

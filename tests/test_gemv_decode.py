@@ -9,16 +9,9 @@ import mgx_graph
 from mgx_graph.generate import Decoder
 from mgx_graph.passes import GemvLayout, PassGroup
 
+pytestmark = pytest.mark.usefixtures("gemv_on")  # the opt-in kernel on
 
-@pytest.fixture(autouse=True)
-def _gemv_on(monkeypatch):
-    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1); these tests turn it on unless they set it themselves."""
-    from mgx_graph import env
 
-    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
-    env._reset_for_tests()
-    yield
-    env._reset_for_tests()
 
 
 @pytest.fixture(scope="module")

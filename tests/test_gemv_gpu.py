@@ -12,17 +12,8 @@ from mgx_graph.operators import make_op
 from mgx_graph.operators.gemv_gpu import gemv_kernel, make_plan
 
 
-@pytest.fixture(autouse=True)
-def _gemv_on(monkeypatch):
-    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1); these tests turn it on unless they set it themselves."""
-    from mgx_graph import env
 
-    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
-    env._reset_for_tests()
-    yield
-    env._reset_for_tests()
-
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gemv_on")]  # the opt-in kernel on
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
 KS = (1, 3, 8, 64, 100, 576, 1536, 4096)
 NS = (1, 7, 192, 960, 3072)

@@ -15,16 +15,9 @@ from mgx_graph.program import compile_program
 import gemv_host
 from irtools import S, assert_same_ir, lit, op, run_pass
 
+pytestmark = pytest.mark.usefixtures("gemv_on")  # the opt-in kernel on
 
-@pytest.fixture(autouse=True)
-def _gemv_on(monkeypatch):
-    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1); these tests turn it on unless they set it themselves."""
-    from mgx_graph import env
 
-    monkeypatch.setenv("MIGRAPHX_GEMV", "1")
-    env._reset_for_tests()
-    yield
-    env._reset_for_tests()
 
 TOL = {"float16": (2e-3, 2e-3), "float32": (2e-5, 2e-5)}
 
