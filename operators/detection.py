@@ -86,6 +86,7 @@ class NonMaxSuppression(Operation):
     """
 
     name = "nms"
+    float32_only = True  # float32 boxes and scores only; quantize_fp16 keeps it in float32
 
     def __init__(self, max_out=1, center_point_box=0, has_score=0):
         super().__init__(max_out=int(max_out), center_point_box=int(center_point_box), has_score=int(has_score))

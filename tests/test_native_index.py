@@ -202,6 +202,22 @@ def test_nms(target, hip_graph, B, C, N, center, max_out, iou, score):
     np.testing.assert_array_equal(prog.run({"b": boxes, "sc": scores2})[0], want)
 
 
+def test_nms_in_an_fp16_program_runs_in_float32(target):
+    """fp16=True: boxes and scores become half parameters and NonMaxSuppression (float32 only) gets them
+    converted back: the selection equals onnxruntime's on the half-rounded inputs."""
+    import mgx_graph
+
+    rng = np.random.default_rng(7)
+    boxes = _boxes(2, 20, 0, rng)
+    scores = rng.uniform(size=(2, 3, 20)).astype(np.float32)
+    init = {"m": np.array([5], np.int64), "iou": np.array([0.3], np.float32), "s": np.array([0.2], np.float32)}
+    model = _model("NonMaxSuppression", {"b": boxes, "sc": scores}, init, opset=11)
+    prog = mgx_graph.compile(model, target=target, fp16=True)  # half parameters: half inputs are taken as given
+    hb, hs = boxes.astype(np.float16), scores.astype(np.float16)
+    want = ort_run(model, {"b": hb.astype(np.float32), "sc": hs.astype(np.float32)})[0]
+    np.testing.assert_array_equal(prog.run({"b": hb, "sc": hs})[0], want)
+
+
 def test_nms_runtime_thresholds_degenerate_boxes_and_no_max(target):
     boxes = np.array([[[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 5], [0.5, 0.5, 1.5, 1.5], [2, 2, 3, 3]]], np.float32)
     scores = np.array([[[0.9, 0.9, 0.8, 0.7, np.float32(0.6)]]], np.float32)
