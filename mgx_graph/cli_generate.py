@@ -22,8 +22,9 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
     """Add the ``generate`` command to the subparsers ``sub``; ``cmd`` is its function."""
     g = sub.add_parser("generate", help="generate text with a decoder model (greedy or sampled)",
                        description=DESCRIPTION, **parser_kw)
-    g.add_argument("model", help="smollm2 (real, with a tokenizer), gpt2 or llama (random weights: the prompt is "
-                                 "token ids), or a built model folder")
+    g.add_argument("model", help="smollm2, smollm2-optimum or smollm2-genai (real, with a tokenizer), gpt2, llama "
+                                 "or llama-optimum (random weights: the prompt is token ids), an onnxruntime-genai "
+                                 "or optimum folder, or a built model folder")
     g.add_argument("--prompt", action="append", metavar="TEXT",
                    help="text (smollm2) or space-separated token ids; repeat it for several prompts decoded as one "
                         "batch (default: none; give --prompt or --batch-prompts)")
