@@ -58,6 +58,19 @@ def llama(model_cache):
         pytest.skip(f"model export needs the [export] extra: {e}")
 
 
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def tiny(request, model_cache):
+    """A small random gpt2 and llama decode step (KV 16), one per parameter, built once per module."""
+    from mgx_graph.models import build
+
+    opts = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, max_cache_len=16),
+            "llama": dict(max_cache_len=16)}[request.param]
+    try:
+        return build(request.param, cache_dir=model_cache, progress=False, **opts)
+    except ImportError as e:  # torch / transformers missing
+        pytest.skip(f"model export needs the [export] extra: {e}")
+
+
 @pytest.fixture
 def gemv_on(monkeypatch):
     """The gemv kernel is opt-in (MIGRAPHX_GEMV=1): on for the test, unless the test sets it itself."""

@@ -284,16 +284,7 @@ def test_decomposed_attention_in_half_matches_onnxruntime_and_the_unfused_progra
     plain.release()
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def tiny(request, model_cache):
-    from mgx_graph.models import build
-
-    opts = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, max_cache_len=16),
-            "llama": dict(max_cache_len=16)}[request.param]
-    try:
-        return build(request.param, cache_dir=model_cache, progress=False, **opts)
-    except ImportError as e:  # torch / transformers missing
-        pytest.skip(f"model export needs the [export] extra: {e}")
+# (the `tiny` fixture, a small gpt2 and llama decode step: tests/conftest.py)
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
