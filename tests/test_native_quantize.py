@@ -3,11 +3,12 @@ and ties) and QLinearMatMul / QLinearConv against onnxruntime CPU on each target
 numpy where onnxruntime has no kernel; typed errors for bad parameters and unsupported types."""
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import mgx_graph
 from mgx_graph.errors import ParseError, UnsupportedOpError
 from native_util import run_native
+from util import one_node_model
 
 R = np.random.default_rng(5)
 TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "uint16": TensorProto.UINT16,
@@ -17,15 +18,7 @@ TYPES = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "uint16": TensorP
 
 def model(op, feeds, inits, out_type, opset, inputs=None, **attrs):
     """One ``op`` node over ``feeds`` (graph inputs) and ``inits`` (initializers), input order ``inputs``."""
-    names = inputs or (list(feeds) + list(inits))
-    node = helper.make_node(op, names, ["y"], **attrs)
-    ins = [helper.make_tensor_value_info(k, numpy_helper.from_array(np.asarray(v)).data_type, np.shape(v))
-           for k, v in feeds.items()]
-    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", out_type, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9
-    return m
+    return one_node_model(op, inputs or (list(feeds) + list(inits)), feeds, inits, out_type, opset, **attrs)
 
 
 def qrange(dtype):

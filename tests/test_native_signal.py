@@ -4,26 +4,19 @@ opsets 17 and 20), STFT, the Hann / Hamming / Blackman windows and MelWeightMatr
 typed errors for bad attributes."""
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import mgx_graph
 from mgx_graph.errors import ExecutionError, ParseError
 from native_util import program_text, run_native
-from util import ort_run, ort_version
+from util import one_node_model, ort_run, ort_version
 
 R = np.random.default_rng(9)
 OUT = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}
 
 
 def model(op, feeds, inits, inputs, out_type=TensorProto.FLOAT, opset=20, **attrs):
-    node = helper.make_node(op, inputs, ["y"], **attrs)
-    ins = [helper.make_tensor_value_info(k, numpy_helper.from_array(np.asarray(v)).data_type, np.shape(v))
-           for k, v in feeds.items()]
-    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", out_type, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 9
-    return m
+    return one_node_model(op, inputs, feeds, inits, out_type, opset, **attrs)
 
 
 def dft_model(x, axis=None, length=None, opset=20, **attrs):

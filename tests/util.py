@@ -32,6 +32,19 @@ def make_model(nodes, inputs: dict, outputs: list, initializers: dict | None = N
     return m
 
 
+def one_node_model(op, names, feeds, inits, out_type, opset, **attrs) -> onnx.ModelProto:
+    """One ``op`` node reading ``names`` (graph inputs ``feeds`` and initializers ``inits``, name -> array)
+    into one output ``y`` of ONNX type ``out_type``, at ``opset``."""
+    node = helper.make_node(op, names, ["y"], **attrs)
+    ins = [helper.make_tensor_value_info(k, numpy_helper.from_array(np.asarray(v)).data_type, np.shape(v))
+           for k, v in feeds.items()]
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", out_type, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 9
+    return m
+
+
 def ort_version() -> tuple[int, ...]:
     """onnxruntime's version as ints, ``(1, 32, 0)`` for "1.32.0" (a suffix such as "rc1" or "+cu130" dropped)."""
     import re
