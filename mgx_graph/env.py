@@ -51,10 +51,13 @@ def string_value_of(name: str, default: str | None = None) -> str | None:
     return default if v is None else v
 
 
-def enabled(name: str) -> bool:
-    """True when ``name`` is set to one of 1/enable/enabled/yes/true (read once, cached)."""
+def enabled(name: str, default: bool = False) -> bool:
+    """True when ``name`` is set to one of 1/enable/enabled/yes/true (read once, cached); ``default``
+    when it is unset or empty."""
     v = string_value_of(name)
-    return v is not None and v.strip().lower() in _TRUE
+    if v is None or not v.strip():
+        return default
+    return v.strip().lower() in _TRUE
 
 
 def value_of(name: str, default: int = 0) -> int:

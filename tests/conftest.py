@@ -73,7 +73,7 @@ def tiny(request, model_cache):
 
 @pytest.fixture
 def gemv_on(monkeypatch):
-    """The gemv kernel is opt-in (MIGRAPHX_GEMV=1): on for the test, unless the test sets it itself."""
+    """MIGRAPHX_GEMV=1 for the test (the default too; a test may set it itself)."""
     from mgx_graph import env
 
     monkeypatch.setenv("MIGRAPHX_GEMV", "1")

@@ -341,3 +341,15 @@ def test_kernel_on_the_host_reads_a_long_x_from_global_memory(dtype, M, K, rng):
     y = np.zeros((M, N), dtype)
     gemv_host.run(plan, xb, wb, bv, y, sx, K, N)
     _close(y, _oracle(xb[:, :K], wb, bv), dtype, np.sqrt(K))
+
+
+def test_the_gemv_is_on_by_default(monkeypatch):
+    """Unset MIGRAPHX_GEMV: the one-row dot lowers to the gemv kernel (it beat cuBLAS on the H200)."""
+    from mgx_graph import env
+
+    monkeypatch.delenv("MIGRAPHX_GEMV", raising=False)
+    env._reset_for_tests()
+    try:
+        assert _lowered_dot(_dot_program("float16", 64, 24)[0]).label.startswith("gemv (gemv.cu")
+    finally:
+        env._reset_for_tests()
