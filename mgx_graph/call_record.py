@@ -16,7 +16,10 @@ A call matches when, checked in one pass over the parameters:
 * its dict holds exactly the parameter names, each bound to the very object of the recorded call
   (the record holds references to them, so no new object can take a recorded object's ``id``);
 * every value still has the recorded shape, strides and dtype: numpy lets shape, strides and dtype
-  be set on an existing array, CuPy its shape; neither lets an array's data pointer change (``data``
+  be set on an existing array, so a numpy value's three are compared; CuPy lets only its shape be set
+  (the setter reshapes in place, recomputing the strides; ``dtype`` and ``strides`` are read-only
+  properties), so a device array's shape alone is compared, which keeps a replayed decode step's check
+  of its 62 arrays to one attribute read each.  Neither lets an array's data pointer change (``data``
   is read-only), so the same live object has the same pointer;
 * every numpy value of a parameter written in place (``alias``) is still writeable.
 
@@ -34,6 +37,7 @@ from operator import attrgetter, is_, itemgetter
 import numpy as np
 
 _LAYOUT = attrgetter("shape", "strides", "dtype")
+_SHAPE = attrgetter("shape")
 _WRITEABLE = attrgetter("flags.writeable")
 
 
@@ -57,13 +61,17 @@ class CallRecord:
     and ``staged``: ``[(slot, array, buffer)]`` as :meth:`Executor.bind` resolved them.
     """
 
-    __slots__ = ("queue", "copy", "n", "getter", "values", "layouts", "writeable", "copies", "staged")
+    __slots__ = ("queue", "copy", "n", "getter", "values", "host", "layouts", "device", "shapes", "writeable",
+                 "copies", "staged")
 
     def __init__(self, names, values, queue: int, copy: bool, written, copies, staged):
         self.queue, self.copy, self.n = queue, bool(copy), len(names)
         self.getter = slot_getter(names)
         self.values = tuple(values)
-        self.layouts = list(map(_LAYOUT, self.values))
+        self.host = [a for a in self.values if isinstance(a, np.ndarray)]
+        self.device = [a for a in self.values if not isinstance(a, np.ndarray)]
+        self.layouts = list(map(_LAYOUT, self.host))
+        self.shapes = list(map(_SHAPE, self.device))
         self.writeable = [a for n, a in zip(names, self.values) if n in written and isinstance(a, np.ndarray)]
         self.copies, self.staged = list(copies), list(staged)
 
@@ -76,8 +84,9 @@ class CallRecord:
             values = self.getter(params)
         except KeyError:
             return False
-        return (all(map(is_, values, self.values)) and list(map(_LAYOUT, values)) == self.layouts
-                and all(map(_WRITEABLE, self.writeable)))
+        # the same objects: their current layouts are read from the recorded references
+        return (all(map(is_, values, self.values)) and list(map(_SHAPE, self.device)) == self.shapes
+                and list(map(_LAYOUT, self.host)) == self.layouts and all(map(_WRITEABLE, self.writeable)))
 
     def repeat(self, executor, queue: int) -> None:
         """The per-call work of the recorded call on ``queue``: its copies into parameter buffers and
