@@ -23,9 +23,18 @@ from .gpu import GpuKernel
 @functools.lru_cache(maxsize=None)
 def compiled_function(source: str, name: str):
     """The ``extern "C"`` kernel ``name`` of ``source``, compiled once per process (CuPy caches the
-    binary on disk)."""
+    binary on disk).  With ``MIGRAPHX_PDL=1`` on a device that supports it, the source gets the grid
+    dependency instructions and the function launches programmatically inside captures
+    (:mod:`.programmatic_launch`)."""
     import cupy
 
+    from .programmatic_launch import ProgrammaticKernel, pdl_enabled, with_grid_dependency
+
+    if pdl_enabled():
+        from ..runtime import device_runtime
+
+        fn = cupy.RawModule(code=with_grid_dependency(source)).get_function(name)
+        return ProgrammaticKernel(fn, device_runtime())
     return cupy.RawModule(code=source).get_function(name)
 
 

@@ -118,6 +118,24 @@ class Runtime:
             return {"allocated_bytes": sum(self._sizes.values()), "allocations": len(self._sizes),
                     "live_queues": len(self._queues), "held_releases": len(self._held)}
 
+    # -- programmatic dependent launch ----------------------------------------------------------
+    def programmatic_launch_supported(self) -> bool:
+        """Whether :meth:`launch_programmatic` can run on the current device (a backend overrides it)."""
+        return False
+
+    def capture_begun_on(self, s) -> bool:
+        """Whether a capture was begun on queue ``s`` through this runtime and has not been seen to
+        end (a set lookup: what a per-launch decision can afford)."""
+        return int(s) in self._capture_queues
+
+    def launch_programmatic(self, function: int, grid, block, shared: int, s, args, types) -> None:
+        """Launch kernel ``function`` (a driver function handle, int) on queue ``s`` with programmatic
+        stream serialization allowed: a dependent launch may begin before the kernel ahead of it in
+        ``s`` completes, and the kernel's ``griddepcontrol.wait`` orders its reads after that kernel.
+        ``grid`` / ``block``: 3-tuples; ``args`` / ``types``: the parameter values and their ctypes
+        types (``ctypes.c_void_p`` for device pointers).  Raises DeviceError where unsupported."""
+        raise DeviceError("launch_programmatic", f"{self.platform}: programmatic dependent launch is unsupported")
+
     # -- releases held back during a capture -----------------------------------------------------
     def _capture_begun(self, s) -> None:
         """Backends call this after a capture began on ``s``."""

@@ -35,6 +35,33 @@ class CudaRuntime(Runtime):
     def __init__(self):
         super().__init__()
         self.rt = _rt
+        self._pdl: dict = {}  # device -> programmatic dependent launch supported (compute capability >= 9.0)
+
+    # programmatic dependent launch (Hopper and later; CUDA programming guide, "Programmatic Dependent
+    # Launch and Synchronization"; driver API cuLaunchKernelEx)
+    def programmatic_launch_supported(self) -> bool:
+        dev = self.hipGetDevice()
+        ok = self._pdl.get(dev)
+        if ok is None:
+            err, major = _rt.cudaDeviceGetAttribute(_rt.cudaDeviceAttr.cudaDevAttrComputeCapabilityMajor, dev)
+            ok = self._pdl[dev] = int(err) == 0 and int(major) >= 9
+        return ok
+
+    def launch_programmatic(self, function: int, grid, block, shared: int, s, args, types) -> None:
+        from cuda.bindings import driver
+
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in grid)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in block)
+        cfg.sharedMemBytes = int(shared)
+        cfg.hStream = driver.CUstream(int(s))
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        err = driver.cuLaunchKernelEx(cfg, driver.CUfunction(int(function)), (tuple(args), tuple(types)), 0)[0]
+        check("cuLaunchKernelEx", err)
 
     # device
     def hipGetDeviceCount(self) -> int:

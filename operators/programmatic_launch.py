@@ -1,0 +1,126 @@
+"""Programmatic dependent launch (PDL) of the generated and own kernels inside graph captures.
+
+In a captured decode step every kernel node waits for the one before it to finish before it is even
+launched, and each such gap costs about a microsecond on an H200.  With programmatic dependent launch
+(CUDA programming guide, "Programmatic Dependent Launch and Synchronization"; compute capability 9.0
+and later) a kernel launched with the attribute ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``
+may be launched while the kernel ahead of it still runs; it then orders itself with two PTX
+instructions that :func:`with_grid_dependency` puts at the start of every ``extern "C" __global__``
+body of a source:
+
+* ``griddepcontrol.wait`` -- blocks until the grids it depends on have completed and their memory
+  operations are visible, so nothing the kernel reads or writes can race the kernel before it;
+* ``griddepcontrol.launch_dependents`` -- after that wait: lets the next kernel be launched now (its
+  launch overlaps this kernel's run; issued after the wait, so at most two grids are in flight).
+
+Both compile to nothing below compute capability 9.0 and on HIP, where :class:`ProgrammaticKernel`
+launches as CuPy does.  A kernel is launched programmatically only while a capture is open on the
+queue (:meth:`Runtime.capture_begun_on`), so eager runs keep CuPy's cheaper launch; kernels from
+other sources (CuPy's own, BLAS) launch as before and keep full stream ordering.
+
+Off unless ``MIGRAPHX_PDL=1`` (read once), and only where the runtime supports it.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+
+PRELUDE = r"""// programmatic dependent launch (no-ops before sm_90 and on HIP)
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !defined(__HIPCC_RTC__) && !defined(__HIPCC__)
+#define MGX_GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define MGX_GRID_DEPENDENCY()
+#endif
+"""
+_GLOBAL = re.compile(r'extern\s+"C"\s+__global__')
+_SCALARS = {np.dtype(np.int64): ctypes.c_longlong, np.dtype(np.int32): ctypes.c_int,
+            np.dtype(np.uint64): ctypes.c_ulonglong, np.dtype(np.uint32): ctypes.c_uint,
+            np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+
+
+def pdl_enabled() -> bool:
+    """``MIGRAPHX_PDL`` (read once) is a true value and the device runtime supports the launch."""
+    from ..env import enabled
+    from ..runtime import device_runtime
+
+    if not enabled("MIGRAPHX_PDL"):
+        return False
+    rt = device_runtime()
+    return rt is not None and rt.programmatic_launch_supported()
+
+
+def with_grid_dependency(source: str) -> str:
+    """``source`` with :data:`PRELUDE` first and ``MGX_GRID_DEPENDENCY();`` as the first statement of
+    every ``extern "C" __global__`` function (the body's ``{`` is the first at parenthesis depth 0
+    after the declaration starts).  Raises ValueError when a declaration has no body."""
+    out, pos = [PRELUDE], 0
+    for m in _GLOBAL.finditer(source):
+        depth, i = 0, m.end()
+        while i < len(source):
+            c = source[i]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "{" and depth == 0:
+                break
+            elif c == ";" and depth == 0:
+                i = -1  # a declaration without a body
+                break
+            i += 1
+        if i < 0 or i >= len(source):
+            continue
+        out.append(source[pos:i + 1])
+        out.append(" MGX_GRID_DEPENDENCY();")
+        pos = i + 1
+    if pos == 0:
+        raise ValueError("with_grid_dependency: no extern \"C\" __global__ function with a body")
+    out.append(source[pos:])
+    return "".join(out)
+
+
+def kernel_arguments(args) -> tuple | None:
+    """``(values, ctypes types)`` of a kernel's arguments as CuPy passes them (device arrays by data
+    pointer, numpy scalars by value), or None for an argument of another kind (then CuPy launches)."""
+    values, types = [], []
+    for a in args:
+        data = getattr(a, "data", None)
+        if hasattr(data, "ptr") and hasattr(a, "__cuda_array_interface__"):
+            values.append(int(data.ptr))
+            types.append(ctypes.c_void_p)
+            continue
+        t = _SCALARS.get(getattr(a, "dtype", None)) if isinstance(a, np.generic) else None
+        if t is None:
+            return None
+        values.append(a.item())
+        types.append(t)
+    return tuple(values), tuple(types)
+
+
+def _dim3(v) -> tuple:
+    v = tuple(int(x) for x in (v if isinstance(v, (tuple, list)) else (v,)))
+    return v + (1,) * (3 - len(v))
+
+
+class ProgrammaticKernel:
+    """A compiled CuPy function called as CuPy's (``fn(grid, block, args, shared_mem=0)``) that
+    launches with programmatic stream serialization while a capture is open on the current stream."""
+
+    __slots__ = ("fn", "runtime", "launches")
+    total = 0  # programmatic launches in this process (every instance)
+
+    def __init__(self, fn, runtime):
+        self.fn, self.runtime, self.launches = fn, runtime, 0
+
+    def __call__(self, grid, block, args, shared_mem: int = 0, **kw):
+        import cupy
+
+        s = cupy.cuda.get_current_stream().ptr
+        packed = kernel_arguments(args) if not kw and self.runtime.capture_begun_on(s) else None
+        if packed is None:
+            return self.fn(grid, block, args, shared_mem=shared_mem, **kw)
+        self.runtime.launch_programmatic(self.fn.ptr, _dim3(grid), _dim3(block), shared_mem, s, *packed)
+        self.launches += 1
+        ProgrammaticKernel.total += 1
