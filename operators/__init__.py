@@ -10,6 +10,6 @@ from . import normalization_contrib, rotary, quantized, attention, dq_lstm  # no
 from . import decode_attention  # noqa: F401  (made by the fuse_attention pass)
 from . import recurrent, quantization, sampling, spectral  # noqa: F401
 from . import reinterpret  # noqa: F401
-from . import fused, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd over submodules)
+from . import fused, fused_horizontal, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd / fused_horizontal)
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]
