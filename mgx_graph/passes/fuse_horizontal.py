@@ -18,10 +18,11 @@ instructions), every instruction between the first member and the last that read
 view (those views move after the fused instruction, which stands where the last member stood),
 nothing between them is a control-flow instruction, no member reads memory (through views) that a
 scatter of the group writes, and nothing between them may write in place (an ``inplace_ok``
-instruction) into a parameter a member reads.  When a partner stands in the way the group is tried
-with its scatters alone.  The members' submodules are put back and outlined together, into
-``<module>:fused_horizontal<N>``; its parts are returned in program order, and each reader reads its
-``get_tuple_elem``.  Each scatter part stays bindable in place (``bind_outputs`` binds a present
+instruction) into a parameter a member reads.  The scatters of one indices value are cut into runs,
+in program order, each as long as that holds (one layer's writes: a later layer's attention reads
+them); each partner joins a run when the run with it still holds.  The members' submodules are put
+back and outlined together, into ``<module>:fused_horizontal<N>``; its parts are returned last member
+first, then the others in program order, and each reader reads its ``get_tuple_elem``.  Each scatter part stays bindable in place (``bind_outputs`` binds a present
 cache onto the past one through the tuple element).
 
 Results on ``ref`` are those of the unfused instructions (the submodule runs their kernels); on
