@@ -40,6 +40,7 @@ from . import fusion
 from .fuse_scatternd import _root, inline_fused
 
 CONTROL = ("if", "loop", "graph_launch")
+WRITERS = ("scatternd", "fused_scatternd", "kv_cache_update")  # input 0: the data they write (a cache)
 
 
 class FuseHorizontal(fusion.FusionPass):
@@ -131,10 +132,10 @@ class FuseHorizontal(fusion.FusionPass):
 
     @staticmethod
     def _memory_ok(m, members, lo, hi) -> bool:
-        written = {id(_root(s.inputs[0])) for s in members if s.op.name in ("scatternd", "fused_scatternd")}
+        written = {id(_root(s.inputs[0])) for s in members if s.op.name in WRITERS}
         params = set()
         for s in members:
-            scatter = s.op.name in ("scatternd", "fused_scatternd")
+            scatter = s.op.name in WRITERS
             for k, v in enumerate(s.inputs):
                 r = _root(v)
                 if (k > 0 or not scatter) and id(r) in written:

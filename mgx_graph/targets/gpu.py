@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import CaptureError
 from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseHorizontal, FuseNorms, FusePointwise,
-                      FuseReduce, FuseScatterND, GemvLayout, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
+                      FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
                       PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
@@ -36,7 +36,7 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
                                    FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
-                                   EliminateDeadCode()]),
+                                   FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
         PassGroup("layout", [GemvLayout()]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),
