@@ -24,6 +24,7 @@ from .eval_loop import EvalLoop
 from .graph_cache import GraphBudget, GraphOptions
 from .interop import expected, to_target, type_name
 from .passes.hip_graph import movable_values
+from .passes.memory_coloring import bound_params
 from .program_buffers import ProgramBuffers
 from .staging import InputStaging
 from .steps import step_kind
@@ -67,9 +68,13 @@ class Executor:
         self._param_order = [name for name, _, _ in self.param_specs]
         self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape)
                               for name, s, shape in self.param_specs]
+        writers = [i for m in b.modules for i in m.instructions if "bind_param" in i.meta]
         self.bound = [(slot[id(i)], slot[id(main.get_parameter(i.meta["bind_param"]))], i.shape)
-                      for m in b.modules for i in m.instructions if "bind_param" in i.meta]
-        self._written = {ps for _, ps, _ in self.bound}
+                      for i in writers if not isinstance(i.shape, tuple)]
+        self._bound_tuples = [(slot[id(i)], self._tuple_elements(i, main)) for i in writers
+                              if isinstance(i.shape, tuple)]
+        self._written = {ps for _, ps, _ in self.bound} | \
+            {ps for _, elems in self._bound_tuples for ps, _, _ in elems if ps is not None}
         self._written_names = {n for n, ps, _ in self.param_specs if ps in self._written}
         self._bound_views = {}
         # a writer whose step stores its own value would need its binding restored before every run
@@ -77,6 +82,14 @@ class Executor:
         self._rebind_per_run = any(step_kind(i, movable) in ("view", "guard", "modules")
                                    for m in b.modules for i in m.instructions if "bind_param" in i.meta)
         self.out_slots = [slot[id(i)] for i in main.get_return().inputs]
+
+    def _tuple_elements(self, ins, main) -> list:
+        """``[(parameter slot or None, layout, own array or None)]`` per result of ``ins``, a tuple
+        writer with some results bound into parameters: a bound one is written into its parameter's
+        array (in ``layout``), the others into their arena buffers."""
+        b, names = self.buffers, dict(bound_params(ins))
+        return [(b.slot[id(main.get_parameter(names[k]))], s, None) if k in names else
+                (None, s, b.ctx.array(b.arena, self.plan.offsets[(id(ins), k)], s)) for k, s in enumerate(ins.shape)]
 
     @property
     def regions(self) -> list:
@@ -181,17 +194,24 @@ class Executor:
     def _bind_written_parameters(self) -> None:
         """Instructions that write into a parameter (``bind_param``) read its current array, in the
         layout they were planned with (a strided view of it, made once per array)."""
-        env, cache = self.env, self._bound_views
+        env = self.env
         for bs, ps, layout in self.bound:
-            a = env[ps]
-            hit = cache.get(bs)
-            if hit is not None and hit[0] is a:
-                env[bs] = hit[1]
-                continue
-            v = a if layout.standard() else self.ctx.xp.lib.stride_tricks.as_strided(a, layout.lens,
-                                                                                     layout.byte_strides())
-            cache[bs] = (a, v)
-            env[bs] = v
+            env[bs] = self._written_view(bs, env[ps], layout)
+        for bs, elems in self._bound_tuples:
+            vals = tuple(own if ps is None else self._written_view((bs, k), env[ps], layout)
+                         for k, (ps, layout, own) in enumerate(elems))
+            old = env[bs]
+            if not (isinstance(old, tuple) and all(x is y for x, y in zip(old, vals))):
+                env[bs] = vals  # a new tuple only when an array changed (its views are remade then)
+
+    def _written_view(self, key, a, layout):
+        """``a`` (a parameter's array) in ``layout``: a strided view of it, made once per array."""
+        hit = self._bound_views.get(key)
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        v = a if layout.standard() else self.ctx.xp.lib.stride_tricks.as_strided(a, layout.lens, layout.byte_strides())
+        self._bound_views[key] = (a, v)
+        return v
 
     # -- running ---------------------------------------------------------------------------------
     def _use_queue(self, q: int) -> None:

@@ -27,6 +27,7 @@ from .graph_cache import GraphBudget, GraphLaunchState, GraphOptions  # noqa: F4
 from .graph_validation import Validator
 from .operators.base import Operation, register_op
 from .passes.hip_graph import launch_count
+from .passes.memory_coloring import bound_params
 
 
 class GraphKey(tuple):
@@ -84,7 +85,7 @@ class GraphLaunch(Operation):
         self._names = tuple(n for _, n in self._movable)
         self._single = len(sub.get_return().inputs) == 1
         main = ins.module.program.get_main_module()
-        written = [main.get_parameter(i.meta["bind_param"]) for i in sub.instructions if "bind_param" in i.meta]
+        written = [main.get_parameter(n) for i in sub.instructions for _, n in bound_params(i)]
         validator = Validator(ctx, lambda: [run.value(p) for p in written])
         self.state = GraphLaunchState(f"{run.label}{sub.name}", ctx, sum(launch_count(i) for i in sub.instructions),
                                       sum(1 for i in sub.instructions if not i.op.builtin), budget=run.budget,

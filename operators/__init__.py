@@ -7,9 +7,9 @@ from . import pointwise, views, shape_ops, gather_scatter, reduce, nn, control, 
 from . import pooling, conv_transpose, resize  # noqa: F401  (native spatial ops)
 from . import normalization, index_ops, detection, activation  # noqa: F401
 from . import normalization_contrib, rotary, quantized, attention, dq_lstm  # noqa: F401  (onnxruntime contrib ops)
-from . import decode_attention  # noqa: F401  (made by the fuse_attention pass)
+from . import decode_attention, rotary_kv  # noqa: F401  (made by the fuse_attention / fuse_rotary_kv passes)
 from . import recurrent, quantization, sampling, spectral  # noqa: F401
 from . import reinterpret  # noqa: F401
-from . import fused, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd over submodules)
+from . import fused, fused_horizontal, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd / fused_horizontal)
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

@@ -73,7 +73,8 @@ class Operation:
     capturable:   may be recorded into a graph (default True for device kernels).
     foldable:     may be evaluated at compile time when all inputs are literals.
     inplace_ok:   ``out`` may be the same buffer as input 0 (used to bind a KV-cache output onto
-                  its input parameter).
+                  its input parameter); an op with a tuple of results says which input each one may
+                  be written into through :meth:`inplace_input`.
     float32_only: computes in float32 only: ``quantize_fp16`` converts its half inputs to float32
                   and keeps its outputs float32 (converted to half where they meet activations).
     """
@@ -93,6 +94,11 @@ class Operation:
 
     def __init__(self, **attrs):
         self.attrs = attrs
+
+    def inplace_input(self, index=None):
+        """The input whose buffer result ``index`` (a tuple index; None for the one result) may be,
+        or None: input 0 for the one result of an ``inplace_ok`` op, nothing else by default."""
+        return 0 if index is None and self.inplace_ok else None
 
     def runs_on_gpu(self, in_shapes: list) -> bool:
         """Whether the gpu target runs this op with inputs ``in_shapes`` on the device (else: host fallback)."""

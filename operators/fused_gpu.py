@@ -69,6 +69,8 @@ def _source_maker(kind: str):
         from .fused_codegen import pointwise_source as make
     elif kind == "scatternd":
         from .fused_scatter_codegen import scatternd_source as make
+    elif kind == "horizontal":
+        from .fused_horizontal_codegen import horizontal_source as make
     else:
         from .fused_reduce_codegen import reduce_source as make
     return make
@@ -78,27 +80,40 @@ def _same_array(a, b) -> bool:
     return a.data.ptr == b.data.ptr and a.strides == b.strides and a.shape == b.shape
 
 
+def _data_copies(kind: str, sub) -> list:
+    """``[(output position, input position)]``: the scatter data each launch copies into its output
+    first (unless the output is that buffer)."""
+    if kind == "scatternd":
+        return [(0, 0)]
+    if kind == "horizontal":
+        from .fused_horizontal import parts_of
+
+        return [(k, d) for k, (_, d) in enumerate(parts_of(sub)) if d is not None]
+    return []
+
+
 def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
-    """The kernel of a ``pointwise`` / ``fused_reduce`` / ``fused_scatternd`` instruction (``kind``
-    ``pointwise`` / ``reduce`` / ``scatternd``) over submodule ``sub``: one launch, and for a scatter
-    first a copy of its data (input 0) into the output unless the output is that buffer (bound in
-    place), so two launches planned; raises ValueError when the module has no generated form or its
-    source does not compile."""
+    """The kernel of a ``pointwise`` / ``fused_reduce`` / ``fused_scatternd`` / ``fused_horizontal``
+    instruction (``kind`` ``pointwise`` / ``reduce`` / ``scatternd`` / ``horizontal``) over submodule
+    ``sub``: one launch, and for each scatter first a copy of its data into its output unless the
+    output is that buffer (bound in place), one launch more planned per scatter; raises ValueError when
+    the module has no generated form or its source does not compile."""
     ks = _source_maker(kind)(sub, in_shapes, out_shape)
     ready = precompile(ks.source, ks.name)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
     extent, grid, block, name, source = np.int64(ks.extent), (ks.grid,), (ks.block,), ks.name, ks.source
-    copy_data = kind == "scatternd"
+    copies = _data_copies(kind, sub)
 
     def run(ctx, out, args, ws):
-        if copy_data and not _same_array(out, args[0]):
-            ctx.xp.copyto(out, args[0])
+        results = out if isinstance(out, tuple) else (out,)
+        for k, j in copies:
+            if not _same_array(results[k], args[j]):
+                ctx.xp.copyto(results[k], args[j])
         if not ks.extent:
             return
-        results = out if isinstance(out, tuple) else (out,)
         _check(list(args) + list(results), layouts, name)
         (ready or compiled_function(source, name))(grid, block, (*args, *results, extent))
 
     run.source = ks  # for inspection (tests, debugging)
-    return GpuKernel(run, 1 + copy_data, [], True, f"{kind} (generated {name})")
+    return GpuKernel(run, 1 + len(copies), [], True, f"{kind} (generated {name})")

@@ -113,9 +113,8 @@ def _rotary_types_ok(x: Shape, cos: Shape, sin: Shape) -> bool:
     return x.dtype in CTYPES and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.strides == sin.strides
 
 
-def rotary_kernel(op, inputs: list, output: Shape):
-    """One launch of ``mgx_rotary`` for a ``rotary_embedding`` instruction, or None (other types: x, cos
-    and sin must share one float16 / float32 type)."""
+def _rotary_scalars(op, inputs: list, output: Shape):
+    """The scalar arguments of ``mgx_rotary`` after its five arrays, or None (other types)."""
     x, cos, sin = inputs[:3]
     if not _rotary_types_ok(x, cos, sin):
         return None
@@ -123,12 +122,21 @@ def rotary_kernel(op, inputs: list, output: Shape):
     order = (0, 1, 2, 3) if op.heads_axis == 2 else (0, 2, 1, 3)  # (b, s, n, h) dims of x / the output
     xs = [_st(x, d) for d in order]
     ys = [_st(output, d) for d in order]
+    table = _table_args(cos, inputs[3] if len(inputs) == 4 else None)
+    return _i64(B, S, N, H, R, *xs, *ys, *table) + (np.int32(len(inputs) == 4), np.int32(op.interleaved)), B * S * N * H
+
+
+def rotary_kernel(op, inputs: list, output: Shape):
+    """One launch of ``mgx_rotary`` for a ``rotary_embedding`` instruction, or None (other types: x, cos
+    and sin must share one float16 / float32 type)."""
+    plan = _rotary_scalars(op, inputs, output)
+    if plan is None:
+        return None
+    scalars, total = plan
     has_pos = len(inputs) == 4
-    table = _table_args(cos, inputs[3] if has_pos else None)
-    scalars = _i64(B, S, N, H, R, *xs, *ys, *table) + (np.int32(has_pos), np.int32(op.interleaved))
-    fn = _function(x.dtype, "mgx_rotary")
+    fn = _function(inputs[0].dtype, "mgx_rotary")
     check = _checker("rotary_embedding (llm_kernels.cu)", list(inputs) + [output])
-    grid = (_blocks(B * S * N * H),)
+    grid = (_blocks(total),)
 
     def run(ctx, out, args, ws):
         check(list(args) + [out])
@@ -138,9 +146,9 @@ def rotary_kernel(op, inputs: list, output: Shape):
     return GpuKernel(run, 1, [], True, "rotary_embedding (llm_kernels.cu)")
 
 
-def kv_write_kernel(op, inputs: list, output: Shape):
-    """One launch of ``mgx_kv_write`` for a ``kv_cache_update`` instruction (its rotation of the new rows
-    included), or None (types other than float16 / float32, cos / sin of another type)."""
+def _kv_plan(op, inputs: list, output: Shape):
+    """``(base scalars, rotation scalars, {full: element count})`` of ``mgx_kv_write``, or None (types
+    other than float16 / float32, cos / sin of another type)."""
     past = inputs[0] if op.has_past else None
     new = inputs[op.has_past]
     if new.dtype not in CTYPES:
@@ -158,21 +166,61 @@ def kv_write_kernel(op, inputs: list, output: Shape):
         rot = _i64(R, *_table_args(cos, pos)) + (np.int32(1), np.int32(1), np.int32(op.interleaved))
     else:
         rot = _i64(0, 0, 0, 0, 0, 0, 0) + (np.int32(0), np.int32(0), np.int32(0))
-    fn = _function(new.dtype, "mgx_kv_write")
+    return base, rot, {0: B * Nkv * S * H, 1: B * Nkv * P * H}
+
+
+def _kv_args(op, ctx, out, args, base, rot) -> tuple:
+    """The arguments of one ``mgx_kv_write`` (or one K / V part of ``mgx_rotary_kv_write``) and its
+    ``full`` flag: 0 when the present output is the past buffer (bound in place)."""
+    pa = args[0]  # the past, or (no past: L = 0, never read) the new rows
+    nw, start = args[op.has_past], args[op.has_past + 1]
+    in_place = op.has_past and ctx.data_ptr(pa) == ctx.data_ptr(out) and pa.shape == out.shape \
+        and pa.strides == out.strides
+    full = 0 if in_place else 1
+    tables = tuple(args[-3:]) if op.rotary else (nw, nw, start)
+    return (pa, nw, start, out) + base + (np.int32(full),) + tables + rot, full
+
+
+def kv_write_kernel(op, inputs: list, output: Shape):
+    """One launch of ``mgx_kv_write`` for a ``kv_cache_update`` instruction (its rotation of the new rows
+    included), or None (types other than float16 / float32, cos / sin of another type)."""
+    plan = _kv_plan(op, inputs, output)
+    if plan is None:
+        return None
+    base, rot, totals = plan
+    fn = _function(inputs[op.has_past].dtype, "mgx_kv_write")
     check = _checker("kv_cache_update (llm_kernels.cu)", list(inputs) + [output])
-    grids = {0: (_blocks(B * Nkv * S * H),), 1: (_blocks(B * Nkv * P * H),)}
+    grids = {f: (_blocks(n),) for f, n in totals.items()}
 
     def run(ctx, out, args, ws):
         check(list(args) + [out])
-        pa = args[0]  # the past, or (no past: L = 0, never read) the new rows
-        nw, start = args[op.has_past], args[op.has_past + 1]
-        in_place = op.has_past and ctx.data_ptr(pa) == ctx.data_ptr(out) and pa.shape == out.shape \
-            and pa.strides == out.strides
-        full = 0 if in_place else 1
-        tables = tuple(args[-3:]) if op.rotary else (nw, nw, start)
-        fn(grids[full], (NT,), (pa, nw, start, out) + base + (np.int32(full),) + tables + rot)
+        a, full = _kv_args(op, ctx, out, args, base, rot)
+        fn(grids[full], (NT,), a)
 
     return GpuKernel(run, 1, [], True, "kv_cache_update (llm_kernels.cu)")
+
+
+def rotary_kv_kernel(op, inputs: list, output):
+    """One launch of ``mgx_rotary_kv_write`` for a ``rotary_kv_write`` instruction (the query's
+    rotation, the rotated key rows and the value rows), or None when one of its parts has no kernel
+    (other types; x, cos and sin of one float16 / float32 type)."""
+    rot_op, k_op, v_op = op.parts()
+    (qi, ki, vi), (qo, ko, vo) = op.split(inputs), output
+    rp, kp, vp = _rotary_scalars(rot_op, qi, qo), _kv_plan(k_op, ki, ko), _kv_plan(v_op, vi, vo)
+    if rp is None or kp is None or vp is None or len(qi) != 4 or qi[0].dtype != ki[1].dtype:
+        return None
+    fn = _function(qi[0].dtype, "mgx_rotary_kv_write")
+    check = _checker("rotary_kv_write (llm_kernels.cu)", list(inputs) + list(output))
+
+    def run(ctx, out, args, ws):
+        check(list(args) + list(out))
+        qa, ka, va = op.split(args)
+        k_args, kf = _kv_args(k_op, ctx, out[1], ka, kp[0], kp[1])
+        v_args, vf = _kv_args(v_op, ctx, out[2], va, vp[0], vp[1])
+        grid = (_blocks(rp[1] + kp[2][kf] + vp[2][vf]),)
+        fn(grid, (NT,), (qa[0], qa[1], qa[2], qa[3], out[0]) + rp[0] + k_args + v_args)
+
+    return GpuKernel(run, 1, [], True, "rotary_kv_write (llm_kernels.cu)")
 
 
 def _suffix_rows(s: Shape, x: Shape, D: int):

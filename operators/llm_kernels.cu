@@ -38,63 +38,88 @@ __device__ __forceinline__ float mgx_rotate(const T* xr, long long xh, long long
 
 // y[b, s, n, h] = x rotated by the angles of position pos[b, s] (has_pos) or of token (b, s):
 // cos / sin row  = pos * c_row (has_pos) or b * c_b + s * c_s; channels h >= R are copied.
-extern "C" __global__ void mgx_rotary(const T* x, const T* cosv, const T* sinv, const long long* pos, T* y,
-                                      long long B, long long S, long long N, long long H, long long R,
-                                      long long xb, long long xs, long long xn, long long xh,
-                                      long long yb, long long ys, long long yn, long long yh,
-                                      long long pb, long long ps, long long c_row, long long c_b, long long c_s,
-                                      long long c_r, int has_pos, int interleaved) {
+#define MGX_ROTARY_PARAMS const T* x, const T* cosv, const T* sinv, const long long* pos, T* y, \
+    long long B, long long S, long long N, long long H, long long R, long long xb, long long xs, long long xn, \
+    long long xh, long long yb, long long ys, long long yn, long long yh, long long pb, long long ps, \
+    long long c_row, long long c_b, long long c_s, long long c_r, int has_pos, int interleaved
+#define MGX_ROTARY_ARGS x, cosv, sinv, pos, y, B, S, N, H, R, xb, xs, xn, xh, yb, ys, yn, yh, pb, ps, c_row, c_b, \
+    c_s, c_r, has_pos, interleaved
+__device__ __forceinline__ void mgx_rotary_at(long long i, MGX_ROTARY_PARAMS) {
+    long long h = i % H, n = (i / H) % N, s = (i / (H * N)) % S, b = i / (H * N * S);
+    const T* xr = x + b * xb + s * xs + n * xn;
+    T* yp = y + b * yb + s * ys + n * yn + h * yh;
+    if (h >= R) {
+        *yp = xr[h * xh];
+        return;
+    }
+    long long row = has_pos ? pos[b * pb + s * ps] * c_row : b * c_b + s * c_s;
+    mgx_st(yp, mgx_rotate(xr, xh, h, R, cosv, sinv, row, c_r, interleaved));
+}
+
+extern "C" __global__ void mgx_rotary(MGX_ROTARY_PARAMS) {
     long long total = B * S * N * H;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)blockDim.x * gridDim.x) {
-        long long h = i % H, n = (i / H) % N, s = (i / (H * N)) % S, b = i / (H * N * S);
-        const T* xr = x + b * xb + s * xs + n * xn;
-        T* yp = y + b * yb + s * ys + n * yn + h * yh;
-        if (h >= R) {
-            *yp = xr[h * xh];
-            continue;
-        }
-        long long row = has_pos ? pos[b * pb + s * ps] * c_row : b * c_b + s * c_s;
-        mgx_st(yp, mgx_rotate(xr, xh, h, R, cosv, sinv, row, c_r, interleaved));
-    }
+         i += (long long)blockDim.x * gridDim.x)
+        mgx_rotary_at(i, MGX_ROTARY_ARGS);
 }
 
 // present[b, n, t, h] of a KV cache: new[b, t - start[b], n, h] for start[b] <= t < start[b] + S, its
 // first R channels rotated (has_rot; angles as mgx_rotary's).  full == 0 (present is the past
 // buffer): only those rows are written (the grid covers B * S * Nkv * H); full == 1: every row,
 // past[b, n, t, h] for t < min(start[b], L), 0 for the others.
-extern "C" __global__ void mgx_kv_write(const T* past, const T* nw, const long long* start, T* out,
-                                        long long B, long long S, long long NKV, long long H, long long P,
-                                        long long L, long long nb, long long ns, long long nn, long long nh,
-                                        long long pb, long long pn, long long pt, long long ph,
-                                        long long ob, long long on, long long ot, long long oh, int full,
-                                        const T* cosv, const T* sinv, const long long* pos, long long R,
-                                        long long qb, long long qs, long long c_row, long long c_b,
-                                        long long c_s, long long c_r, int has_rot, int has_pos,
-                                        int interleaved) {
+#define MGX_KV_PARAMS(p) const T* p##past, const T* p##nw, const long long* p##start, T* p##out, \
+    long long p##B, long long p##S, long long p##NKV, long long p##H, long long p##P, long long p##L, \
+    long long p##nb, long long p##ns, long long p##nn, long long p##nh, long long p##pb, long long p##pn, \
+    long long p##pt, long long p##ph, long long p##ob, long long p##on, long long p##ot, long long p##oh, \
+    int p##full, const T* p##cosv, const T* p##sinv, const long long* p##pos, long long p##R, long long p##qb, \
+    long long p##qs, long long p##c_row, long long p##c_b, long long p##c_s, long long p##c_r, int p##has_rot, \
+    int p##has_pos, int p##interleaved
+#define MGX_KV_ARGS(p) p##past, p##nw, p##start, p##out, p##B, p##S, p##NKV, p##H, p##P, p##L, p##nb, p##ns, \
+    p##nn, p##nh, p##pb, p##pn, p##pt, p##ph, p##ob, p##on, p##ot, p##oh, p##full, p##cosv, p##sinv, p##pos, \
+    p##R, p##qb, p##qs, p##c_row, p##c_b, p##c_s, p##c_r, p##has_rot, p##has_pos, p##interleaved
+#define MGX_KV_TOTAL(p) (p##B * p##NKV * (p##full ? p##P : p##S) * p##H)
+__device__ __forceinline__ void mgx_kv_at(long long i, MGX_KV_PARAMS()) {
     long long rows = full ? P : S;
-    long long total = B * NKV * rows * H;
+    long long h = i % H, j = (i / H) % rows, n = (i / (H * rows)) % NKV, b = i / (H * rows * NKV);
+    long long st = start[b];
+    long long t = full ? j : st + j;
+    long long rel = t - st;
+    if (t < 0 || t >= P) return;
+    T* op = out + b * ob + n * on + t * ot + h * oh;
+    if (rel >= 0 && rel < S) {
+        const T* nr = nw + b * nb + rel * ns + n * nn;
+        if (has_rot && h < R) {
+            long long row = has_pos ? pos[b * qb + rel * qs] * c_row : b * c_b + rel * c_s;
+            mgx_st(op, mgx_rotate(nr, nh, h, R, cosv, sinv, row, c_r, interleaved));
+        } else {
+            *op = nr[h * nh];
+        }
+    } else if (t < L && rel < 0) {
+        *op = past[b * pb + n * pn + t * pt + h * ph];
+    } else {
+        mgx_st(op, 0.0f);
+    }
+}
+
+extern "C" __global__ void mgx_kv_write(MGX_KV_PARAMS()) {
+    long long total = MGX_KV_TOTAL();
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x)
+        mgx_kv_at(i, MGX_KV_ARGS());
+}
+
+// GroupQueryAttention's decode writes in one launch: the query rotated (as mgx_rotary), then the key
+// rows (as mgx_kv_write, rotated) and the value rows; thread i works on the part its index falls in.
+extern "C" __global__ void mgx_rotary_kv_write(MGX_ROTARY_PARAMS, MGX_KV_PARAMS(k_), MGX_KV_PARAMS(v_)) {
+    long long nq = B * S * N * H, nk = MGX_KV_TOTAL(k_), total = nq + nk + MGX_KV_TOTAL(v_);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)blockDim.x * gridDim.x) {
-        long long h = i % H, j = (i / H) % rows, n = (i / (H * rows)) % NKV, b = i / (H * rows * NKV);
-        long long st = start[b];
-        long long t = full ? j : st + j;
-        long long rel = t - st;
-        if (t < 0 || t >= P) continue;
-        T* op = out + b * ob + n * on + t * ot + h * oh;
-        if (rel >= 0 && rel < S) {
-            const T* nr = nw + b * nb + rel * ns + n * nn;
-            if (has_rot && h < R) {
-                long long row = has_pos ? pos[b * qb + rel * qs] * c_row : b * c_b + rel * c_s;
-                mgx_st(op, mgx_rotate(nr, nh, h, R, cosv, sinv, row, c_r, interleaved));
-            } else {
-                *op = nr[h * nh];
-            }
-        } else if (t < L && rel < 0) {
-            *op = past[b * pb + n * pn + t * pt + h * ph];
-        } else {
-            mgx_st(op, 0.0f);
-        }
+        if (i < nq)
+            mgx_rotary_at(i, MGX_ROTARY_ARGS);
+        else if (i < nq + nk)
+            mgx_kv_at(i - nq, MGX_KV_ARGS(k_));
+        else
+            mgx_kv_at(i - nq - nk, MGX_KV_ARGS(v_));
     }
 }
 

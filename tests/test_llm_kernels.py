@@ -233,7 +233,7 @@ def genai_decoder(B=1, S=1, T=8, D=64, N=4, Nkv=2, F=96, layers=2, seed=0, dtype
     return contrib_model(nodes, ins, outs, inits), (B, S, T, D, Nkv, H)
 
 
-def _lower_gpu(model):
+def _lower_gpu(model, disabled=()):
     """The program of ``model`` through the gpu pipeline up to lowering (no device needed)."""
     from mgx_graph.compile_result import CompileResult
     from mgx_graph.onnx import parse_onnx
@@ -245,7 +245,7 @@ def _lower_gpu(model):
     opts = PipelineOptions(fp16=False, hip_graph=False, alias=detect_alias(prog, prog.metadata), strict_alias=False,
                            host_ops=(), min_partition_size=4)
     groups = [g for g in gpu.pipeline(opts) if g.name not in ("graph", "memory")]
-    PassManager(groups, PassContext("gpu", CompileResult(target="gpu"))).run(prog)
+    PassManager(groups, PassContext("gpu", CompileResult(target="gpu")), disabled=set(disabled)).run(prog)
     return prog
 
 
@@ -253,7 +253,7 @@ def _lower_gpu(model):
 def test_decode_step_lowers_to_one_launch_per_op(dtype):
     layers = 3
     model, _ = genai_decoder(layers=layers, dtype=dtype)
-    prog = _lower_gpu(model)
+    prog = _lower_gpu(model, {"fuse_rotary_kv"})  # the ops as GroupQueryAttention lowers to them
     ins = [i for i in prog.get_main_module().instructions if "kernel" in i.meta]
     by_op = {}
     for i in ins:
@@ -278,6 +278,24 @@ def test_decode_step_lowers_to_one_launch_per_op(dtype):
     assert launches <= 11 * layers, [(i.op.name, i.meta["kernel"].launches) for i in ins]
     once = sum(i.meta["kernel"].launches for i in ins) - launches
     assert once <= 8, [(str(i.op), i.meta["kernel"].launches) for i in ins if i not in layer]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_decode_step_writes_q_k_v_in_one_launch_per_layer(dtype):
+    """With fuse_rotary_kv (the default) each layer's query rotation and K / V cache writes are one
+    rotary_kv_write of one launch, both caches bound in place: two launches fewer per layer."""
+    layers = 3
+    model, _ = genai_decoder(layers=layers, dtype=dtype)
+    fused, plain = _lower_gpu(model), _lower_gpu(model, {"fuse_rotary_kv"})
+    ins = [i for i in fused.get_main_module().instructions if "kernel" in i.meta]
+    writes = [i for i in ins if i.op.name == "rotary_kv_write"]
+    assert len(writes) == layers and not any(i.op.name in ("rotary_embedding", "kv_cache_update") for i in ins)
+    for w in writes:
+        assert (w.meta["kernel"].launches, w.meta["kernel"].label) == (1, "rotary_kv_write (llm_kernels.cu)")
+        assert w.meta["bind_param"][0] is None and all(w.meta["bind_param"][1:])
+    launches = [sum(i.meta["kernel"].launches for i in p.get_main_module().instructions if "kernel" in i.meta)
+                for p in (fused, plain)]
+    assert launches[0] == launches[1] - 2 * layers
 
 
 @pytest.mark.parametrize("S", [1, 5])

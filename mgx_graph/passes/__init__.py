@@ -19,6 +19,8 @@ from .fuse_attention import FuseAttention  # noqa: E402
 from .fuse_reduce import FuseReduce  # noqa: E402
 from .fuse_pointwise import FusePointwise  # noqa: E402
 from .fuse_scatternd import FuseScatterND  # noqa: E402
+from .fuse_horizontal import FuseHorizontal  # noqa: E402
+from .fuse_rotary_kv import FuseRotaryKv  # noqa: E402
 from .simplify_reshapes import SimplifyReshapes  # noqa: E402
 from .gemv_layout import GemvLayout  # noqa: E402
 from .bind_outputs import BindOutputs  # noqa: E402
@@ -28,6 +30,6 @@ from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["Pass", "ModulePass", "PassContext", "PassGroup", "PassManager", "PipelineOptions", "run_passes",
            "InvalidProgram", "validate_program", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16",
-           "FuseNorms", "MergeDots", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND",
+           "FuseNorms", "MergeDots", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND", "FuseHorizontal", "FuseRotaryKv",
            "SimplifyReshapes", "GemvLayout", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]

@@ -22,7 +22,7 @@ import re
 from ..errors import CompileError
 from ..operators import make_op
 from ..shape import Shape
-from .memory_coloring import value_root
+from .memory_coloring import bound_params, value_root
 from .pass_manager import Pass
 
 _PATTERNS = [
@@ -117,50 +117,67 @@ class BindOutputs(Pass):
         if tuple(o.shape.lens) != tuple(p.shape.lens) or o.shape.dtype != p.shape.dtype:
             raise CompileError(f"alias: output '{out_name}' ({o.shape.brief()}) and parameter '{pname}' "
                                f"({p.shape.brief()}) differ in shape or type")
-        # the writer: strip layout-only views (transpose / reshape / squeeze / unsqueeze) off the output
-        w = o
-        while w.op.name in _LAYOUT_VIEWS:
-            w = w.inputs[0]
+        w, k = _writer(o)
         if w.op.builtin or w.op.is_view:
             raise CompileError(f"alias: output '{out_name}' is produced by {w.op.name}, which cannot write in place")
-        if sum(1 for i in ret.inputs if i is o) > 1 or id(w) in taken or "bind_param" in w.meta:
+        if sum(1 for i in ret.inputs if i is o) > 1 or (id(w), k) in taken or k in dict(bound_params(w)):
             raise CompileError(f"alias: output '{out_name}' is returned twice or already bound")
         if pname in program_bound(m):
             raise CompileError(f"alias: parameter '{pname}' is already bound to another output")
         # the layout the writer gets inside the parameter's buffer
-        layout = p.shape
-        src = w.inputs[0] if w.inputs else None
-        chain_ok = (src is not None and w.op.inplace_ok and _layout_chain_to(src, p)
-                    and tuple(src.shape.lens) == tuple(w.shape.lens) and not src.shape.broadcasted())
-        if chain_ok:
-            layout = src.shape
-        elif w is not o:
+        j = w.op.inplace_input(k)
+        src = w.inputs[j] if j is not None and j < len(w.inputs) else None
+        elem = w.shape if k is None else w.shape[k]
+        chain_ok = (src is not None and _layout_chain_to(src, p)
+                    and tuple(src.shape.lens) == tuple(elem.lens) and not src.shape.broadcasted())
+        layout = src.shape if chain_ok else p.shape
+        if not chain_ok and (w is not o or k is not None):
             raise CompileError(f"alias: output '{out_name}' is a view of {w.op.name}, whose input is not a "
                                f"layout view of '{pname}'")
         pos = order[id(w)]
         for reader, via in _readers(p):
             if reader is w:
-                if not (chain_ok and w.inputs[0] is via and sum(1 for i in w.inputs if i is via) == 1):
+                if not (chain_ok and w.inputs[j] is via and sum(1 for i in w.inputs if i is via) == 1):
                     raise CompileError(f"alias: {w.op.name} producing '{out_name}' reads '{pname}' in a way that "
                                        f"cannot run in place")
                 continue
             if order.get(id(reader), -1) > pos:
                 raise CompileError(f"alias: parameter '{pname}' is read by {reader.op.name} after {w.op.name} "
                                    f"writes '{out_name}' into it")
-        old = {}
+        old, kept = {}, w.meta.get("bind_layout")
         try:
-            old = _relayout(m, w, layout)
+            old = _relayout(m, w, layout, k)
             if tuple(o.shape.lens) != tuple(p.shape.lens) or not _same_layout(o.shape, p.shape):
                 raise CompileError(f"alias: output '{out_name}' would not land in '{pname}' with the same layout")
         except Exception as e:
             for ins, shp in old.items():
                 ins.shape = shp
-            w.meta.pop("bind_layout", None)
+            if kept is None:
+                w.meta.pop("bind_layout", None)
+            else:
+                w.meta["bind_layout"] = kept
             if isinstance(e, CompileError):
                 raise
             raise CompileError(f"alias: binding '{out_name}' onto '{pname}' breaks a later view: {e}") from None
-        w.meta["bind_param"] = pname
-        taken.add(id(w))
+        if k is None:
+            w.meta["bind_param"] = pname
+        else:
+            names_k = list(w.meta.get("bind_param") or (None,) * len(w.shape))
+            names_k[k] = pname
+            w.meta["bind_param"] = tuple(names_k)
+        taken.add((id(w), k))
+
+
+def _writer(o):
+    """``(instruction, tuple index or None)`` writing output ``o``: layout-only views stripped off, and
+    a ``get_tuple_elem`` of an instruction of several results taken to that instruction's element."""
+    w = o
+    while w.op.name in _LAYOUT_VIEWS:
+        w = w.inputs[0]
+    if w.op.name == "get_tuple_elem" and w.inputs and isinstance(w.inputs[0].shape, tuple) \
+            and not w.inputs[0].op.builtin:
+        return w.inputs[0], w.op.index
+    return w, None
 
 
 _LAYOUT_VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze")
@@ -178,9 +195,12 @@ def _same_layout(a, b) -> bool:
     return all(d == 1 or sa == sb for d, sa, sb in zip(a.lens, a.strides, b.strides))
 
 
-def _relayout(m, w, layout):
-    """Give ``w`` the strided ``layout`` and recompute the shapes downstream; returns the old shapes."""
+def _relayout(m, w, layout, k=None):
+    """Give ``w`` (its result ``k`` of a tuple) the strided ``layout`` and recompute the shapes
+    downstream; returns the old shapes."""
     old = {w: w.shape}
+    if k is not None:
+        layout = tuple(layout if n == k else s for n, s in enumerate(w.shape))
     w.meta["bind_layout"] = layout
     w.shape = layout
     affected, stack = set(), [w]
@@ -198,7 +218,8 @@ def _relayout(m, w, layout):
 
 
 def program_bound(m):
-    return [i.meta["bind_param"] for i in m.instructions if "bind_param" in i.meta]
+    """Names of the parameters the instructions of ``m`` write into."""
+    return [n for i in m.instructions for _, n in bound_params(i)]
 
 
 def copy_outputs(m, skip=()) -> None:
@@ -218,7 +239,7 @@ def copy_outputs(m, skip=()) -> None:
         if name in skip or not isinstance(o.shape, Shape):
             continue
         root, key = value_root(o), _root_key(o)
-        borrowed = root[0].op.name in ("@param", "@literal") or "bind_param" in root[0].meta
+        borrowed = root[0].op.name in ("@param", "@literal") or root[1] in dict(bound_params(root[0]))
         if not (borrowed or key in seen or not o.shape.standard()):
             seen.add(key)
             continue
@@ -242,7 +263,7 @@ def _root_key(o):
 
 def _check_not_overwritten(m, out_name, p, pos) -> None:
     for w in m.instructions[:pos]:
-        if w.meta.get("bind_param") == p.op.parameter:
+        if any(n == p.op.parameter for _, n in bound_params(w)):
             raise CompileError(f"output '{out_name}' is a view of parameter '{p.op.parameter}', which {w.op.name} "
                                f"overwrites in place before the view is read; return it before the in-place "
                                f"write or drop the alias")

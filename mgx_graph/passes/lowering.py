@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import CompileError
+from .memory_coloring import bound_params
 from .pass_manager import Pass
 
 
@@ -176,12 +177,13 @@ class Lowering(Pass):
                           k[4] if len(k) > 4 else f"{op.name} (op kernel)")
         if k is None:
             k = select_gpu_kernel(op, in_shapes, out_shape)
-        launches = k.launches - (1 if "bind_param" in ins.meta and _copies_data(op, k.label) else 0)
+        launches = k.launches - (len(bound_params(ins)) if _copies_data(op, k.label) else 0)
         return Kernel(k.fn, launches, k.workspace, k.capturable and capt, k.label)
 
 
 def _copies_data(op, label: str) -> bool:
     """A scatter kernel that copies its data input into the output first unless the output is that
-    buffer: bound in place (``bind_param``) it issues one launch fewer than planned."""
+    buffer: each result bound in place (``bind_param``) issues one launch fewer than planned."""
     return (op.name == "scatternd" and label == "scatternd.cu") or \
-        (op.name == "fused_scatternd" and label.startswith("scatternd (generated "))
+        (op.name == "fused_scatternd" and label.startswith("scatternd (generated ")) or \
+        (op.name == "fused_horizontal" and label.startswith("horizontal (generated "))

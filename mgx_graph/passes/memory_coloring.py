@@ -128,14 +128,30 @@ def on_host(ins) -> bool:
     return bool(ins.meta.get("on_host"))
 
 
-def owned_buffers(ins) -> list:
-    """(key, shape) of every device buffer the instruction owns."""
-    op = ins.op
-    if op.builtin or op.is_view or op.name == "graph_launch" or "bind_param" in ins.meta or on_host(ins):
+def bound_params(ins) -> list:
+    """``[(tuple index or None, parameter name)]``: the results of ``ins`` written into a parameter's
+    buffer (``meta["bind_param"]``: a name for an instruction of one result, a tuple of names or None
+    per element for one of a tuple of results)."""
+    b = ins.meta.get("bind_param")
+    if b is None:
         return []
-    shapes = ins.shape if isinstance(ins.shape, tuple) else (ins.shape,)
+    if isinstance(b, str):
+        return [(None, b)]
+    return [(k, n) for k, n in enumerate(b) if n is not None]
+
+
+def owned_buffers(ins) -> list:
+    """(key, shape) of every device buffer the instruction owns (a tuple element bound into a
+    parameter owns none)."""
+    op = ins.op
+    if op.builtin or op.is_view or op.name == "graph_launch" or on_host(ins):
+        return []
     many = isinstance(ins.shape, tuple)
-    out = [((id(ins), k if many else None), s) for k, s in enumerate(shapes)]
+    if "bind_param" in ins.meta and not many:
+        return []
+    shapes = ins.shape if many else (ins.shape,)
+    bound = {k for k, _ in bound_params(ins)}
+    out = [((id(ins), k if many else None), s) for k, s in enumerate(shapes) if k not in bound]
     if op.name == "loop":
         body = ins.module_inputs[0]
         for k, name in enumerate(op.param_names[:2]):

@@ -14,9 +14,9 @@ import threading
 import numpy as np
 
 from ..errors import CaptureError
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseNorms, FusePointwise, FuseReduce,
-                      FuseScatterND, GemvLayout, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup, PipelineOptions,
-                      PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseHorizontal, FuseNorms, FusePointwise,
+                      FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
+                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
 from ..shape import Shape
@@ -35,7 +35,8 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
-                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), EliminateDeadCode()]),
+                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
+                                   FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
         PassGroup("layout", [GemvLayout()]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),

@@ -10,9 +10,9 @@ import contextlib
 import numpy as np
 
 from ..operators.base import numpy_reduce
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseNorms, FusePointwise, FuseReduce,
-                      FuseScatterND, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup, PipelineOptions,
-                      PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseHorizontal, FuseNorms, FusePointwise,
+                      FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
+                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
 from ..shape import Shape
 
@@ -29,7 +29,8 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
-                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), EliminateDeadCode()]),
+                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
+                                   FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("ref", host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

@@ -72,7 +72,7 @@ def host_source(kernels) -> str:
             lines.append(f"    size_t sz_{name};")
             lines.append(f'    {ctype} {name} = ({ctype})mgx_read(d + "/k{n}_{name}.bin", &sz_{name});')
         names = ", ".join(name for _, name in ks.params)
-        if ks.kind in ("pointwise", "scatternd"):  # one call per element (of the updates, for a scatter)
+        if ks.kind in ("pointwise", "scatternd", "horizontal"):  # one call per element (of the updates, for a scatter)
             lines.append(f"    for (long long i = 0; i < {ks.extent}LL; ++i) {ns}::mgx_elem(i, {names});")
         else:
             lines.append(f"    {ks.acc} sm[1];")

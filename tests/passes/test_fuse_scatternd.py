@@ -331,7 +331,7 @@ def _run_in_place(prog, feeds):
 def test_kv_write_matches_onnxruntime_in_place(target, hip_graph):
     model, feeds = _kv_model()
     want = ort_run(model, feeds)
-    prog = _compile(model, target, hip_graph=hip_graph)
+    prog = _compile(model, target, disabled="fuse_horizontal", hip_graph=hip_graph)  # fuse_scatternd alone
     assert prog.alias == {"present.0.key": "past_key_values.0.key", "present.0.value": "past_key_values.0.value"}
     kinds = [i.op.name for i in prog.get_main_module().instructions]
     assert kinds.count(KIND) == 1 and kinds.count("scatternd") == 1  # the key write fused; the value write as it was
@@ -344,7 +344,7 @@ def test_kv_write_matches_onnxruntime_in_place(target, hip_graph):
     for name in ("key", "value"):
         cache_name = f"past_key_values.0.{name}"
         np.testing.assert_array_equal(cache[cache_name][:, :, rows], feeds[cache_name][:, :, rows])
-    plain = _compile(model, target, disabled="fuse_scatternd", hip_graph=hip_graph)
+    plain = _compile(model, target, disabled="fuse_scatternd,fuse_horizontal", hip_graph=hip_graph)
     assert not any(i.op.name == KIND for i in plain.get_main_module().instructions)
     assert prog.stats()["launches_per_run_eager"] == plain.stats()["launches_per_run_eager"] - 1
     if target == "ref":  # the submodule runs the very kernels of the unfused instructions
@@ -356,7 +356,7 @@ def test_negative_position_and_fp16_match_onnxruntime(target):
     model, feeds = _kv_model()
     feeds = dict(feeds, pos=np.array([-2], np.int64))  # row 4, counted from the end
     want = ort_run(model, feeds)
-    prog = _compile(model, target, fp16=True)
+    prog = _compile(model, target, disabled="fuse_horizontal", fp16=True)
     assert sum(i.op.name == KIND for i in prog.get_main_module().instructions) >= 1
     half = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in feeds.items()}
     for name, w, g in zip(("key", "value"), want, prog.run(half)):
@@ -367,7 +367,7 @@ def test_an_index_out_of_range_is_an_execution_error_on_ref():
     """An ExecutionError naming the fused instruction, and the program runs on after it (the gpu
     kernel drops such a write instead: see the host test above)."""
     model, feeds = _kv_model()
-    prog = _compile(model, "ref")
+    prog = _compile(model, "ref", disabled="fuse_horizontal")
     with pytest.raises(mgx_graph.ExecutionError, match="fused_scatternd.*out of bounds"):
         prog.run(dict(feeds, pos=np.array([9], np.int64)))
     np.testing.assert_allclose(prog.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-6, atol=1e-6)
@@ -375,7 +375,7 @@ def test_an_index_out_of_range_is_an_execution_error_on_ref():
 
 def test_a_saved_program_keeps_the_fused_write(target, tmp_path):
     model, feeds = _kv_model()
-    prog = _compile(model, target)
+    prog = _compile(model, target, disabled="fuse_horizontal")
     path = str(tmp_path / "kv.mxr")
     prog.save(path)
     loaded = mgx_graph.load(path)
@@ -414,7 +414,8 @@ def _lowered(info, fp16, disabled=()):
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_decode_step_one_kernel_fewer_per_layer(llama, fp16):
     layers = llama.config["num_layers"]
-    fused_prog, plain_prog = _lowered(llama, fp16), _lowered(llama, fp16, {"fuse_scatternd"})
+    fused_prog = _lowered(llama, fp16, {"fuse_horizontal"})  # fuse_scatternd alone
+    plain_prog = _lowered(llama, fp16, {"fuse_scatternd", "fuse_horizontal"})
     main = fused_prog.get_main_module()
     writers = [i for i in main.instructions if i.op.name == KIND]
     assert len(writers) >= layers and all("bind_param" in i.meta for i in writers)  # each key write, in place
@@ -429,8 +430,8 @@ def test_decode_step_tokens_unchanged_on_ref(llama):
 
     prompt, n_new = [5, 9, 2, 77], 8
     eos = llama.config["eos_token_ids"]
-    prog = mgx_graph.compile(str(llama.onnx_path), target="ref")
+    prog = _compile(str(llama.onnx_path), "ref", disabled="fuse_horizontal")
     assert any(i.op.name == KIND for i in prog.get_main_module().instructions)
     fused_tokens = generate(Decoder(prog), prompt, n_new, eos).tokens
-    plain = _compile(str(llama.onnx_path), "ref", disabled="fuse_scatternd")
+    plain = _compile(str(llama.onnx_path), "ref", disabled="fuse_scatternd,fuse_horizontal")
     assert fused_tokens == generate(Decoder(plain), prompt, n_new, eos).tokens == hf_greedy_tokens(llama, prompt, n_new)

@@ -157,7 +157,7 @@ def _rms_model():
 X = np.random.default_rng(5).normal(size=(2, 8)).astype(np.float32)
 DEFAULT_REF = ["eliminate_dead_code", "propagate_constant", "simplify_reshapes", "fuse_norms",
                "eliminate_dead_code", "merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise",
-               "fuse_scatternd", "eliminate_dead_code",
+               "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code",
                "bind_outputs", "lowering", "memory_coloring"]
 
 
@@ -234,6 +234,7 @@ def test_options_select_groups(tname):
         ("simplify", ["eliminate_dead_code", "propagate_constant", "simplify_reshapes"]),
         ("fuse", ["fuse_norms", "eliminate_dead_code"]),
         ("fuse_kernels", ["merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise", "fuse_scatternd",
+                          "fuse_horizontal", "fuse_rotary_kv",
                           "eliminate_dead_code"]), *layout,
         ("outputs", ["bind_outputs"]),
         ("lower", ["lowering"]), ("memory", ["memory_coloring"])]
@@ -253,7 +254,7 @@ def test_scheduled_and_find_follow_disabled_names():
     pm = PassManager(groups, disabled={"fuse", "propagate_constant"})
     assert [p.name for _, p in pm.scheduled()] == ["eliminate_dead_code", "simplify_reshapes", "merge_dots",
                                                    "fuse_attention", "fuse_reduce", "fuse_pointwise",
-                                                   "fuse_scatternd", "eliminate_dead_code",
+                                                   "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code",
                                                    "bind_outputs", "lowering", "hip_graph", "memory_coloring"]
     assert pm.find("fuse_norms") is None and pm.find("hip_graph") is groups[6].passes[0]
     assert [p.name for _, p in pm.skipped()] == ["propagate_constant", "fuse_norms", "eliminate_dead_code"]
