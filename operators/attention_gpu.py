@@ -173,8 +173,10 @@ class Plan:
              "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}
         if self.kernel == "mgx_attn_warp":
             vk, kc, vw, vc = (self.vk, self.kc, self.vw, self.vc) if vector else (1, 0, 1, 0)
+            one = s.mask[1] == 0 and (s.S == 1 or s.mask[2] == 0)  # every row of a block reads one mask row
             d.update(NT=32 * self.warps, NW=self.warps, VK=vk, KC=kc, VV=self.vv, VW=vw, VC=vc,
-                     LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=1)
+                     LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MASK_ONE=int(one), MGX_ATTN_BLOCK=0,
+                     MGX_ATTN_WARP=1)
             return d
         vk, vv, kc, vc = (self.vk, self.vv, self.kc, self.vc) if vector else (1, 1, 0, 0)
         nhg = s.HV // vv

@@ -18,7 +18,8 @@
 // MGX_ATTN_BLOCK / MGX_ATTN_WARP (1: compile mgx_attn_split / mgx_attn_warp; mgx_attn_combine always).
 // mgx_attn_warp reads NT (= NW * 32 threads), NW (warps per block), ROWS (= G * S), VK / KC as above,
 // VV (value columns per lane, loaded VW at a time; VC: contiguous loads), LPR = HV / VV (lanes per V
-// row, a power of two <= 32) and VB (V rows a lane loads before it adds them).
+// row, a power of two <= 32), VB (V rows a lane loads before it adds them) and MASK_ONE (1: every row of
+// the block reads the same mask row).
 //
 // A block loads its query rows (the G = N / NKV query heads of its KV head times the S positions; rows
 // r0 .. r0 + ROWS) into shared memory as float and walks its cache rows in chunks of NT keys:
@@ -72,6 +73,7 @@
 #define VW 8
 #define LPR 8
 #define VB 4
+#define MASK_ONE 1
 #endif
 
 #define MGX_INF __int_as_float(0x7f800000)
@@ -388,8 +390,8 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
 // has width 32) owning the keys.  Block (b, KV head, split) has NW warps; warp w takes a contiguous
 // range of the split's visible keys and walks it 32 keys at a time, lane j on key c0 + j:
 //   1. lane j decides per row whether its key is visible (lengths, causal, window, key mask, mask value;
-//      a mask value shared by several rows is read once), reads the K row once (VK-element loads) and
-//      forms every row's logit x = softcap(scale * q.k) + mask (a NaN or +inf logit marks the row bad);
+//      MASK_ONE: one mask row for all rows, read once per key), reads the K row once (VK-element loads)
+//      and forms every row's logit x = softcap(scale * q.k) + mask (a NaN or +inf logit marks the row bad);
 //   2. per row: the warp's max of the 32 logits by xor shuffles joins the running max m (the lane's
 //      partial sum and the accumulated values are rescaled), p = exp(x - m) joins the lane's sum;
 //   3. values: lane (kq, cg) owns VV value columns (LPR = HV / VV lanes per V row, 32 / LPR keys at a
@@ -423,43 +425,39 @@ __device__ __forceinline__ int mgx_warp_or(int x) {
 }
 
 // Step 1 for lane key t of a warp: the visible rows (bit r of the result) and their logits x[r]
-// (-inf for the others); bad rows set in *bad.
+// (-inf for the others); bad rows set in *bad.  The mask values and the K row are loaded before either
+// is looked at (both reads in flight at once): the K row of a key inside some row's range is read even
+// when the mask hides it (its logit is then dropped).
 __device__ __forceinline__ unsigned mgx_warp_scores(
     const T* __restrict__ k, const MT* __restrict__ mask, const unsigned char* __restrict__ key_mask,
     const float (*qs)[H], const long long* lo, const long long* hi, const long long* moff, long long t,
     bool live, long long b, long long S, long long TB, const T* kp, long long ksh, long long mst,
     long long kmsb, long long kmss, long long kmst, float scale, float softcap, float* x, int* bad) {
-    unsigned vm = 0;
-    long long last = -1;
-    float mv = 0.f;
+    unsigned in = 0;  // rows whose range (and key mask) hold key t
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-        x[r] = 0.f;
-        if (live && t >= lo[r] && t < hi[r]) {
-            bool ok = true;
+        bool ok = live && t >= lo[r] && t < hi[r];
 #if KEY_MASK
-            ok = key_mask[b * kmsb + (r % S) * kmss + t * kmst] != 0;
+        if (ok) ok = key_mask[b * kmsb + (r % S) * kmss + t * kmst] != 0;
 #endif
-#if HAS_MASK
-            if (ok && t < TB) {
-                if (moff[r] != last) {  // rows that share a mask row read it once
-                    last = moff[r];
-                    mv = mgx_f(mask[last + t * mst]);
-#if MASK_ROUND
-                    mv = mgx_round_to(mv, k);
-#endif
-                }
-                if (mv == -MGX_INF) ok = false;
-                else x[r] = mv;
-            }
-#endif
-            if (ok) vm |= 1u << r;
-        }
+        in |= (unsigned)ok << r;
     }
+#if HAS_MASK
+    const bool mt = t < TB;
+    float mv[ROWS];
+#if MASK_ONE  // one mask row for every row of the block: one read per key
+    const float m0 = in && mt ? mgx_f(mask[moff[0] + t * mst]) : 0.f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) mv[r] = m0;
+#else
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) mv[r] = (in >> r & 1u) && mt ? mgx_f(mask[moff[r] + t * mst]) : 0.f;
+#endif
+#endif
     float d[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) d[r] = 0.f;
-    if (vm) {
+    if (in) {
 #pragma unroll
         for (int h = 0; h < H; h += VK) {
             float kv[VK];
@@ -470,15 +468,28 @@ __device__ __forceinline__ unsigned mgx_warp_scores(
                 for (int i = 0; i < VK; ++i) d[r] += qs[r][h + i] * kv[i];
         }
     }
+    unsigned vm = 0;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-        float y = -MGX_INF;
-        if (vm >> r & 1u) {
+        float y = -MGX_INF, add = 0.f;
+        bool ok = in >> r & 1u;
+#if HAS_MASK
+        if (ok && mt) {
+#if MASK_ROUND
+            add = mgx_round_to(mv[r], k);
+#else
+            add = mv[r];
+#endif
+            ok = add != -MGX_INF;
+        }
+#endif
+        if (ok) {
+            vm |= 1u << r;
             y = d[r] * scale;
 #if SOFTCAP
             y = softcap * tanhf(y / softcap);
 #endif
-            y += x[r];
+            y += add;
             if (y != y || y == MGX_INF) {
                 *bad |= 1 << r;
                 y = -MGX_INF;
