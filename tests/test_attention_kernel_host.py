@@ -1,7 +1,8 @@
 """decode_attention.cu run on the host (tests/attn_host.py: each block's threads as std::threads, barriers
-for __syncthreads) against the float64 numpy oracle: the plans of decode_attention (masks, NaN rows,
-cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask, bias,
-sink, smooth, softcap, empty rows)."""
+for __syncthreads, 32-lane shuffles) against the float64 numpy oracle: the plans of decode_attention (masks,
+NaN rows, cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask,
+bias, sink, smooth, softcap, empty rows), each with mgx_attn_warp where it applies and with mgx_attn_split;
+the warp kernel over the decode shapes (1 .. 16 query rows per KV head, head sizes 64 / 128)."""
 import numpy as np
 import pytest
 
@@ -14,6 +15,20 @@ import attn_oracle
 
 pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C++20)")
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
+
+
+@pytest.fixture(params=["mgx_attn_warp", "mgx_attn_split"])
+def kernel(request, monkeypatch):
+    """The kernel the planner is asked for: the warp kernel where it applies, or the block kernel for every
+    spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
+    if request.param == "mgx_attn_split":
+        monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
+    return request.param
+
+
+def _check_kernel(plan, kernel):
+    takes = not attention_gpu.warp_unsupported(plan.spec)
+    assert plan.kernel == (kernel if takes else "mgx_attn_split"), (plan.kernel, kernel)
 
 
 def _shape(a) -> Shape:
@@ -57,9 +72,10 @@ DECODE = [  # dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits
 
 
 @pytest.mark.parametrize("dtype,B,N,Nkv,S,P,H,Hv,layout,max_splits", DECODE)
-def test_decode_plan_matches_numpy(dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits):
+def test_decode_plan_matches_numpy(kernel, dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits):
     plan, arrays, out, want = _decode(np.random.default_rng(P), dtype, B, N, Nkv, S, P, H, Hv, layout,
                                       max_splits=max_splits)
+    _check_kernel(plan, kernel)
     assert plan.splits == (1 if P <= attention_gpu.SPLIT_ROWS else -(-P // plan.keys_per_split))
     attn_host.run(plan, arrays, out, vector=layout != "strided")
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
@@ -141,8 +157,9 @@ GROUPED = [  # dtype, B, N, Nkv, P, H, options
 
 
 @pytest.mark.parametrize("dtype,B,N,Nkv,P,H,opts", GROUPED)
-def test_grouped_plan_matches_numpy(dtype, B, N, Nkv, P, H, opts):
+def test_grouped_plan_matches_numpy(kernel, dtype, B, N, Nkv, P, H, opts):
     plan, arrays, out, want = _grouped(np.random.default_rng(P), dtype, B, N, Nkv, P, H, **opts)
+    _check_kernel(plan, kernel)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
 
@@ -183,15 +200,6 @@ def test_the_plans_the_ops_make_match_numpy():
 
 
 # -- mgx_attn_warp (few query rows per KV head), and mgx_attn_split on the same cases ---------------------------
-@pytest.fixture(params=["mgx_attn_warp", "mgx_attn_split"])
-def kernel(request, monkeypatch):
-    """The kernel the planner is asked for: the warp kernel where it applies, or the block kernel for every
-    spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
-    if request.param == "mgx_attn_split":
-        monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
-    return request.param
-
-
 def _warp_case(rng, dtype, G, S, H, Hv, P, *, Nkv=2, B=1, mask="tail", causal=False, kv_len=None, softcap=0.0,
                nan_key=False, nan_zero=True, empty_row=False, garbage=False):
     """A spec of G * S query rows per KV head with its arrays and the oracle's answer.  ``mask``: None, ``tail``
