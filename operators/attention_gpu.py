@@ -21,8 +21,10 @@ strides are kernel arguments.  A :class:`Spec` says what one instruction compute
   256; any key head size up to 256; every option) run ``mgx_attn_warp`` instead of ``mgx_attn_split``
   (unless ``MIGRAPHX_ATTN_WARP=0``): one block per (batch entry, KV head, split) of ``WARPS`` 32-lane
   groups, each walking its own range of keys with shuffle reductions and no barrier in the key loop
-  (the splits and the merge kernel as above).  SmolLM2-135M's decode step (G = 3, S = 1, H = Hv = 64,
-  float16, 256 cache rows) runs it as grid (3, 1) of 256 threads, 8 value columns per lane.
+  (the splits and the merge kernel as above).  Up to ``EARLY_K_ROWS`` cache rows it loads a key's K row
+  together with its mask values (one memory latency less; a masked key's K row is then read, not used).
+  SmolLM2-135M's decode step (G = 3, S = 1, H = Hv = 64, float16, 256 cache rows) runs it as grid (3, 1)
+  of 256 threads, 8 value columns per lane.
 
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
 of reading wrong elements), as the fused kernels do.
@@ -46,6 +48,7 @@ SMEM_LIMIT = 48 * 1024  # static shared memory of one block
 WARP_ROWS = 16  # query rows per KV head (G * S) the warp kernel takes
 WARPS = 8  # 32-lane groups per block of the warp kernel (fewer when its shared memory needs it)
 WARP_ACC = 64  # value accumulators per lane of the warp kernel (rows * value columns per lane)
+EARLY_K_ROWS = 2048  # up to this cache length the warp kernel loads K rows before their mask values
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -175,8 +178,8 @@ class Plan:
             vk, kc, vw, vc = (self.vk, self.kc, self.vw, self.vc) if vector else (1, 0, 1, 0)
             one = s.mask[1] == 0 and (s.S == 1 or s.mask[2] == 0)  # every row of a block reads one mask row
             d.update(NT=32 * self.warps, NW=self.warps, VK=vk, KC=kc, VV=self.vv, VW=vw, VC=vc,
-                     LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MASK_ONE=int(one), MGX_ATTN_BLOCK=0,
-                     MGX_ATTN_WARP=1)
+                     LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MASK_ONE=int(one),
+                     K_EARLY=int(s.P <= EARLY_K_ROWS), MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=1)
             return d
         vk, vv, kc, vc = (self.vk, self.vv, self.kc, self.vc) if vector else (1, 1, 0, 0)
         nhg = s.HV // vv

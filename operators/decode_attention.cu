@@ -18,8 +18,8 @@
 // MGX_ATTN_BLOCK / MGX_ATTN_WARP (1: compile mgx_attn_split / mgx_attn_warp; mgx_attn_combine always).
 // mgx_attn_warp reads NT (= NW * 32 threads), NW (warps per block), ROWS (= G * S), VK / KC as above,
 // VV (value columns per lane, loaded VW at a time; VC: contiguous loads), LPR = HV / VV (lanes per V
-// row, a power of two <= 32), VB (V rows a lane loads before it adds them) and MASK_ONE (1: every row of
-// the block reads the same mask row).
+// row, a power of two <= 32), VB (V rows a lane loads before it adds them), MASK_ONE (1: every row of
+// the block reads the same mask row) and K_EARLY (1: K rows are loaded before the mask values are known).
 //
 // A block loads its query rows (the G = N / NKV query heads of its KV head times the S positions; rows
 // r0 .. r0 + ROWS) into shared memory as float and walks its cache rows in chunks of NT keys:
@@ -74,6 +74,7 @@
 #define LPR 8
 #define VB 4
 #define MASK_ONE 1
+#define K_EARLY 1
 #endif
 
 #define MGX_INF __int_as_float(0x7f800000)
@@ -390,8 +391,8 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
 // has width 32) owning the keys.  Block (b, KV head, split) has NW warps; warp w takes a contiguous
 // range of the split's visible keys and walks it 32 keys at a time, lane j on key c0 + j:
 //   1. lane j decides per row whether its key is visible (lengths, causal, window, key mask, mask value;
-//      MASK_ONE: one mask row for all rows, read once per key), reads the K row once (VK-element loads)
-//      and forms every row's logit x = softcap(scale * q.k) + mask (a NaN or +inf logit marks the row bad);
+//      MASK_ONE: one mask row for all rows, read once per key), reads the K row once (VK-element loads;
+//      K_EARLY: in flight together with the mask values) and forms every row's logit x = softcap(scale * q.k) + mask (a NaN or +inf logit marks the row bad);
 //   2. per row: the warp's max of the 32 logits by xor shuffles joins the running max m (the lane's
 //      partial sum and the accumulated values are rescaled), p = exp(x - m) joins the lane's sum;
 //   3. values: lane (kq, cg) owns VV value columns (LPR = HV / VV lanes per V row, 32 / LPR keys at a
@@ -424,10 +425,24 @@ __device__ __forceinline__ int mgx_warp_or(int x) {
     return x;
 }
 
+// d[r] = q[r] . k over the H columns of one K row (VK-element loads)
+__device__ __forceinline__ void mgx_warp_dot(const T* kp, long long ksh, const float (*qs)[H], float* d) {
+#pragma unroll
+    for (int h = 0; h < H; h += VK) {
+        float kv[VK];
+        mgx_load<T, VK, KC>(kp + h * ksh, ksh, kv);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int i = 0; i < VK; ++i) d[r] += qs[r][h + i] * kv[i];
+    }
+}
+
 // Step 1 for lane key t of a warp: the visible rows (bit r of the result) and their logits x[r]
-// (-inf for the others); bad rows set in *bad.  The mask values and the K row are loaded before either
-// is looked at (both reads in flight at once): the K row of a key inside some row's range is read even
-// when the mask hides it (its logit is then dropped).
+// (-inf for the others); bad rows set in *bad.  K_EARLY: the K row of a key inside some row's range is
+// loaded together with the mask values, before either is looked at (two reads in flight at once, the
+// K row read even when the mask hides the key: its logit is then dropped); else only for a key the mask
+// leaves visible, once the mask values are in.
 __device__ __forceinline__ unsigned mgx_warp_scores(
     const T* __restrict__ k, const MT* __restrict__ mask, const unsigned char* __restrict__ key_mask,
     const float (*qs)[H], const long long* lo, const long long* hi, const long long* moff, long long t,
@@ -442,6 +457,10 @@ __device__ __forceinline__ unsigned mgx_warp_scores(
 #endif
         in |= (unsigned)ok << r;
     }
+    float d[ROWS], add[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) d[r] = add[r] = 0.f;
+    unsigned vm = in;  // ... and the mask leaves visible
 #if HAS_MASK
     const bool mt = t < TB;
     float mv[ROWS];
@@ -453,43 +472,35 @@ __device__ __forceinline__ unsigned mgx_warp_scores(
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) mv[r] = (in >> r & 1u) && mt ? mgx_f(mask[moff[r] + t * mst]) : 0.f;
 #endif
+#if K_EARLY
+    if (in) mgx_warp_dot(kp, ksh, qs, d);
 #endif
-    float d[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) d[r] = 0.f;
-    if (in) {
-#pragma unroll
-        for (int h = 0; h < H; h += VK) {
-            float kv[VK];
-            mgx_load<T, VK, KC>(kp + h * ksh, ksh, kv);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                for (int i = 0; i < VK; ++i) d[r] += qs[r][h + i] * kv[i];
-        }
-    }
-    unsigned vm = 0;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-        float y = -MGX_INF, add = 0.f;
-        bool ok = in >> r & 1u;
-#if HAS_MASK
-        if (ok && mt) {
+        if ((in >> r & 1u) && mt) {
 #if MASK_ROUND
-            add = mgx_round_to(mv[r], k);
+            add[r] = mgx_round_to(mv[r], k);
 #else
-            add = mv[r];
+            add[r] = mv[r];
 #endif
-            ok = add != -MGX_INF;
+            if (add[r] == -MGX_INF) vm &= ~(1u << r);
         }
+    }
+#if !K_EARLY
+    if (vm) mgx_warp_dot(kp, ksh, qs, d);
 #endif
-        if (ok) {
-            vm |= 1u << r;
+#else
+    if (in) mgx_warp_dot(kp, ksh, qs, d);
+#endif
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float y = -MGX_INF;
+        if (vm >> r & 1u) {
             y = d[r] * scale;
 #if SOFTCAP
             y = softcap * tanhf(y / softcap);
 #endif
-            y += add;
+            y += add[r];
             if (y != y || y == MGX_INF) {
                 *bad |= 1 << r;
                 y = -MGX_INF;

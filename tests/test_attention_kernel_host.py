@@ -310,3 +310,16 @@ def test_warp_kernel_splits_match_numpy(monkeypatch, split_rows):
     assert plan.kernel == "mgx_attn_warp" and plan.splits == 256 // split_rows and plan.launches == 2
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+
+@pytest.mark.parametrize("case", [WARP[0], WARP[2], WARP[5]])
+def test_warp_kernel_with_k_loaded_after_the_mask(monkeypatch, case):
+    """Past ``EARLY_K_ROWS`` cache rows a K row is loaded only for a key the mask leaves visible (K_EARLY 0):
+    the same answers, unwritten rows included."""
+    monkeypatch.setattr(attention_gpu, "EARLY_K_ROWS", 8)
+    dtype, G, S, H, Hv, P, opts = case
+    spec, arrays, out, want = _warp_case(np.random.default_rng(P + G), dtype, G, S, H, Hv, P, **opts)
+    plan = make_plan(spec)
+    assert plan.kernel == "mgx_attn_warp" and plan.defines()["K_EARLY"] == 0
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
