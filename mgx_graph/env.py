@@ -25,6 +25,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_TRACE_EVAL``               force eager runs of every region (graphs are not used)
 ``MIGRAPHX_ATTN_SPLIT_ROWS``          cache rows per block of the gpu decode-attention kernel: a longer
                                       cache is split over blocks and merged by a second kernel (256)
+``MIGRAPHX_ATTN_WARP``                ``0``: the gpu decode attention runs the block kernel
+                                      (``mgx_attn_split``) for every shape instead of the warp kernel
+                                      (``mgx_attn_warp``) for few query rows per KV head (on by default)
 ``MIGRAPHX_GEMV``                      a one-row ``dot`` against a constant weight runs the gemv kernel on
                                       gpu (its weight stored transposed) instead of a BLAS GEMM (off by
                                       default: not yet timed against cuBLAS)

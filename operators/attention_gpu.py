@@ -16,7 +16,15 @@ strides are kernel arguments.  A :class:`Spec` says what one instruction compute
   ``[B * N * S, splits, Hv + 3]``), merged by a second kernel, ``mgx_attn_combine``: two launches,
   nothing allocated, both capturable;
 * K / V rows whose head dim is contiguous are read with 16-byte loads when every row start is aligned
-  (checked per launch on the data pointers: a misaligned buffer runs the element-wise variant).
+  (checked per launch on the data pointers: a misaligned buffer runs the element-wise variant);
+* few query rows per KV head (G * S <= ``WARP_ROWS``, a value head size that is a power of two up to
+  256 with G * S * max(Hv / 32, 1) <= ``WARP_ACC``; any key head size up to 256; every option) run ``mgx_attn_warp`` instead of ``mgx_attn_split``
+  (unless ``MIGRAPHX_ATTN_WARP=0``): one block per (batch entry, KV head, split) of ``WARPS`` 32-lane
+  groups, each walking its own range of keys with shuffle reductions and no barrier in the key loop
+  (the splits and the merge kernel as above).  Up to ``EARLY_K_ROWS`` cache rows it loads a key's K row
+  together with its mask values (one memory latency less; a masked key's K row is then read, not used).
+  SmolLM2-135M's decode step (G = 3, S = 1, H = Hv = 64, float16, 256 cache rows) runs it as grid (3, 1)
+  of 256 threads, 8 value columns per lane (not yet timed on a GPU; the block kernel took 7.5 µs there).
 
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
 of reading wrong elements), as the fused kernels do.
@@ -37,6 +45,10 @@ MAX_SPLITS = 64
 MAX_HEAD = 256  # largest key / value head size the kernel takes
 MAX_ROWS = 16  # query rows per block (fewer with wide value loads: ROWS * VV <= 64 accumulators)
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block
+WARP_ROWS = 16  # query rows per KV head (G * S) the warp kernel takes
+WARPS = 8  # 32-lane groups per block of the warp kernel (fewer when its shared memory needs it)
+WARP_ACC = 64  # value accumulators per lane of the warp kernel (rows * value columns per lane)
+EARLY_K_ROWS = 2048  # up to this cache length the warp kernel loads K rows before their mask values
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -116,7 +128,9 @@ def _pow2_floor(n: int) -> int:
 class Plan:
     """The launch of one :class:`Spec`: ``rows`` query rows per block in ``groups`` groups, ``splits``
     ranges of ``keys_per_split`` cache rows; ``vk`` / ``vv`` the K / V load widths of the vector variant
-    (``kc`` / ``vc``: contiguous loads); the element-wise variant loads one element at a time."""
+    (``kc`` / ``vc``: contiguous loads); the element-wise variant loads one element at a time.
+    ``kernel``: ``mgx_attn_split`` or ``mgx_attn_warp``; for the latter ``warps`` 32-lane groups per
+    block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector variant."""
 
     spec: Spec
     rows: int
@@ -127,7 +141,14 @@ class Plan:
     vv: int
     kc: int
     vc: int
+    kernel: str = "mgx_attn_split"
+    warps: int = 0
+    vw: int = 0
     scalars: tuple = field(default=(), compare=False)
+
+    @property
+    def block(self) -> tuple:
+        return (32 * self.warps if self.kernel == "mgx_attn_warp" else NT,)
 
     @property
     def grid(self) -> tuple:
@@ -147,21 +168,30 @@ class Plan:
 
     def defines(self, vector: bool = True) -> dict:
         s = self.spec
+        d = {"T": CTYPES[s.dtype], "MT": CTYPES[s.mask_dtype or s.dtype], "ST": CTYPES[s.sink_dtype or s.dtype],
+             "H": s.H, "HV": s.HV, "ROWS": self.rows, "CT": min(NT, 32 * -(-s.HV // 32)),
+             "HAS_MASK": int(s.mask_dtype is not None), "MASK_ROUND": int(s.mask_round), "HAS_LEN": int(s.lengths),
+             "CAUSAL": int(s.causal), "WINDOW": int(s.window > 0), "KEY_MASK": int(s.key_mask is not None),
+             "SINK": 1 if s.sink_dtype else 2 if s.smooth else 0, "SOFTCAP": int(s.softcap > 0),
+             "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}
+        if self.kernel == "mgx_attn_warp":
+            vk, kc, vw, vc = (self.vk, self.kc, self.vw, self.vc) if vector else (1, 0, 1, 0)
+            one = s.mask[1] == 0 and (s.S == 1 or s.mask[2] == 0)  # every row of a block reads one mask row
+            d.update(NT=32 * self.warps, NW=self.warps, VK=vk, KC=kc, VV=self.vv, VW=vw, VC=vc,
+                     LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MASK_ONE=int(one),
+                     K_EARLY=int(s.P <= EARLY_K_ROWS), MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=1)
+            return d
         vk, vv, kc, vc = (self.vk, self.vv, self.kc, self.vc) if vector else (1, 1, 0, 0)
         nhg = s.HV // vv
         nkg = NT // nhg
-        tpr = _pow2_floor(NT // self.rows)
-        return {"T": CTYPES[s.dtype], "MT": CTYPES[s.mask_dtype or s.dtype], "ST": CTYPES[s.sink_dtype or s.dtype],
-                "H": s.H, "HV": s.HV, "ROWS": self.rows, "NT": NT, "TPR": tpr, "VK": vk, "VV": vv, "KC": kc,
-                "VC": vc, "NHG": nhg, "NKG": nkg, "RED": max(NT, nkg * s.HV), "CT": min(NT, 32 * -(-s.HV // 32)),
-                "HAS_MASK": int(s.mask_dtype is not None), "MASK_ROUND": int(s.mask_round), "HAS_LEN": int(s.lengths),
-                "CAUSAL": int(s.causal),
-                "WINDOW": int(s.window > 0), "KEY_MASK": int(s.key_mask is not None),
-                "SINK": 1 if s.sink_dtype else 2 if s.smooth else 0, "SOFTCAP": int(s.softcap > 0),
-                "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}
+        d.update(NT=NT, TPR=_pow2_floor(NT // self.rows), VK=vk, VV=vv, KC=kc, VC=vc, NHG=nhg, NKG=nkg,
+                 RED=max(NT, nkg * s.HV), MGX_ATTN_BLOCK=1, MGX_ATTN_WARP=0)
+        return d
 
     def shared_bytes(self, vector: bool = True) -> int:
         d = self.defines(vector)
+        if self.kernel == "mgx_attn_warp":
+            return 4 * d["ROWS"] * (d["H"] + d["NW"] * (d["HV"] + 2)) + 24 * d["ROWS"] + 4 * d["NW"]
         return 4 * (d["ROWS"] * (d["H"] + NT + 4) + d["RED"]) + 40 * d["ROWS"] + NT + 16
 
     def source(self, vector: bool = True) -> str:
@@ -170,9 +200,10 @@ class Plan:
         return HEADER + body + kernel_file()
 
     def split_args(self, arrays: dict, out, part) -> tuple:
-        """Arguments of ``mgx_attn_split``: the arrays (``q``, ``k``, ``v`` and, when the spec has them,
-        ``mask``, ``key_mask``, ``pos``, ``kv_len``, ``sink``; an absent one is passed as q, never read),
-        ``out``, the workspace ``part`` (``out`` with one split), then the sizes and strides."""
+        """Arguments of ``mgx_attn_split`` / ``mgx_attn_warp`` (:attr:`kernel`, one signature): the arrays
+        (``q``, ``k``, ``v`` and, when the spec has them, ``mask``, ``key_mask``, ``pos``, ``kv_len``,
+        ``sink``; an absent one is passed as q, never read), ``out``, the workspace ``part`` (``out`` with
+        one split), then the sizes and strides."""
         q = arrays["q"]
         ptrs = tuple(q if arrays.get(r) is None else arrays[r] for r in
                      ("q", "k", "v", "mask", "key_mask", "pos", "kv_len", "sink"))
@@ -215,27 +246,74 @@ def split_rows_setting() -> int:
     return max(1, value_of("MIGRAPHX_ATTN_SPLIT_ROWS", SPLIT_ROWS))
 
 
+def warp_kernel_setting() -> bool:
+    """``MIGRAPHX_ATTN_WARP`` (read once): the warp kernel for the specs it takes, unless set to another
+    value than ``1`` / ``enable`` / ``yes`` / ``true`` (``0``: ``mgx_attn_split`` for every spec)."""
+    from ..env import enabled
+
+    return enabled("MIGRAPHX_ATTN_WARP", default=True)
+
+
+def warp_unsupported(spec: Spec) -> str:
+    """Why ``mgx_attn_warp`` does not take ``spec`` ('' when it does): more than ``WARP_ROWS`` query
+    rows per KV head, a value head size that is not a power of two up to ``MAX_HEAD``, or more than
+    ``WARP_ACC`` value accumulators per lane (rows * Hv / 32)."""
+    s = spec
+    R = (s.N // s.NKV) * s.S
+    if R > WARP_ROWS:
+        return f"{R} query rows per KV head (at most {WARP_ROWS})"
+    if s.HV & (s.HV - 1) or s.HV > MAX_HEAD:
+        return f"value head size {s.HV} (a power of two up to {MAX_HEAD})"
+    if R * max(s.HV // 32, 1) > WARP_ACC:
+        return f"{R} rows of {s.HV} values ({WARP_ACC} accumulators per lane)"
+    return ""
+
+
+def _splits(P: int, max_splits: int) -> tuple:
+    """(splits, keys per split) of a cache of ``P`` rows: one split up to ``split_rows_setting()`` rows,
+    else at most ``max_splits`` ranges (whole chunks of ``NT`` keys when a range is longer than one)."""
+    split_rows = split_rows_setting()
+    if P <= split_rows:
+        return 1, P
+    splits = min(-(-P // split_rows), max(int(max_splits), 1))
+    kps = -(-P // splits)
+    if kps > NT:  # several chunks per split: whole chunks
+        kps = NT * -(-kps // NT)
+    return -(-P // kps), kps
+
+
+def _warp_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
+    """The ``mgx_attn_warp`` launch: every query row of a KV head in one block; value columns per lane
+    widened from Hv / 32 towards one 16-byte load while the accumulators allow; ``WARPS`` warps, fewer
+    when the warps' partial rows do not fit the shared memory."""
+    R = (spec.N // spec.NKV) * spec.S
+    vv, widest = max(spec.HV // 32, 1), 16 // np.dtype(spec.dtype).itemsize
+    while vv < widest and 2 * vv <= spec.HV and 2 * vv * R <= WARP_ACC:
+        vv *= 2
+    p = Plan(spec, R, 1, splits, kps, max(wk, 1), vv, int(wk > 0), int(wv > 0), "mgx_attn_warp", WARPS,
+             min(vv, wv) if wv else 1)
+    while p.warps > 1 and p.shared_bytes() > SMEM_LIMIT:
+        p = replace(p, warps=p.warps // 2)
+    return p
+
+
 def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
     """The launch of ``spec`` (see the module docstring; ``max_splits``: the most splits of a long cache,
-    each then walking several chunks); ValueError naming the reason when the kernel cannot run it (see
-    :func:`unsupported`)."""
+    each then walking several chunks): ``mgx_attn_warp`` when :func:`warp_unsupported` has no reason
+    against it and :func:`warp_kernel_setting` is on, else ``mgx_attn_split``; ValueError naming the
+    reason when neither can run it (see :func:`unsupported`)."""
     why = unsupported(spec)
     if why:
         raise ValueError(f"decode attention kernel: unsupported {why}")
     wk, wv = _row_width(spec.dtype, spec.H, spec.k), _row_width(spec.dtype, spec.HV, spec.v)
-    vk, vv = max(wk, 1), max(wv, 1)
-    R = (spec.N // spec.NKV) * spec.S
-    rows = min(R, MAX_ROWS, 64 // vv)
-    split_rows = split_rows_setting()
-    if spec.P <= split_rows:
-        splits, kps = 1, spec.P
+    splits, kps = _splits(spec.P, max_splits)
+    if warp_kernel_setting() and not warp_unsupported(spec):
+        p = _warp_plan(spec, splits, kps, wk, wv)
     else:
-        splits = min(-(-spec.P // split_rows), max(int(max_splits), 1))
-        kps = -(-spec.P // splits)
-        if kps > NT:  # several chunks per split: whole chunks
-            kps = NT * -(-kps // NT)
-        splits = -(-spec.P // kps)
-    p = Plan(spec, rows, -(-R // rows), splits, kps, vk, vv, int(wk > 0), int(wv > 0))
+        vk, vv = max(wk, 1), max(wv, 1)
+        R = (spec.N // spec.NKV) * spec.S
+        rows = min(R, MAX_ROWS, 64 // vv)
+        p = Plan(spec, rows, -(-R // rows), splits, kps, vk, vv, int(wk > 0), int(wv > 0))
     if p.grid[0] >= 2 ** 31 or p.combine_grid[0] >= 2 ** 31 or max(p.shared_bytes(True), p.shared_bytes(False)) \
             > SMEM_LIMIT:
         raise ValueError(f"decode attention kernel: grid {p.grid} / shared memory {p.shared_bytes()} bytes too large")
@@ -260,17 +338,17 @@ def attention_kernel(spec: Spec, pick, shapes: dict, label: str) -> GpuKernel:
 
     plan = make_plan(spec)
     srcs = (plan.source(True), plan.source(False))
-    ready = [(precompile(src, "mgx_attn_split"), precompile(src, "mgx_attn_combine") if plan.splits > 1 else None)
-             for src in srcs]
+    names = (plan.kernel, "mgx_attn_combine")
+    ready = [(precompile(src, names[0]), precompile(src, names[1]) if plan.splits > 1 else None) for src in srcs]
     item = np.dtype(spec.dtype).itemsize
-    wk, wv = plan.vk * item, plan.vv * item
+    wk, wv = plan.vk * item, (plan.vw if plan.kernel == "mgx_attn_warp" else plan.vv) * item
     layouts = [(r, _byte_strides(s.lens, s.strides, s.np_dtype.itemsize)) for r, s in shapes.items()]
     grid, cgrid = plan.grid, plan.combine_grid
-    block, cblock = (NT,), (plan.defines()["CT"],)
+    block, cblock = plan.block, (plan.defines()["CT"],)
 
-    def fn(variant: int, name: str):
-        got = ready[variant][name == "mgx_attn_combine"]
-        return got if got is not None else compiled_function(srcs[variant], name)
+    def fn(variant: int, which: int):
+        got = ready[variant][which]
+        return got if got is not None else compiled_function(srcs[variant], names[which])
 
     def run(ctx, out, args, ws):
         a = pick(args)
@@ -283,12 +361,12 @@ def attention_kernel(spec: Spec, pick, shapes: dict, label: str) -> GpuKernel:
         aligned = ctx.data_ptr(a["k"]) % wk == 0 and ctx.data_ptr(a["v"]) % wv == 0
         variant = 0 if aligned else 1
         part = ws[0] if plan.splits > 1 else None
-        fn(variant, "mgx_attn_split")(grid, block, plan.split_args(a, out, part))
+        fn(variant, 0)(grid, block, plan.split_args(a, out, part))
         if part is not None:
-            fn(variant, "mgx_attn_combine")(cgrid, cblock, plan.combine_args(a, out, part))
+            fn(variant, 1)(cgrid, cblock, plan.combine_args(a, out, part))
 
     run.plan = plan  # for inspection (tests)
-    return GpuKernel(run, plan.launches, plan.workspace(), True, f"{label} (decode_attention.cu, "
+    return GpuKernel(run, plan.launches, plan.workspace(), True, f"{label} (decode_attention.cu {plan.kernel}, "
                      f"{plan.splits} split{'s' if plan.splits > 1 else ''})")
 
 

@@ -10,8 +10,9 @@ With G = N / Nkv and float32 arithmetic on inputs read in their own type::
 
 ``softcap(y) = c * tanh(y / c)`` when ``softcap`` = c > 0 (else y); ``round`` rounds a mask value to q's
 type (a float32 mask of a float16 attention is what ``add(scores, convert(mask))`` adds).  A key whose
-mask value is -inf is *hidden*: its K and V rows are not read (so a NaN or infinity in an unused cache
-row never reaches the result), and a zero weight adds nothing.  A row that sees no key, or has a NaN
+mask value is -inf is *hidden*: its K and V rows are never used (the gpu kernels may load them, never
+add them), so a NaN or infinity in an unused cache row never reaches the result, and a zero weight adds
+nothing.  A row that sees no key, or has a NaN
 or +inf logit, is NaN, as the softmax of the unfused program gives; with ``nan_zero`` it is 0, as the
 exporter's ``where(isnan(p), 0, p)`` after the softmax gives.  The gpu target runs one kernel
 (:mod:`.attention_gpu`, two with a cache of more than 256 rows); the ref target the numpy code below.

@@ -3,7 +3,10 @@
 The kernel source of a :class:`mgx_graph.operators.attention_gpu.Plan` is built with g++ (C++20) behind a
 shim: each block runs as ``blockDim.x`` std::threads (``threadIdx`` thread-local), ``__syncthreads()`` is a
 barrier of those threads, ``__shared__`` variables are function-local statics (one block runs at a time,
-so they are that block's shared memory) and ``__half`` is ``_Float16``.  So the index arithmetic, the chunk
+so they are that block's shared memory) and ``__half`` is ``_Float16``.  ``__shfl_sync`` /
+``__shfl_xor_sync`` exchange values within a group of 32 consecutive threads through a buffer between two
+barriers of that group (a template, so a source may declare its own overloads), so a warp whose lanes do
+not all reach a shuffle hangs here as it would be wrong on the device.  So the index arithmetic, the chunk
 loop, the shared-memory reductions, the online softmax and the split merge run as on the device, block by
 block (not the device's memory model or its float16 / fused multiply-add rounding)."""
 from __future__ import annotations
@@ -18,7 +21,6 @@ import tempfile
 
 import numpy as np
 
-from mgx_graph.operators import attention_gpu
 
 _SHIM = r"""
 #define MGX_HOST_EMULATION 1
@@ -26,12 +28,14 @@ _SHIM = r"""
 #include <stdint.h>
 #include <string.h>
 #include <barrier>
+#include <memory>
 #include <thread>
 #include <vector>
 struct mgx_dim3 { unsigned x, y, z; };
 static thread_local mgx_dim3 threadIdx;
 static mgx_dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* mgx_barrier;
+static std::barrier<>* mgx_warp_barrier[32];
 #define __syncthreads() mgx_barrier->arrive_and_wait()
 #define __global__
 #define __device__
@@ -46,6 +50,20 @@ static inline __half __float2half(float f) { __half h; h.v = (_Float16)f; return
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
+template <class V> static inline V mgx_lane_value(V v, unsigned src) {
+    static unsigned long long slot[1024];
+    const unsigned t = threadIdx.x, w = t / 32;
+    memcpy(&slot[t], &v, sizeof(V));
+    mgx_warp_barrier[w]->arrive_and_wait();
+    V r;
+    memcpy(&r, &slot[w * 32 + (src & 31)], sizeof(V));
+    mgx_warp_barrier[w]->arrive_and_wait();
+    return r;
+}
+template <class V> static inline V __shfl_sync(unsigned, V v, int src) { return mgx_lane_value(v, (unsigned)src); }
+template <class V> static inline V __shfl_xor_sync(unsigned, V v, int o) {
+    return mgx_lane_value(v, (threadIdx.x & 31) ^ (unsigned)o);
+}
 template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F f) {
     blockDim = {nt, 1, 1};
     gridDim = {gx, gy, 1};
@@ -54,6 +72,11 @@ template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F
             blockIdx = {x, y, 0};
             std::barrier<> bar(nt);
             mgx_barrier = &bar;
+            std::vector<std::unique_ptr<std::barrier<>>> warps;
+            for (unsigned w = 0; w * 32 < nt && w < 32; ++w) {
+                warps.emplace_back(new std::barrier<>(nt - w * 32 < 32 ? nt - w * 32 : 32));
+                mgx_warp_barrier[w] = warps.back().get();
+            }
             std::vector<std::thread> th;
             for (unsigned t = 0; t < nt; ++t) th.emplace_back([&, t] { threadIdx = {t, 0, 0}; f(); });
             for (auto& t : th) t.join();
@@ -80,6 +103,17 @@ def _signatures(src: str) -> dict:
     return sigs
 
 
+def _compiled_kernels(source: str, sigs: dict) -> dict:
+    """The kernels of ``sigs`` that the source defines once preprocessed for the host (a kernel inside
+    an ``#if`` of its configuration that is off is left out); all of them when g++ cannot preprocess it."""
+    r = subprocess.run(["g++", "-std=c++20", "-E", "-P", "-x", "c++", "-"], capture_output=True, text=True,
+                       input="#define MGX_HOST_EMULATION 1\n" + source)
+    if r.returncode:
+        return sigs
+    present = {n for n, _ in _KERNEL.findall(r.stdout)}
+    return {n: p for n, p in sigs.items() if n in present}
+
+
 def _wrappers(sigs: dict) -> str:
     out = []
     for name, params in sigs.items():
@@ -99,7 +133,7 @@ def build(source: str):
     hit = _LIBS.get(source)
     if hit is not None:
         return hit
-    sigs = _signatures(source)
+    sigs = _compiled_kernels(source, _signatures(source))
     full = _SHIM + source + _wrappers(sigs)
     os.makedirs(_DIR, exist_ok=True)
     base = os.path.join(_DIR, hashlib.sha1(full.encode()).hexdigest()[:16])
@@ -146,7 +180,7 @@ def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:
     part = None
     if plan.splits > 1:
         part = np.full(plan.workspace()[0].lens, np.nan, np.float32)
-    launch(lib, sigs, "mgx_attn_split", plan.grid, attention_gpu.NT, plan.split_args(arrays, out, part))
+    launch(lib, sigs, plan.kernel, plan.grid, plan.block[0], plan.split_args(arrays, out, part))
     if part is not None:
         launch(lib, sigs, "mgx_attn_combine", plan.combine_grid, plan.defines(vector)["CT"],
                 plan.combine_args(arrays, out, part))

@@ -1,7 +1,8 @@
 """decode_attention.cu run on the host (tests/attn_host.py: each block's threads as std::threads, barriers
-for __syncthreads) against the float64 numpy oracle: the plans of decode_attention (masks, NaN rows,
-cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask, bias,
-sink, smooth, softcap, empty rows)."""
+for __syncthreads, 32-lane shuffles) against the float64 numpy oracle: the plans of decode_attention (masks,
+NaN rows, cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask,
+bias, sink, smooth, softcap, empty rows), each with mgx_attn_warp where it applies and with mgx_attn_split;
+the warp kernel over the decode shapes (1 .. 16 query rows per KV head, head sizes 64 / 128)."""
 import numpy as np
 import pytest
 
@@ -14,6 +15,20 @@ import attn_oracle
 
 pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C++20)")
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
+
+
+@pytest.fixture(params=["mgx_attn_warp", "mgx_attn_split"])
+def kernel(request, monkeypatch):
+    """The kernel the planner is asked for: the warp kernel where it applies, or the block kernel for every
+    spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
+    if request.param == "mgx_attn_split":
+        monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
+    return request.param
+
+
+def _check_kernel(plan, kernel):
+    takes = not attention_gpu.warp_unsupported(plan.spec)
+    assert plan.kernel == (kernel if takes else "mgx_attn_split"), (plan.kernel, kernel)
 
 
 def _shape(a) -> Shape:
@@ -57,9 +72,10 @@ DECODE = [  # dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits
 
 
 @pytest.mark.parametrize("dtype,B,N,Nkv,S,P,H,Hv,layout,max_splits", DECODE)
-def test_decode_plan_matches_numpy(dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits):
+def test_decode_plan_matches_numpy(kernel, dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits):
     plan, arrays, out, want = _decode(np.random.default_rng(P), dtype, B, N, Nkv, S, P, H, Hv, layout,
                                       max_splits=max_splits)
+    _check_kernel(plan, kernel)
     assert plan.splits == (1 if P <= attention_gpu.SPLIT_ROWS else -(-P // plan.keys_per_split))
     attn_host.run(plan, arrays, out, vector=layout != "strided")
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
@@ -141,8 +157,9 @@ GROUPED = [  # dtype, B, N, Nkv, P, H, options
 
 
 @pytest.mark.parametrize("dtype,B,N,Nkv,P,H,opts", GROUPED)
-def test_grouped_plan_matches_numpy(dtype, B, N, Nkv, P, H, opts):
+def test_grouped_plan_matches_numpy(kernel, dtype, B, N, Nkv, P, H, opts):
     plan, arrays, out, want = _grouped(np.random.default_rng(P), dtype, B, N, Nkv, P, H, **opts)
+    _check_kernel(plan, kernel)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
 
@@ -180,3 +197,129 @@ def test_the_plans_the_ops_make_match_numpy():
     want = attn_oracle.attention(qd, kc, vc, 1 / np.sqrt(H), visible=vis[:, None, None], sink=sink)
     np.testing.assert_allclose(out.astype(np.float64), want.transpose(0, 2, 1, 3).reshape(B, 1, N * H),
                                *TOL["float16"])
+
+
+# -- mgx_attn_warp (few query rows per KV head), and mgx_attn_split on the same cases ---------------------------
+def _warp_case(rng, dtype, G, S, H, Hv, P, *, Nkv=2, B=1, mask="tail", causal=False, kv_len=None, softcap=0.0,
+               nan_key=False, nan_zero=True, empty_row=False, garbage=False):
+    """A spec of G * S query rows per KV head with its arrays and the oracle's answer.  ``mask``: None, ``tail``
+    (float32 [B, 1, 1, P], 0 up to a position per entry, -inf after: the exports' decode mask, rounded to
+    ``dtype``) or ``per_head`` ([B, N, S, P] of ``dtype``, 30% -inf); ``causal`` / ``kv_len``: positions P - S ..
+    P - 1 and lengths per entry; ``nan_key``: a NaN in a K row only heads of KV head 0 see; ``empty_row``: query
+    row (b 0, head 0, s 0) sees no key; ``garbage``: NaN keys and infinite values in the cache rows no row
+    sees (rows never written; with ``tail`` the first two keys too), which must not leak."""
+    N = G * Nkv
+    q = rng.normal(size=(B, N, S, H)).astype(dtype)
+    k, v = rng.normal(size=(B, Nkv, P, H)).astype(dtype), rng.normal(size=(B, Nkv, P, Hv)).astype(dtype)
+    arrays, spec, vis, m = {"q": q, "k": k, "v": v}, {}, np.ones((B, 1, S, P), bool), None
+    if mask == "tail":
+        end = rng.integers(P // 10, P // 2 + 1, size=B) if P > 10 else np.full(B, P)
+        m = np.where(np.arange(P) < end[:, None], 0.0, -np.inf).astype(np.float32).reshape(B, 1, 1, P)
+        m[:, :, :, ::7] = rng.normal(size=m[:, :, :, ::7].shape) + m[:, :, :, ::7]
+        if garbage:  # the first keys hidden too: a warp's first row is then one nobody sees
+            m[..., :2] = -np.inf
+    elif mask == "per_head":
+        m = rng.normal(size=(B, N, S, P))
+        m[rng.random(m.shape) < 0.3] = -np.inf
+        m[..., -1] = 0.0
+        m = m.astype(dtype)
+    if m is not None:
+        if empty_row:
+            m = np.broadcast_to(m, (B, N, S, P)).copy() if m.shape[1] == 1 else m
+            m[0, 0, 0] = -np.inf
+        arrays["mask"] = m
+        spec.update(mask_dtype=m.dtype.name, mask=broadcast_strides(_shape(m)), mask_len=P, mask_round=True)
+    if causal or kv_len is not None:
+        lens = np.array(kv_len if kv_len is not None else [P] * B, np.int64)
+        pos = np.maximum(lens[:, None] - S + np.arange(S), 0) if causal else np.zeros((B, S), np.int64)
+        arrays.update(kv_len=lens, pos=pos.astype(np.int64))
+        t = np.arange(P)
+        vis = (t < lens[:, None, None]) & ((t <= pos[:, :, None]) if causal else True)
+        vis = vis[:, None]
+        spec.update(lengths=True, causal=causal, pos=(S if B > 1 else 0, 1 if S > 1 else 0))
+    if garbage:
+        open_ = np.broadcast_to(vis, (B, N, S, P)) & (np.broadcast_to(m, (B, N, S, P)) != -np.inf if m is not None
+                                                      else True)
+        b_, t_ = np.nonzero(~open_.any(axis=(1, 2)))
+        assert len(t_) > 0
+        k[b_, :, t_] = np.nan
+        v[b_, :, t_] = np.inf
+    if nan_key:
+        seen = np.flatnonzero(vis[0, 0, 0] & ((m[0, 0, 0] if m is not None else 0) != -np.inf))
+        k[0, 0, seen[len(seen) // 2], 3] = np.nan
+    out = np.full((B, N, S, Hv), 7, dtype)
+    scale = 1.0 / np.sqrt(H)
+    full = Spec(dtype=dtype, B=B, N=N, NKV=Nkv, S=S, P=P, H=H, HV=Hv, q=head_strides(_shape(q)),
+                k=head_strides(_shape(k)), v=head_strides(_shape(v)), out=head_strides(_shape(out)), scale=scale,
+                softcap=softcap, empty=int(nan_zero), nan_zero=nan_zero, **spec)
+    mr = None if m is None else m.astype(dtype).astype(np.float64)  # the kernel rounds the mask to dtype
+    want = attn_oracle.attention(q, k, v, scale, mask=mr, visible=vis, softcap=softcap,
+                                 empty="zero" if nan_zero else "nan", nan_zero=nan_zero)
+    return full, arrays, out, want
+
+
+WARP = [  # dtype, G, S, H, Hv, P, options
+    ("float16", 3, 1, 64, 64, 256, dict(Nkv=3, garbage=True)),  # SmolLM2-135M's decode step
+    ("float32", 1, 1, 128, 128, 256, dict(B=2, garbage=True)),
+    ("float16", 4, 2, 64, 64, 100, dict(mask="per_head", empty_row=True)),
+    ("float32", 8, 2, 128, 128, 200, dict(mask=None, nan_key=True, nan_zero=False)),  # 16 rows: 4 warps
+    ("float16", 8, 1, 128, 128, 300, dict(softcap=8.0, nan_key=True)),  # two splits, merged
+    ("float16", 3, 2, 64, 64, 90, dict(mask=None, causal=True, kv_len=[90, 41], B=2, garbage=True)),
+    ("float32", 4, 1, 64, 32, 50, dict(kv_len=[50, 0], B=2, nan_zero=False)),  # an entry without keys: NaN
+    ("float16", 1, 1, 80, 16, 33, dict(mask="per_head")),  # odd key head size, 16 values: 2 lanes per row
+    ("float16", 4, 1, 64, 64, 1000, dict(max_splits=1)),  # one block: 4 steps of 32 keys per warp
+    ("float32", 3, 2, 128, 64, 700, dict(mask="per_head", max_splits=2, softcap=5.0)),  # 2 splits of 512 keys
+]
+
+
+@pytest.mark.parametrize("dtype,G,S,H,Hv,P,opts", WARP)
+def test_warp_kernel_decode_shapes_match_numpy(kernel, dtype, G, S, H, Hv, P, opts):
+    opts = dict(opts)
+    max_splits = opts.pop("max_splits", attention_gpu.MAX_SPLITS)
+    spec, arrays, out, want = _warp_case(np.random.default_rng(P + G), dtype, G, S, H, Hv, P, **opts)
+    plan = make_plan(spec, max_splits)
+    assert plan.kernel == kernel
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+    if opts.get("empty_row"):
+        assert np.all(out[0, 0, 0] == 0)
+    if opts.get("nan_key"):  # KV head 0's query rows saw the NaN logit
+        bad = out[0, :G, 0]
+        assert np.all(bad == 0) if spec.nan_zero else np.all(np.isnan(bad))
+
+
+def test_warp_kernel_element_wise_variant_and_cache_layout():
+    """The exports' transposed cache layout, run by the element-wise variant (a misaligned cache) and the
+    vector one: both equal the oracle."""
+    rng = np.random.default_rng(8)
+    plan, arrays, out, want = _decode(rng, "float16", 1, 9, 3, 1, 256, 64, 64, "cache")
+    assert plan.kernel == "mgx_attn_warp" and (plan.vk, plan.vw, plan.kc, plan.vc) == (8, 8, 1, 1)
+    for vector in (True, False):
+        out[...] = 7
+        attn_host.run(plan, arrays, out, vector=vector)
+        np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+
+@pytest.mark.parametrize("split_rows", [32, 64])
+def test_warp_kernel_splits_match_numpy(monkeypatch, split_rows):
+    """MIGRAPHX_ATTN_SPLIT_ROWS below the cache length: the warp kernel's partial rows merged by
+    mgx_attn_combine."""
+    monkeypatch.setattr(attention_gpu, "split_rows_setting", lambda: split_rows)
+    spec, arrays, out, want = _warp_case(np.random.default_rng(split_rows), "float16", 3, 1, 64, 64, 256, Nkv=3)
+    plan = make_plan(spec)
+    assert plan.kernel == "mgx_attn_warp" and plan.splits == 256 // split_rows and plan.launches == 2
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
+
+
+@pytest.mark.parametrize("case", [WARP[0], WARP[2], WARP[5]])
+def test_warp_kernel_with_k_loaded_after_the_mask(monkeypatch, case):
+    """Past ``EARLY_K_ROWS`` cache rows a K row is loaded only for a key the mask leaves visible (K_EARLY 0):
+    the same answers, unwritten rows included."""
+    monkeypatch.setattr(attention_gpu, "EARLY_K_ROWS", 8)
+    dtype, G, S, H, Hv, P, opts = case
+    spec, arrays, out, want = _warp_case(np.random.default_rng(P + G), dtype, G, S, H, Hv, P, **opts)
+    plan = make_plan(spec)
+    assert plan.kernel == "mgx_attn_warp" and plan.defines()["K_EARLY"] == 0
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])

@@ -1,7 +1,10 @@
 """decode_attention, and grouped_attention's one-row (decode) steps, against a float64 numpy oracle
 (tests/attn_oracle.py) on every target: the gpu target runs decode_attention.cu, split over the cache past
 256 rows.  Random q / k / v / masks, GQA ratios 1, 3 and 4, cache lengths 1 .. 1000, float32 and float16,
-rows that see no key, strided inputs (the exports' cache layout), and the errors of bad shapes."""
+rows that see no key, strided inputs (the exports' cache layout), and the errors of bad shapes.  The decode
+shapes of few query rows per KV head (G = 1, 3, 4, 8; S = 1, 2; H = 64, 128) on the gpu target take
+mgx_attn_warp (checked by the kernel label); the planner's choice (kernel, grid, block) is checked on the
+host without a GPU."""
 import numpy as np
 import pytest
 
@@ -14,9 +17,10 @@ import attn_oracle
 TOL = {"float32": (1e-5, 1e-5), "float16": (3e-3, 3e-3)}
 
 
-def _run(target, op, feeds: dict, views=None):
+def _run(target, op, feeds: dict, views=None, labels=None):
     """Compile and run one ``op`` instruction over parameters ``feeds`` (``views``: {name: (op, shape of the
-    parameter)}: the parameter is given in that shape and viewed by the op before the instruction)."""
+    parameter)}: the parameter is given in that shape and viewed by the op before the instruction;
+    ``labels``: a list that gets the label of each ``op`` instruction's kernel)."""
     prog = Program()
     m = prog.get_main_module()
     args = []
@@ -26,6 +30,9 @@ def _run(target, op, feeds: dict, views=None):
         args.append(p if view is None else m.add_instruction(view[0], [p]))
     m.add_return([m.add_instruction(op, args)])
     prog.compile(target=target)
+    if labels is not None:
+        labels += [i.meta["kernel"].label for md in prog.module_order() for i in md.instructions
+                   if i.op.name == op.name]
     try:
         return prog.run(feeds if not views else {n: np.ascontiguousarray(views[n][2]) if n in views else a
                                                  for n, a in feeds.items()})[0]
@@ -172,3 +179,123 @@ def test_grouped_one_row_steps_match_numpy(target, dtype, B, N, Nkv, P, H, kv_le
     want = attn_oracle.attention(q.transpose(0, 2, 1, 3), k, v, 1.0 / np.sqrt(H), mask=mask, visible=vis[:, None, None],
                                  softcap=softcap, sink=feeds.get("sink"), empty="mean")
     np.testing.assert_allclose(got.astype(np.float64), want.transpose(0, 2, 1, 3).reshape(B, 1, N * H), *TOL[dtype])
+
+
+# -- the warp kernel (mgx_attn_warp): few query rows per KV head ----------------------------------------------------
+def _tail_mask(rng, B, S, P, visible):
+    """float32 [B, 1, S, P]: 0 (every seventh key a random bias) up to ``visible[b]`` keys, -inf after (the
+    exports' decode mask); entry 0, row 0 sees no key."""
+    m = np.where(np.arange(P) < np.asarray(visible)[:, None, None, None], 0.0, -np.inf) * np.ones((B, 1, S, P))
+    m[..., ::7] += rng.normal(size=m[..., ::7].shape)
+    m[0, 0, 0] = -np.inf
+    return m.astype(np.float32)
+
+
+WARP_DECODE = [(G, S, H, dtype) for G in (1, 3, 4, 8) for S in (1, 2) for H in (64, 128)
+               for dtype in ("float16", "float32")]
+
+
+@pytest.mark.parametrize("G,S,H,dtype", WARP_DECODE)
+def test_decode_shapes_take_the_warp_kernel(target, G, S, H, dtype):
+    """decode_attention with the exports' float32 mask (-inf tail, one row masked whole), a NaN in a
+    visible key of entry 1's KV head 0 (its rows give 0: nan_zero) and unwritten (NaN / inf) rows past the
+    visible keys; softcap on every other shape; 256 cache rows (one split) or 300 (two, merged)."""
+    rng = np.random.default_rng(G * 100 + S * 10 + H)
+    B, Nkv, P = 2, 3 if G == 3 else 2, 256 if H == 64 else 300
+    softcap = 10.0 if (G + S) % 2 else 0.0
+    q = rng.normal(size=(B, G * Nkv, S, H)).astype(dtype)
+    k, v = rng.normal(size=(B, Nkv, P, H)).astype(dtype), rng.normal(size=(B, Nkv, P, H)).astype(dtype)
+    visible = [20, 130]
+    mask = _tail_mask(rng, B, S, P, visible)
+    k[1, 0, 5, 7] = np.nan
+    for b, n in enumerate(visible):
+        k[b, :, n:], v[b, :, n:] = np.nan, np.inf
+    scale = 1.0 / np.sqrt(H)
+    labels = []
+    op = make_op("decode_attention", scale=scale, softcap=softcap, mask=1, nan_zero=1)
+    got = _run(target, op, {"q": q, "k": k, "v": v, "mask": mask}, labels=labels)
+    if target == "gpu":
+        assert len(labels) == 1 and "mgx_attn_warp" in labels[0], labels
+    want = attn_oracle.attention(q, k, v, scale, mask=mask.astype(dtype), softcap=softcap, nan_zero=True)
+    assert np.all(want[1, :G] == 0) and np.all(want[0, :, 0] == 0)  # the NaN key's rows, the masked row
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL[dtype])
+
+
+@pytest.mark.parametrize("G,H,dtype", [(G, H, d) for G in (1, 3, 4, 8) for H in (64, 128)
+                                       for d in ("float16", "float32")])
+def test_grouped_decode_steps_take_the_warp_kernel(target, G, H, dtype):
+    """grouped_attention's one-row steps (kv_len, causal) with unwritten key rows past an entry's length
+    (NaN: never used), an entry without keys (the mean of all values) and softcap on half the shapes."""
+    rng = np.random.default_rng(G * 10 + H)
+    B, Nkv, P = 3, 2, 200
+    N = G * Nkv
+    lens = np.array([P, 77, 0], np.int64)
+    q = rng.normal(size=(B, 1, N, H)).astype(dtype)
+    k, v = rng.normal(size=(B, Nkv, P, H)).astype(dtype), rng.normal(size=(B, Nkv, P, H)).astype(dtype)
+    k[1, :, 77:] = np.nan
+    pos = (lens - 1).reshape(B, 1)
+    softcap = 15.0 if G % 2 else 0.0
+    feeds = {"q": q, "k": k, "v": v, "pos": pos, "kv_len": lens, "rows": np.arange(P, dtype=np.int64)}
+    labels = []
+    got = _run(target, make_op("grouped_attention", softcap=softcap), feeds, labels=labels)
+    if target == "gpu":
+        assert len(labels) == 1 and "mgx_attn_warp" in labels[0], labels
+    t = np.arange(P)
+    vis = (t < lens[:, None]) & (t <= pos)
+    want = attn_oracle.attention(q.transpose(0, 2, 1, 3), k, v, 1.0 / np.sqrt(H), visible=vis[:, None, None],
+                                 softcap=softcap, empty="mean")
+    want = want.transpose(0, 2, 1, 3).reshape(B, 1, N * H)
+    assert np.all(np.isfinite(want[:2]))
+    np.testing.assert_allclose(got.astype(np.float64), want, *TOL[dtype])
+
+
+def _shape_of(a) -> Shape:
+    return Shape(a.dtype.name, a.shape, tuple(s // a.itemsize for s in a.strides))
+
+
+def _gpu_plan(op, arrays):
+    shapes = [_shape_of(a) for a in arrays]
+    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    return kern, kern.fn.plan
+
+
+def test_the_planner_picks_the_warp_kernel_for_smollm2s_decode_step():
+    """SmolLM2-135M's fp16 decode step (9 query heads over 3 KV heads, 64-wide heads, a float32 mask over
+    256 cache rows): one launch of mgx_attn_warp, a block of 8 warps per KV head, 8 value columns per lane
+    (16-byte K and V loads), the mask read once per key; no GPU needed (the plan only)."""
+    q = np.zeros((1, 9, 1, 64), np.float16)
+    k = v = np.zeros((1, 3, 256, 64), np.float16)
+    mask = np.zeros((1, 1, 1, 256), np.float32)
+    kern, plan = _gpu_plan(make_op("decode_attention", scale=0.125, mask=1, nan_zero=1), [q, k, v, mask])
+    assert (plan.kernel, plan.grid, plan.block, plan.splits, kern.launches) == ("mgx_attn_warp", (3, 1), (256,), 1, 1)
+    d = plan.defines()
+    assert (d["ROWS"], d["NW"], d["VK"], d["VV"], d["VW"], d["LPR"], d["MASK_ONE"]) == (3, 8, 8, 8, 8, 8, 1)
+    assert (d["HAS_MASK"], d["MASK_ROUND"], d["NAN_ZERO"], d["EMPTY"], d["HAS_LEN"], d["CAUSAL"]) == (1, 1, 1, 1, 0, 0)
+    assert kern.label == "decode_attention (decode_attention.cu mgx_attn_warp, 1 split)"
+    assert "mgx_attn_warp" in plan.source() and "MGX_ATTN_WARP 1" in plan.source()
+
+
+@pytest.mark.parametrize("N,Nkv,S,H,Hv,P,dtype,want", [
+    (8, 1, 2, 128, 128, 256, "float32", ("mgx_attn_warp", (1, 1), (128,), 1)),  # 16 rows: 4 warps fit
+    (9, 3, 1, 64, 64, 1000, "float16", ("mgx_attn_warp", (3, 4), (256,), 4)),  # 4 splits, then the merge
+    (32, 1, 1, 64, 64, 64, "float16", ("mgx_attn_split", (4, 1), (256,), 1)),  # 32 rows per KV head: 4 groups
+    (6, 2, 1, 64, 48, 64, "float16", ("mgx_attn_split", (2, 1), (256,), 1)),  # Hv not a power of two
+    (16, 1, 1, 256, 256, 64, "float16", ("mgx_attn_split", (2, 1), (256,), 1)),  # 16 rows of 256 values: 2 groups
+])
+def test_the_planners_choice_of_kernel_grid_and_block(N, Nkv, S, H, Hv, P, dtype, want):
+    q = np.zeros((1, N, S, H), dtype)
+    k, v = np.zeros((1, Nkv, P, H), dtype), np.zeros((1, Nkv, P, Hv), dtype)
+    kern, plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, v])
+    assert (plan.kernel, plan.grid, plan.block, plan.splits) == want
+    assert kern.launches == 1 + (plan.splits > 1) and plan.kernel in kern.label
+
+
+def test_migraphx_attn_warp_0_selects_the_block_kernel(monkeypatch):
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_WARP", "0")
+    env._reset_for_tests()
+    q, k = np.zeros((1, 9, 1, 64), np.float16), np.zeros((1, 3, 256, 64), np.float16)
+    kern, plan = _gpu_plan(make_op("decode_attention", scale=0.125), [q, k, k])
+    assert (plan.kernel, plan.grid, plan.block) == ("mgx_attn_split", (3, 1), (256,))
+    assert "mgx_attn_split" in kern.label
