@@ -1,5 +1,6 @@
 """Fused instructions over a submodule: ``pointwise`` and ``fused_reduce`` (MIGraphX's ``pointwise``
-and ``fused_reduce`` ops, made by the ``fuse_pointwise`` / ``fuse_reduce`` passes).
+and ``fused_reduce`` ops, made by the ``fuse_pointwise`` / ``fuse_reduce`` passes), and ``fused_gemv``
+(a one-row ``dot`` with its RMSNorm prologue and elementwise epilogue, made by ``fuse_gemv``).
 
 The instruction's ``module_inputs`` is one submodule whose parameters ``x0, x1, ...`` are bound to
 the instruction's inputs by position and whose one return value is the result (a standard-layout

@@ -75,6 +75,8 @@ class GemvParts:
         reds = [i for i in sub.instructions if i.op.name in ("rms_norm", "layernorm", "softmax", "logsoftmax")
                 or i.op.name.startswith("reduce_")]
         self.reduction = reduction_of(sub) if reds else None
+        if self.reduction is not None and self.reduction.inputs[0].shape.dtype == "float64":
+            raise ValueError("fused_gemv: a float64 reduction (the kernel's statistics are float)")
         w = in_shapes[self.weight]
         self.dtype, self.K, self.N = d.shape.dtype, d.inputs[0].shape.lens[-1], d.shape.lens[-1]
         self.L = self.slices[0].shape.lens[-1] if self.slices else self.N

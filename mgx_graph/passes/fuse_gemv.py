@@ -9,7 +9,7 @@ float16 / float32, a weight that is a literal or views over one, K-contiguous on
 shared-memory row, ``MIGRAPHX_GEMV`` not 0), and with it
 
 * the prologue: ``d``'s input is the normalized row of a ``fused_reduce`` whose reduction is
-  ``rms_norm`` over one row (its lens but the last are 1), read by ``d`` alone (directly, or through a
+  ``rms_norm`` of float16 / float32 data over one row (its lens but the last are 1), read by ``d`` alone (directly, or through a
   ``get_tuple_elem`` of index 0 when the ``fused_reduce`` has further outputs: the residual sum, whose
   readers must all come after the fused group's last instruction);
 * the epilogue: every reader of ``d`` is a ``slice`` of its last axis only (step 1, all of one length
@@ -80,7 +80,8 @@ def _prologue(d, exclude):
         red = reduction_of(sub)
     except ValueError:
         return None
-    if red.op.name not in NORMS or any(n != 1 for n in red.inputs[0].shape.lens[:-1]):
+    if red.op.name not in NORMS or red.inputs[0].shape.dtype == "float64" or \
+            any(n != 1 for n in red.inputs[0].shape.lens[:-1]):  # float statistics, one row
         return None
     tupled = isinstance(a.shape, tuple)
     if tupled != (reader is not None):
