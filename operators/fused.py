@@ -1,5 +1,6 @@
 """Fused instructions over a submodule: ``pointwise`` and ``fused_reduce`` (MIGraphX's ``pointwise``
-and ``fused_reduce`` ops, made by the ``fuse_pointwise`` / ``fuse_reduce`` passes).
+and ``fused_reduce`` ops, made by the ``fuse_pointwise`` / ``fuse_reduce`` passes), and ``fused_gemv``
+(a one-row ``dot`` with its RMSNorm prologue and elementwise epilogue, made by ``fuse_gemv``).
 
 The instruction's ``module_inputs`` is one submodule whose parameters ``x0, x1, ...`` are bound to
 the instruction's inputs by position and whose one return value is the result (a standard-layout
@@ -196,3 +197,40 @@ class FusedReduce(FusedOp):
 
     def __init__(self, module=None, axes=()):
         super().__init__(module, axes=[int(a) for a in axes])
+
+
+@register_op
+class FusedGemv(FusedOp):
+    """``fused_gemv``: a one-row ``dot`` against a constant weight (the gemv kernel's rules) with the
+    ``rms_norm`` ``fused_reduce`` that computes its input (the prologue) and / or the ``pointwise``
+    that reads its result through last-axis slices of equal length (the epilogue), made by the
+    ``fuse_gemv`` pass.  The submodule returns the epilogue's (or the dot's) result, then the
+    prologue's further outputs (the residual sum), read through ``get_tuple_elem``.
+
+    On ``ref`` the submodule's instructions run as they are (the unfused program's values, bit for
+    bit); on ``gpu`` one generated kernel (:mod:`.fused_gemv_codegen`): every block computes the
+    normalized row into shared memory, then its columns of the GEMV, then the epilogue."""
+
+    name = "fused_gemv"
+    kind = "gemv"
+
+    @property
+    def inplace_ok(self):
+        """Never: every block reads the whole input row while the first block writes the residual sum
+        and the others write their columns."""
+        return False
+
+    def gpu_kernel(self, inputs, output):
+        """The generated kernel (:func:`.fused_gemv_codegen.fused_gemv_kernel`); None, with a warning,
+        when the module has no generated form or it does not compile (lowering then evaluates the
+        submodule instruction by instruction: correct, several launches, not capturable)."""
+        from .fused_gemv_codegen import fused_gemv_kernel
+
+        try:
+            return fused_gemv_kernel(self.module, inputs, output)
+        except (ValueError, RecursionError) as e:
+            import warnings
+
+            warnings.warn(f"{self.name} over '{self.module.name}': no generated kernel ({e}); its "
+                          f"instructions run unfused", stacklevel=2)
+            return None

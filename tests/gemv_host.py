@@ -29,3 +29,15 @@ def run(plan, x: np.ndarray, w: np.ndarray, bias, y: np.ndarray, sx: int, sw: in
     (views with the given row strides, elements), ``bias`` [N] or None."""
     lib, sigs = attn_host.build(SHUFFLE + plan.source(vector))
     attn_host.launch(lib, sigs, "mgx_gemv", plan.grid, plan.block[0], plan.args(x, w, bias, y, sx, sw, sy))
+
+
+FUSED = r"""
+static inline __half __float2half_rn(float f) { return __float2half(f); }
+"""
+
+
+def run_fused(ks, args, grid) -> None:
+    """Launch a generated ``fused_gemv`` kernel (:func:`mgx_graph.operators.fused_gemv_codegen.fused_gemv_source`)
+    over numpy buffers: ``args`` the inputs then the outputs, as the gpu launch passes them."""
+    lib, sigs = attn_host.build(SHUFFLE + FUSED + ks.source)
+    attn_host.launch(lib, sigs, ks.name, grid, ks.block, list(args))

@@ -23,6 +23,7 @@ from .fuse_horizontal import FuseHorizontal  # noqa: E402
 from .fuse_rotary_kv import FuseRotaryKv  # noqa: E402
 from .simplify_reshapes import SimplifyReshapes  # noqa: E402
 from .gemv_layout import GemvLayout  # noqa: E402
+from .fuse_gemv import FuseGemv  # noqa: E402
 from .bind_outputs import BindOutputs  # noqa: E402
 from .lowering import Lowering  # noqa: E402
 from .hip_graph import HipGraph  # noqa: E402
@@ -30,6 +31,6 @@ from .memory_coloring import MemoryColoring  # noqa: E402
 
 __all__ = ["Pass", "ModulePass", "PassContext", "PassGroup", "PassManager", "PipelineOptions", "run_passes",
            "InvalidProgram", "validate_program", "EliminateDeadCode", "PropagateConstant", "QuantizeFp16",
-           "FuseNorms", "MergeDots", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND", "FuseHorizontal", "FuseRotaryKv",
-           "SimplifyReshapes", "GemvLayout", "BindOutputs", "Lowering",
+           "FuseNorms", "MergeDots", "FuseAttention", "FuseReduce", "FusePointwise", "FuseScatterND", "FuseHorizontal",
+           "FuseRotaryKv", "SimplifyReshapes", "GemvLayout", "FuseGemv", "BindOutputs", "Lowering",
            "HipGraph", "MemoryColoring"]

@@ -14,9 +14,9 @@ import threading
 import numpy as np
 
 from ..errors import CaptureError
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseHorizontal, FuseNorms, FusePointwise,
-                      FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
-                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
+                      FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering,
+                      MemoryColoring, MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
 from ..shape import Shape
@@ -25,7 +25,8 @@ from ..shape import Shape
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
     """The ``gpu`` compile pipeline, as named groups run in this order (``options`` selects them).
 
-    ``layout`` stores the weights of one-row ``dot`` instructions transposed for the gemv kernel;
+    ``layout`` stores the weights of one-row ``dot`` instructions transposed for the gemv kernel, then
+    fuses such a ``dot`` with the RMSNorm before it and the elementwise epilogue after it (``fuse_gemv``);
     ``lower`` picks CuPy / vendor-BLAS / gemv kernels and runs the ops with no gpu kernel (and ``host_ops``)
     on the host between ``copy_from_gpu`` / ``copy_to_gpu``; ``graph`` then cuts its regions there.
     """
@@ -37,7 +38,7 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
                                    FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
                                    FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
-        PassGroup("layout", [GemvLayout()]),
+        PassGroup("layout", [GemvLayout(), FuseGemv(o.host_ops)]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

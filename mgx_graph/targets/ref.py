@@ -10,9 +10,9 @@ import contextlib
 import numpy as np
 
 from ..operators.base import numpy_reduce
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseHorizontal, FuseNorms, FusePointwise,
-                      FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring, MergeDots, PassGroup,
-                      PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
+                      FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring,
+                      MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
 from ..shape import Shape
 
@@ -21,7 +21,8 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
     """The ``ref`` compile pipeline, as named groups run in this order (``options`` selects them).
 
     ``graph`` runs on ``ref`` too: its kernels are host functions on a host queue, which capture and
-    replay as a GPU stream does.
+    replay as a GPU stream does.  ``gemv`` fuses one-row ``dot`` instructions with their RMSNorm and
+    elementwise epilogue as the gpu target does (``fuse_gemv``), so the fused submodules run here too.
     """
     o = options
     return [
@@ -31,6 +32,7 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
                                    FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
                                    FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
+        PassGroup("gemv", [FuseGemv(o.host_ops)]),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering("ref", host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

@@ -2,6 +2,8 @@
 constant weights -> one dot over the concatenated weight and slices of it; what is left alone), then
 small ONNX models against onnxruntime and numpy, and the random LLaMA decode step (kernels per step,
 greedy tokens against transformers)."""
+import os
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -27,8 +29,20 @@ def merge(prog):
     return run_pass(MergeDots(), prog)
 
 
+def _instructions(prog) -> list:
+    """Every instruction of ``prog``, those of ``fused_gemv`` submodules included (a dot fused with its
+    norm and epilogue is still the dot merge_dots made)."""
+    out = []
+    for m in prog.module_order():
+        for i in m.instructions:
+            out.append(i)
+            if i.op.name == "fused_gemv" and not i.module_inputs:  # lowered: the op keeps the module
+                out += i.op.module.instructions
+    return out
+
+
 def dots(prog) -> list:
-    return [i for m in prog.module_order() for i in m.instructions if i.op.name == "dot"]
+    return [i for i in _instructions(prog) if i.op.name == "dot"]
 
 
 def literal_values(prog) -> list:
@@ -77,7 +91,7 @@ def without_merge(monkeypatch, build):
     """``build()`` with ``MIGRAPHX_DISABLE_PASSES=merge_dots`` (read afresh for this call only)."""
     from mgx_graph import env
 
-    monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", "merge_dots")
+    monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", os.environ.get("MIGRAPHX_DISABLE_PASSES", "") + ",merge_dots")
     env._reset_for_tests()
     try:
         return build()
@@ -327,9 +341,11 @@ def test_disabled_by_name_and_listed_in_both_pipelines():
 
 
 def _kernels(prog, op_name=None) -> int:
-    """Instructions that run a kernel (no views, no builtins) in every module of ``prog``."""
-    return sum(1 for m in prog.module_order() for i in m.instructions
-               if not i.op.builtin and not i.op.is_view and (op_name is None or i.op.name == op_name))
+    """Instructions that run a kernel (no views, no builtins) in every module of ``prog``; with
+    ``op_name``, the instructions of that op, inside ``fused_gemv`` submodules too."""
+    if op_name is not None:
+        return sum(1 for i in _instructions(prog) if i.op.name == op_name)
+    return sum(1 for m in prog.module_order() for i in m.instructions if not i.op.builtin and not i.op.is_view)
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
@@ -338,7 +354,7 @@ def test_decode_step_three_dots_fewer_per_layer(llama, fp16):
     layers = llama.config["num_layers"]
     for tname in ("ref", "gpu"):
         counts = []
-        for disabled in ({"merge_dots"}, set()):
+        for disabled in ({"merge_dots", "fuse_gemv"}, {"fuse_gemv"}):  # fuse_gemv would hide kernels
             prog = mgx_graph.parse_onnx(str(llama.onnx_path))
             PassManager(pipeline(tname, PipelineOptions(fp16=fp16)), PassContext(tname), disabled=disabled).run(prog)
             counts.append((_kernels(prog), _kernels(prog, "dot")))
@@ -382,6 +398,7 @@ def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, monkeyp
     except ImportError as e:
         pytest.skip(f"model export needs the [export] extra: {e}")
     path, layers = str(info.onnx_path), info.config["num_layers"]
+    monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", "fuse_gemv")  # it would fuse 2 more kernels per layer
     prog = mgx_graph.compile(path, target="ref", fp16=True, hip_graph=True)
     plain = without_merge(monkeypatch, lambda: mgx_graph.compile(path, target="ref", fp16=True, hip_graph=True))
     assert _kernels(plain) - _kernels(prog) == 3 * layers

@@ -157,7 +157,7 @@ def _rms_model():
 X = np.random.default_rng(5).normal(size=(2, 8)).astype(np.float32)
 DEFAULT_REF = ["eliminate_dead_code", "propagate_constant", "simplify_reshapes", "fuse_norms",
                "eliminate_dead_code", "merge_dots", "fuse_attention", "fuse_reduce", "fuse_pointwise",
-               "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code",
+               "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code", "fuse_gemv",
                "bind_outputs", "lowering", "memory_coloring"]
 
 
@@ -229,7 +229,7 @@ def _names(groups):
 
 @pytest.mark.parametrize("tname", ["ref", "gpu"], ids=["ref-pipeline", "gpu-pipeline"])
 def test_options_select_groups(tname):
-    layout = [("layout", ["gemv_layout"])] if tname == "gpu" else []  # weights for the gpu gemv kernel
+    layout = [("layout", ["gemv_layout", "fuse_gemv"])] if tname == "gpu" else [("gemv", ["fuse_gemv"])]
     assert _names(pipeline(tname, PipelineOptions())) == [
         ("simplify", ["eliminate_dead_code", "propagate_constant", "simplify_reshapes"]),
         ("fuse", ["fuse_norms", "eliminate_dead_code"]),
@@ -254,9 +254,9 @@ def test_scheduled_and_find_follow_disabled_names():
     pm = PassManager(groups, disabled={"fuse", "propagate_constant"})
     assert [p.name for _, p in pm.scheduled()] == ["eliminate_dead_code", "simplify_reshapes", "merge_dots",
                                                    "fuse_attention", "fuse_reduce", "fuse_pointwise",
-                                                   "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code",
+                                                   "fuse_scatternd", "fuse_horizontal", "fuse_rotary_kv", "eliminate_dead_code", "fuse_gemv",
                                                    "bind_outputs", "lowering", "hip_graph", "memory_coloring"]
-    assert pm.find("fuse_norms") is None and pm.find("hip_graph") is groups[6].passes[0]
+    assert pm.find("fuse_norms") is None and pm.find("hip_graph") is groups[7].passes[0]
     assert [p.name for _, p in pm.skipped()] == ["propagate_constant", "fuse_norms", "eliminate_dead_code"]
 
 

@@ -1,0 +1,261 @@
+"""fuse_gemv: a one-row ``dot`` against a constant weight with the RMSNorm ``fused_reduce`` before it and
+the ``pointwise`` epilogue after it (SiLU(gate) * up over slices of a merged gate / up projection)
+becomes one ``fused_gemv``.  Hand-built decoder-layer fragments go through the real fusion passes
+(fuse_reduce, fuse_pointwise, then gemv_layout on gpu) and fuse_gemv; the result is compared with a
+hand-built expected program, and what is left unfused is checked case by case; then values against a
+float64 numpy oracle and against the unfused program on each target."""
+import numpy as np
+import pytest
+
+from mgx_graph import Program
+from mgx_graph.passes import (EliminateDeadCode, FuseGemv, FusePointwise, FuseReduce, GemvLayout, PassContext,
+                              PassManager)
+from mgx_graph.program import compile_program
+
+import gemv_host
+from irtools import S, assert_same_ir, lit, op, run_pass
+from test_fuse_reduce import want_module
+
+EPS = 1e-5
+
+
+def _layer(dtype="float32", K=64, L=24, *, rows=1, weight="literal", lens=None, norm_read=False,
+           early_residual=False, epilogue=True, seed=0):
+    """``h = x + r; n = rms_norm(h, g); y = n @ W [K, 2L]; out = silu(y[:L]) * y[L:]`` and a later
+    ``neg(h)`` (the next residual add's stand-in).  ``weight`` ``param``: W a parameter; ``lens``: the
+    two slice lengths (default L, L); ``norm_read``: n returned too; ``early_residual``: ``neg(h)``
+    placed between the dot and the epilogue; ``epilogue`` False: y returned as it is.  Returns
+    ``(program, {name: numpy value})`` of the literals."""
+    rng = np.random.default_rng(seed)
+    la, lb = lens or (L, L)
+    prog = Program()
+    m = prog.get_main_module()
+    x, r = m.add_parameter("x", S(dtype, 1, rows, K)), m.add_parameter("r", S(dtype, 1, rows, K))
+    gv = (1 + 0.1 * rng.standard_normal(K)).astype(dtype)
+    wv = (rng.standard_normal((K, la + lb)) / np.sqrt(K)).astype(dtype)
+    g = lit(m, gv, dtype)
+    w = m.add_parameter("w", S(dtype, K, la + lb)) if weight == "param" else lit(m, wv, dtype)
+    h = m.add_instruction(op("add"), [x, r])
+    n = m.add_instruction(op("rms_norm", axis=-1, epsilon=EPS), [h, g])
+    y = m.add_instruction(op("dot"), [n, w])
+    outs = [y]
+    if early_residual:
+        early = m.add_instruction(op("neg"), [h])
+    if epilogue:
+        gate = m.add_instruction(op("slice", axes=[2], starts=[0], ends=[la]), [y])
+        up = m.add_instruction(op("slice", axes=[2], starts=[la], ends=[la + lb]), [y])
+        if la != lb:
+            up = m.add_instruction(op("slice", axes=[2], starts=[0], ends=[la]),
+                                   [m.add_instruction(op("neg"), [up])])
+        silu = m.add_instruction(op("mul"), [gate, m.add_instruction(op("sigmoid"), [gate])])
+        outs = [m.add_instruction(op("mul"), [silu, up])]
+    outs.append(early if early_residual else m.add_instruction(op("neg"), [h]))
+    if norm_read:
+        outs.append(n)
+    m.add_return(outs)
+    return prog, {"g": gv, "w": wv}
+
+
+def _fuse(prog, target="ref"):
+    """The passes up to fuse_gemv as the target's pipeline runs them (gemv_layout on gpu)."""
+    for p in [FuseReduce(), FusePointwise(), EliminateDeadCode()] + ([GemvLayout()] if target == "gpu" else []):
+        run_pass(p, prog, target=target)
+    before = _summary(prog)
+    run_pass(FuseGemv(), prog, target=target)
+    run_pass(EliminateDeadCode(), prog)
+    return before, _summary(prog)
+
+
+def _summary(prog):
+    """``[(op, kernel)]`` of the main module's instructions but parameters and literals; ``kernel``: the
+    op names in a fused instruction's submodule (views and builtins left out)."""
+    out = []
+    for ins in prog.get_main_module().instructions:
+        if ins.op.name in ("@param", "@literal", "@return"):
+            continue
+        inner = ""
+        if ins.module_inputs:
+            inner = "_".join(i.op.name for i in ins.module_inputs[0].instructions
+                             if not i.op.builtin and not i.op.is_view)
+        out.append((ins.op.name, inner))
+    return out
+
+
+# -- IR in, IR out ----------------------------------------------------------------------------------------
+def test_norm_dot_and_silu_mul_are_one_fused_gemv_returning_the_residual_too():
+    got, vals = _layer()
+    _fuse(got)
+
+    want = Program()
+    m = want.get_main_module()
+    x, r = m.add_parameter("x", S("float32", 1, 1, 64)), m.add_parameter("r", S("float32", 1, 1, 64))
+    g, w = lit(m, vals["g"]), lit(m, vals["w"])
+
+    def body(s, p):
+        h = s.add_instruction(op("add"), [p[0], p[1]])
+        n = s.add_instruction(op("rms_norm", axis=-1, epsilon=EPS), [h, p[2]])
+        y = s.add_instruction(op("dot"), [n, p[3]])
+        gate = s.add_instruction(op("slice", axes=[2], starts=[0], ends=[24]), [y])
+        up = s.add_instruction(op("slice", axes=[2], starts=[24], ends=[48]), [y])
+        sig = s.add_instruction(op("sigmoid"), [gate])
+        silu = s.add_instruction(op("mul"), [gate, sig])
+        return [s.add_instruction(op("mul"), [silu, up]), h]
+
+    sub = want_module(m, [x, r, g, w], body, "fused_gemv")
+    f = m.add_instruction(op("fused_gemv", module=sub), [x, r, g, w], [sub])
+    out, h = (m.add_instruction(op("get_tuple_elem", index=k), [f]) for k in (0, 1))
+    m.add_return([out, m.add_instruction(op("neg"), [h])])
+    assert_same_ir(got, want)
+
+
+def test_on_gpu_the_dot_reads_the_weight_gemv_layout_stored():
+    prog, _ = _layer("float16")
+    before, after = _fuse(prog, "gpu")
+    assert ("dot", "") in before and after == [("transpose", ""), ("fused_gemv", "add_rms_norm_dot_sigmoid_mul_mul"),
+                                               ("get_tuple_elem", ""), ("get_tuple_elem", ""), ("neg", "")]
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    wt = f.inputs[-1]
+    assert wt.op.name == "transpose" and wt.inputs[0].op.name == "@literal" and wt.shape.strides == (1, 64)
+
+
+def test_dot_alone_after_the_norm_takes_the_prologue():
+    prog, _ = _layer(epilogue=False)
+    before, after = _fuse(prog)
+    assert before == [("fused_reduce", "add_rms_norm"), ("get_tuple_elem", ""), ("get_tuple_elem", ""),
+                      ("dot", ""), ("neg", "")]
+    assert after == [("fused_gemv", "add_rms_norm_dot"), ("get_tuple_elem", ""), ("get_tuple_elem", ""),
+                     ("neg", "")]
+
+
+def test_a_second_reader_of_the_normalized_row_keeps_the_norm_apart():
+    prog, _ = _layer(norm_read=True)
+    _, after = _fuse(prog)
+    assert [k for k in after if k[0] != "get_tuple_elem"] == [("fused_reduce", "add_rms_norm"),
+                                                              ("fused_gemv", "dot_sigmoid_mul_mul"), ("neg", "")]
+
+
+def test_a_dot_the_gemv_would_not_run_is_left_alone():
+    """A weight that is a parameter (not constant), or two rows: nothing changes."""
+    for kw in (dict(weight="param"), dict(rows=2)):
+        prog, _ = _layer(**kw)
+        before, after = _fuse(prog)
+        assert after == before and not any(k[0] == "fused_gemv" for k in after), kw
+
+
+def test_slices_of_unequal_length_leave_the_epilogue_apart():
+    prog, _ = _layer(lens=(24, 32))
+    _, after = _fuse(prog)
+    assert ("fused_gemv", "add_rms_norm_dot") in after
+    assert any(k[0] == "pointwise" for k in after)
+
+
+def test_a_multi_row_norm_is_not_taken():
+    prog, _ = _layer(rows=3, epilogue=False)
+    before, after = _fuse(prog)
+    assert after == before
+
+
+def test_a_residual_read_before_the_epilogue_keeps_the_epilogue_apart():
+    prog, _ = _layer(early_residual=True)
+    _, after = _fuse(prog)
+    assert after == [("fused_gemv", "add_rms_norm_dot"), ("get_tuple_elem", ""), ("get_tuple_elem", ""),
+                     ("neg", ""), ("slice", ""), ("slice", ""), ("pointwise", "sigmoid_mul_mul")]
+
+
+@pytest.mark.parametrize("env", [("MIGRAPHX_DISABLE_PASSES", "fuse_gemv"), ("MIGRAPHX_GEMV", "0")])
+@pytest.mark.parametrize("tname", ["ref", "gpu"])
+def test_disabled_pass_or_gemv_off_leaves_the_program(env, tname, monkeypatch):
+    """Through the target's pipeline (no lowering): the pass named in MIGRAPHX_DISABLE_PASSES, or
+    the gemv kernel off, keeps fused_reduce, dot and pointwise; with neither, one fused_gemv."""
+    from mgx_graph import env as menv
+    from mgx_graph.passes import PipelineOptions
+    from mgx_graph.targets import pipeline
+
+    def ops():
+        menv._reset_for_tests()
+        prog, _ = _layer("float16")
+        groups = [g for g in pipeline(tname, PipelineOptions()) if g.name not in ("lower", "graph", "memory")]
+        PassManager(groups, PassContext(tname)).run(prog)
+        return [k[0] for k in _summary(prog)]
+
+    assert "fused_gemv" in ops()
+    monkeypatch.setenv(*env)
+    left = ops()
+    assert "fused_gemv" not in left and {"fused_reduce", "dot", "pointwise"} <= set(left)
+
+
+# -- values ------------------------------------------------------------------------------------------------
+def _oracle(xv, rv, vals, dtype, epilogue=True):
+    """float64 numpy of the layer, rounding where the program stores ``dtype`` values."""
+    h = xv.astype(np.float64) + rv.astype(np.float64)
+    hs = h.astype(dtype).astype(np.float64)
+    n = hs / np.sqrt(np.mean(hs * hs, axis=-1, keepdims=True) + EPS) * vals["g"].astype(np.float64)
+    y = n.astype(dtype).astype(np.float64) @ vals["w"].astype(np.float64)
+    y = y.astype(dtype).astype(np.float64)
+    if not epilogue:
+        return y, -hs
+    L = y.shape[-1] // 2
+    gate, up = y[..., :L], y[..., L:]
+    return gate / (1 + np.exp(-gate)) * up, -hs
+
+
+@pytest.mark.parametrize("dtype, K, L, epilogue", [("float16", 64, 24, True), ("float16", 576, 160, True),
+                                                   ("float32", 96, 40, False), ("float16", 100, 7, True)])
+def test_fused_layer_matches_numpy_and_the_unfused_program(dtype, K, L, epilogue, target, monkeypatch):
+    from mgx_graph import env as menv
+
+    prog, vals = _layer(dtype, K, L, epilogue=epilogue, seed=K)
+    rng = np.random.default_rng(K + 1)
+    feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
+    fused = compile_program(prog, target=target)
+    kinds = [i.op.name for i in fused.program.get_main_module().instructions]
+    assert "fused_gemv" in kinds and "dot" not in kinds and "fused_reduce" not in kinds
+    got = fused.run(feeds)
+    monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", "fuse_gemv")
+    menv._reset_for_tests()
+    plain = compile_program(_layer(dtype, K, L, epilogue=epilogue, seed=K)[0], target=target)
+    assert "fused_gemv" not in [i.op.name for i in plain.program.get_main_module().instructions]
+    want = plain.run(feeds)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if target == "ref":
+            assert np.array_equal(g, w)  # the same kernels in the same order
+        else:  # one kernel in place of three: within a float16 rounding step
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=2e-3, atol=2e-3)
+    tol = 4e-3 if dtype == "float16" else 1e-5
+    for g, o in zip(got, _oracle(feeds["x"], feeds["r"], vals, dtype, epilogue)):
+        np.testing.assert_allclose(g.astype(np.float64), o, rtol=tol, atol=tol)
+
+
+# -- the generated kernel on the host ----------------------------------------------------------------------
+def _gpu_fused(dtype, K, L, epilogue, seed):
+    prog, vals = _layer(dtype, K, L, epilogue=epilogue, seed=seed)
+    _fuse(prog, "gpu")
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    return f, vals
+
+
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+@pytest.mark.parametrize("dtype, K, L, epilogue", [("float16", 64, 24, True), ("float16", 576, 40, True),
+                                                   ("float32", 96, 20, False), ("float16", 100, 7, True),
+                                                   ("float16", 1536, 9, False)])
+def test_generated_kernel_on_the_host_matches_numpy(dtype, K, L, epilogue, rng):
+    """Both variants of the kernel (16-byte and element loads) built for the host (one std::thread per
+    CUDA thread): the result against the float64 oracle, the residual sum exactly x + r rounded."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+
+    f, vals = _gpu_fused(dtype, K, L, epilogue, K)
+    xv, rv = (rng.standard_normal((1, 1, K)).astype(dtype) for _ in range(2))
+    wt = f.inputs[3].inputs[0].op.value  # W^T [N, K] as gemv_layout stored it
+    assert np.array_equal(wt.T, vals["w"])
+    want, neg_h = _oracle(xv, rv, vals, dtype, epilogue)
+    shapes = [i.shape for i in f.inputs]
+    for vector in (True, False):
+        ks, plan, parts = fused_gemv_source(f.module_inputs[0], shapes, f.shape, vector)
+        y = np.full(want.shape, 7, dtype)
+        h = np.full((1, 1, K), 7, dtype)
+        gemv_host.run_fused(ks, [xv, rv, vals["g"], wt, y, h], (ks.grid,))
+        tol = 4e-3 if dtype == "float16" else 1e-5
+        np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
+        assert np.array_equal(h, (xv.astype(np.float32) + rv.astype(np.float32)).astype(dtype))
+        assert ks.grid * plan.cols >= want.shape[-1] and plan.N == vals["w"].shape[1]
