@@ -123,98 +123,61 @@ extern "C" __global__ void mgx_rotary_kv_write(MGX_ROTARY_PARAMS, MGX_KV_PARAMS(
     }
 }
 
-// The sum of v over the block: xor shuffles within each 32-lane group (a CUDA warp; half of an AMD
-// wavefront, shuffled with width 32), then the groups' sums through red (one float per group), read by
-// every thread.  Two barriers.  On the host build (one thread) it returns v.
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
-#define MGX_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
-#elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define MGX_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
-#else
-#define MGX_SHFL_XOR(v, o) 0.0f
-#endif
 __device__ __forceinline__ float mgx_block_sum(float v, float* red) {
-    if (blockDim.x > 1)
-        for (int o = 16; o > 0; o >>= 1) v += MGX_SHFL_XOR(v, o);
-    const unsigned tid = threadIdx.x, groups = (blockDim.x + 31) / 32;
-    if ((tid & 31) == 0) red[tid >> 5] = v;
+    unsigned tid = threadIdx.x;
+    red[tid] = v;
     MGX_SYNC();
-    float r = 0.0f;
-    for (unsigned g = 0; g < groups; ++g) r += red[g];
+    for (unsigned k = blockDim.x / 2; k > 0; k /= 2) {
+        if (tid < k) red[tid] += red[tid + k];
+        MGX_SYNC();
+    }
+    float r = red[0];
     MGX_SYNC();
     return r;
 }
 
-#define MGX_ROW_CACHE 8  // row elements a thread keeps in registers (rows up to MGX_ROW_CACHE * blockDim.x)
-
-// s of column c of row r: x (+ skip) (+ bias), in float
-__device__ __forceinline__ float mgx_skip_sum(const T* xr, const T* kr, const T* bias, long long c) {
-    float s = mgx_ld(xr[c]);
-    if (kr) s += mgx_ld(kr[c]);
-    if (bias) s += mgx_ld(bias[c]);
-    return s;
-}
-
+// Row r of D columns: s = x (+ skip) (+ bias) in float, y = (s - mean) * inv * gamma (+ beta) with
+// inv = 1 / sqrt(mean((s - mean)^2) + eps) (mean 0 when simplified).  skip row = r % skip_rows;
+// the flags say which inputs / outputs exist (an absent one is passed as x or y, never touched).
+// sum: s rounded to T; mean / inv: float per row.  Launched with MGX_NT threads per block.
 extern "C" __global__ void mgx_skip_norm(const T* x, const T* skip, const T* gamma, const T* beta, const T* bias,
                                          T* y, float* mean_out, float* inv_out, T* sum_out, long long rows,
                                          long long D, long long skip_rows, float eps, int simplified,
                                          int has_skip, int has_beta, int has_bias, int want_sum, int want_stats) {
-    MGX_SHARED float red[MGX_NT / 32 + 1];
+    MGX_SHARED float red[MGX_NT];
     if (!has_bias) bias = 0;
     if (!has_beta) beta = 0;
     if (!want_sum) sum_out = 0;
-    const long long nt = blockDim.x, tid = threadIdx.x;
-    const bool cached = D <= MGX_ROW_CACHE * nt;  // the thread's columns tid + k * nt stay in registers
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + r * D;
         const T* kr = has_skip ? skip + (r % skip_rows) * D : 0;
-        float v[MGX_ROW_CACHE];
         float acc = 0.0f;
-        if (cached) {
-#pragma unroll
-            for (int k = 0; k < MGX_ROW_CACHE; ++k) {
-                const long long c = tid + k * nt;
-                v[k] = c < D ? mgx_skip_sum(xr, kr, bias, c) : 0.0f;
-                if (c < D && sum_out) mgx_st(sum_out + r * D + c, v[k]);
-                acc += v[k];
-            }
-        } else {
-            for (long long c = tid; c < D; c += nt) {
-                const float s = mgx_skip_sum(xr, kr, bias, c);
-                if (sum_out) mgx_st(sum_out + r * D + c, s);
-                acc += s;
-            }
+        for (long long c = threadIdx.x; c < D; c += blockDim.x) {
+            float s = mgx_ld(xr[c]);
+            if (kr) s += mgx_ld(kr[c]);
+            if (bias) s += mgx_ld(bias[c]);
+            if (sum_out) mgx_st(sum_out + r * D + c, s);
+            acc += s;
         }
-        const float mean = simplified ? 0.0f : mgx_block_sum(acc, red) / (float)D;
+        float mean = simplified ? 0.0f : mgx_block_sum(acc, red) / (float)D;
         float sq = 0.0f;
-        if (cached) {
-#pragma unroll
-            for (int k = 0; k < MGX_ROW_CACHE; ++k)
-                if (tid + k * nt < D) sq += (v[k] - mean) * (v[k] - mean);
-        } else {
-            for (long long c = tid; c < D; c += nt) {
-                const float s = mgx_skip_sum(xr, kr, bias, c) - mean;
-                sq += s * s;
-            }
+        for (long long c = threadIdx.x; c < D; c += blockDim.x) {
+            float s = mgx_ld(xr[c]);
+            if (kr) s += mgx_ld(kr[c]);
+            if (bias) s += mgx_ld(bias[c]);
+            s -= mean;
+            sq += s * s;
         }
-        const float inv = 1.0f / sqrtf(mgx_block_sum(sq, red) / (float)D + eps);
-        if (cached) {
-#pragma unroll
-            for (int k = 0; k < MGX_ROW_CACHE; ++k) {
-                const long long c = tid + k * nt;
-                if (c >= D) continue;
-                float o = (v[k] - mean) * inv * mgx_ld(gamma[c]);
-                if (beta) o += mgx_ld(beta[c]);
-                mgx_st(y + r * D + c, o);
-            }
-        } else {
-            for (long long c = tid; c < D; c += nt) {
-                float o = (mgx_skip_sum(xr, kr, bias, c) - mean) * inv * mgx_ld(gamma[c]);
-                if (beta) o += mgx_ld(beta[c]);
-                mgx_st(y + r * D + c, o);
-            }
+        float inv = 1.0f / sqrtf(mgx_block_sum(sq, red) / (float)D + eps);
+        for (long long c = threadIdx.x; c < D; c += blockDim.x) {
+            float s = mgx_ld(xr[c]);
+            if (kr) s += mgx_ld(kr[c]);
+            if (bias) s += mgx_ld(bias[c]);
+            float v = (s - mean) * inv * mgx_ld(gamma[c]);
+            if (beta) v += mgx_ld(beta[c]);
+            mgx_st(y + r * D + c, v);
         }
-        if (tid == 0 && want_stats) {
+        if (threadIdx.x == 0 && want_stats) {
             if (mean_out) mean_out[r] = mean;
             if (inv_out) inv_out[r] = inv;
         }

@@ -108,19 +108,24 @@ class ProgrammaticKernel:
     """A compiled CuPy function called as CuPy's (``fn(grid, block, args, shared_mem=0)``) that
     launches with programmatic stream serialization while a capture is open on the current stream."""
 
-    __slots__ = ("fn", "runtime", "launches")
+    __slots__ = ("fn", "runtime", "launches", "handle")
     total = 0  # programmatic launches in this process (every instance)
 
     def __init__(self, fn, runtime):
         self.fn, self.runtime, self.launches = fn, runtime, 0
+        # the driver function handle: a RawModule's function is a RawKernel over a cupy.cuda.Function
+        inner = getattr(fn, "kernel", fn)
+        self.handle = getattr(inner, "ptr", None)
 
     def __call__(self, grid, block, args, shared_mem: int = 0, **kw):
         import cupy
 
         s = cupy.cuda.get_current_stream().ptr
-        packed = kernel_arguments(args) if not kw and self.runtime.capture_begun_on(s) else None
+        packed = None
+        if self.handle is not None and not kw and self.runtime.capture_begun_on(s):
+            packed = kernel_arguments(args)
         if packed is None:
             return self.fn(grid, block, args, shared_mem=shared_mem, **kw)
-        self.runtime.launch_programmatic(self.fn.ptr, _dim3(grid), _dim3(block), shared_mem, s, *packed)
+        self.runtime.launch_programmatic(self.handle, _dim3(grid), _dim3(block), shared_mem, s, *packed)
         self.launches += 1
         ProgrammaticKernel.total += 1

@@ -127,7 +127,7 @@ def test_kv_write_full_copies_the_past_and_zeroes_the_rest(lib):
 
 
 @needs_gxx
-@pytest.mark.parametrize("D", [576, 7])  # the host build's one thread keeps rows of up to 8 in registers
+@pytest.mark.parametrize("D", [576, 7])
 @pytest.mark.parametrize("simplified,skip_rows,extras", [(1, 6, False), (0, 3, True), (1, 1, True)])
 def test_skip_norm_kernel(lib, simplified, skip_rows, extras, D):
     rng = np.random.default_rng(simplified + skip_rows)
