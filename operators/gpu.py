@@ -119,6 +119,70 @@ def reduction_kernel(kind: str, dtype: str):
                                 name=f"mgx_reduce_{kind}", reduce_type=acc, preamble=f"typedef {acc} mgx_acc;")
 
 
+FULL_REDUCE_MAX = 1 << 22  # elements a one-block full reduction takes (a larger one runs as CuPy reduces)
+FULL_REDUCE_THREADS = 1024
+
+
+def full_reduction_source(kind: str, dtype: str) -> str:
+    """The source of ``mgx_full_reduce(x, out, n)``: ``out[0]`` = the ``kind`` reduction (sum, mean,
+    prod, max, min; max / min propagate NaN as :func:`reduction_kernel` does) of the ``n`` contiguous
+    elements of ``x``, by one block of :data:`FULL_REDUCE_THREADS` threads (strided partial values,
+    then a shared-memory tree), accumulated in float for float16 / float32, double for float64."""
+    from .attention_gpu import HEADER
+
+    ctype = {"float16": "__half", "float32": "float", "float64": "double"}.get(dtype) or _CTYPES[dtype]
+    acc = {"float16": "float", "float32": "float", "float64": "double"}.get(dtype, ctype)
+    if dtype in ("float16", "float32"):
+        lo, hi = "__int_as_float(0xff800000)", "__int_as_float(0x7f800000)"
+    elif dtype == "float64":
+        lo, hi = "__longlong_as_double(0xfff0000000000000ULL)", "__longlong_as_double(0x7ff0000000000000ULL)"
+    else:
+        info = np.iinfo(dtype)
+        lo = f"(({acc})({int(info.min) + 1}) - 1)" if info.min < 0 else "0"
+        hi = f"(({acc}){int(info.max)}U)" if info.min >= 0 else f"(({acc}){int(info.max)})"
+    combine = {"sum": "a + b", "mean": "a + b", "prod": "a * b", "max": "((a > b || a != a) ? a : b)",
+               "min": "((a < b || a != a) ? a : b)"}[kind]
+    identity = {"sum": "0", "mean": "0", "prod": "1", "max": lo, "min": hi}[kind]
+    post = "r / (A)n" if kind == "mean" else "r"
+    return HEADER + f"""typedef {ctype} T;
+typedef {acc} A;
+__device__ __forceinline__ A mgx_combine(A a, A b) {{ return {combine}; }}
+extern "C" __global__ void __launch_bounds__({FULL_REDUCE_THREADS}) mgx_full_reduce(const T* x, T* out, long long n) {{
+    __shared__ A sm[{FULL_REDUCE_THREADS}];
+    const int tid = threadIdx.x;
+    A a = (A)({identity});
+    for (long long i = tid; i < n; i += blockDim.x) a = mgx_combine(a, (A)x[i]);
+    sm[tid] = a;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {{
+        if (tid < s) sm[tid] = mgx_combine(sm[tid], sm[tid + s]);
+        __syncthreads();
+    }}
+    if (tid == 0) {{
+        const A r = sm[0];
+        out[0] = (T)({post});
+    }}
+}}
+"""
+
+
+def full_reduction(kind: str, x, out) -> bool:
+    """Reduce every element of ``x`` (C-contiguous, at most :data:`FULL_REDUCE_MAX` elements, a numeric
+    type) into the one element of ``out`` with one launch that allocates nothing (capturable: CuPy's
+    reductions of large arrays run in two passes over a temporary they allocate); False when ``x`` does
+    not qualify (the caller reduces otherwise)."""
+    from .fused_gpu import compiled_function
+
+    dtype = x.dtype.name
+    if kind not in ("sum", "mean", "prod", "max", "min") or out.size != 1 or x.size == 0 or \
+            x.size > FULL_REDUCE_MAX or not x.flags.c_contiguous or not out.flags.c_contiguous or \
+            dtype not in ("float16", "float32", "float64", *_CTYPES):
+        return False
+    fn = compiled_function(full_reduction_source(kind, dtype), "mgx_full_reduce")
+    fn((1,), (FULL_REDUCE_THREADS,), (x, out, np.int64(x.size)))
+    return True
+
+
 # ---------------------------------------------------------------------------------------------------
 # dot: strided-batched GEMM through the vendor BLAS
 # ---------------------------------------------------------------------------------------------------

@@ -219,8 +219,10 @@ class GpuContext:
 
     @staticmethod
     def reduce(kind: str, x, axes, out) -> None:
-        """One reduction kernel into ``out`` (keepdims shape); never allocates (no CUB temporaries)."""
-        from ..operators.gpu import reduction_kernel
+        """One reduction kernel into ``out`` (keepdims shape); never allocates (no CUB temporaries; a
+        reduction of every element runs as one block of our own, CuPy's reduces large arrays in two
+        passes over a temporary)."""
+        from ..operators.gpu import full_reduction, reduction_kernel
 
         if x.dtype.kind == "b":  # bool: any / all (CuPy's own reductions; eager only)
             import cupy
@@ -229,6 +231,8 @@ class GpuContext:
             if fn is None:
                 raise TypeError(f"no {kind} reduction of bool values")
             out[...] = fn(x, axis=tuple(axes), keepdims=True)
+            return
+        if len(axes) == x.ndim and full_reduction(kind, x, out):
             return
         reduction_kernel(kind, x.dtype.name)(x, out=out, axis=tuple(axes), keepdims=True)
 
