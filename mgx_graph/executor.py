@@ -24,9 +24,9 @@ from .eval_loop import EvalLoop
 from .graph_cache import GraphBudget, GraphOptions
 from .interop import expected, to_target, type_name
 from .passes.hip_graph import movable_values
-from .passes.memory_coloring import bound_params
 from .program_buffers import ProgramBuffers
 from .staging import InputStaging
+from .written_parameters import WrittenParameters
 from .steps import step_kind
 
 
@@ -68,28 +68,13 @@ class Executor:
         self._param_order = [name for name, _, _ in self.param_specs]
         self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape)
                               for name, s, shape in self.param_specs]
-        writers = [i for m in b.modules for i in m.instructions if "bind_param" in i.meta]
-        self.bound = [(slot[id(i)], slot[id(main.get_parameter(i.meta["bind_param"]))], i.shape)
-                      for i in writers if not isinstance(i.shape, tuple)]
-        self._bound_tuples = [(slot[id(i)], self._tuple_elements(i, main)) for i in writers
-                              if isinstance(i.shape, tuple)]
-        self._written = {ps for _, ps, _ in self.bound} | \
-            {ps for _, elems in self._bound_tuples for ps, _, _ in elems if ps is not None}
+        self.written = WrittenParameters(b, self.plan, main)
+        self._written = self.written.slots
         self._written_names = {n for n, ps, _ in self.param_specs if ps in self._written}
-        self._bound_views = {}
         # a writer whose step stores its own value would need its binding restored before every run
         movable = b.movable
-        self._rebind_per_run = any(step_kind(i, movable) in ("view", "guard", "modules")
-                                   for m in b.modules for i in m.instructions if "bind_param" in i.meta)
+        self._rebind_per_run = any(step_kind(i, movable) in ("view", "guard", "modules") for i in self.written.writers)
         self.out_slots = [slot[id(i)] for i in main.get_return().inputs]
-
-    def _tuple_elements(self, ins, main) -> list:
-        """``[(parameter slot or None, layout, own array or None)]`` per result of ``ins``, a tuple
-        writer with some results bound into parameters: a bound one is written into its parameter's
-        array (in ``layout``), the others into their arena buffers."""
-        b, names = self.buffers, dict(bound_params(ins))
-        return [(b.slot[id(main.get_parameter(names[k]))], s, None) if k in names else
-                (None, s, b.ctx.array(b.arena, self.plan.offsets[(id(ins), k)], s)) for k, s in enumerate(ins.shape)]
 
     @property
     def regions(self) -> list:
@@ -193,25 +178,8 @@ class Executor:
 
     def _bind_written_parameters(self) -> None:
         """Instructions that write into a parameter (``bind_param``) read its current array, in the
-        layout they were planned with (a strided view of it, made once per array)."""
-        env = self.env
-        for bs, ps, layout in self.bound:
-            env[bs] = self._written_view(bs, env[ps], layout)
-        for bs, elems in self._bound_tuples:
-            vals = tuple(own if ps is None else self._written_view((bs, k), env[ps], layout)
-                         for k, (ps, layout, own) in enumerate(elems))
-            old = env[bs]
-            if not (isinstance(old, tuple) and all(x is y for x, y in zip(old, vals))):
-                env[bs] = vals  # a new tuple only when an array changed (its views are remade then)
-
-    def _written_view(self, key, a, layout):
-        """``a`` (a parameter's array) in ``layout``: a strided view of it, made once per array."""
-        hit = self._bound_views.get(key)
-        if hit is not None and hit[0] is a:
-            return hit[1]
-        v = a if layout.standard() else self.ctx.xp.lib.stride_tricks.as_strided(a, layout.lens, layout.byte_strides())
-        self._bound_views[key] = (a, v)
-        return v
+        layout they were planned with (:class:`~mgx_graph.written_parameters.WrittenParameters`)."""
+        self.written.bind(self.env)
 
     # -- running ---------------------------------------------------------------------------------
     def _use_queue(self, q: int) -> None:
@@ -337,7 +305,7 @@ class Executor:
             self._record = None
             self.loop.forget()
             self.env[:] = [None] * len(self.env)
-            self._bound_views = {}
+            self.written.forget_views()
             regions, self.env = list(self.regions), []
             self.staging.clear()
             # the context synchronizes, then graph execs go, then memory: later if a capture is open
