@@ -25,6 +25,10 @@ def _case(op, dtype, shape, nan=False, keepdims=0):
     if dtype == "int32":
         x = rng.integers(-50, 50, size=shape).astype(np.int32)
     model = one_node_model(op, ["x"], {"x": x}, {}, out, 18, keepdims=keepdims)
+    # two more nodes after the reduction (min_partition_size=1 below: the program is one graph region)
+    y = model.graph.output[0].name
+    model.graph.node[0].output[0] = "r"
+    model.graph.node.extend([onnx.helper.make_node("Neg", ["r"], ["n"]), onnx.helper.make_node("Neg", ["n"], [y])])
     return model, {"x": x}
 
 
@@ -40,7 +44,7 @@ def test_full_reduction_matches_onnxruntime(target, op, dtype, shape, nan, tmp_p
     # with a NaN: numpy's reductions (NaN propagates, as on ref; onnxruntime's CPU min / max skip it)
     want = getattr(np, {"ReduceMin": "min", "ReduceMax": "max", "ReduceSum": "sum", "ReduceMean": "mean",
                         "ReduceProd": "prod"}[op])(feeds["x"]) if nan else ort_run(model, feeds)[0]
-    prog = mgx_graph.compile(path, target=target, hip_graph=True)
+    prog = mgx_graph.compile(path, target=target, hip_graph=True, min_partition_size=1)
     for _ in range(4):  # warmups, capture, replays
         got = prog.run(feeds)[0]
         rtol = 2e-3 if dtype == "float16" else 1e-5
