@@ -28,9 +28,11 @@ Variables used by mgx_graph:
 ``MIGRAPHX_ATTN_WARP``                ``0``: the gpu decode attention runs the block kernel
                                       (``mgx_attn_split``) for every shape instead of the warp kernel
                                       (``mgx_attn_warp``) for few query rows per KV head (on by default)
-``MIGRAPHX_GEMV``                      a one-row ``dot`` against a constant weight runs the gemv kernel on
-                                      gpu (its weight stored transposed) instead of a BLAS GEMM (off by
-                                      default: not yet timed against cuBLAS)
+``MIGRAPHX_GEMV``                     ``0``: a one-row ``dot`` against a constant weight runs as a BLAS GEMM
+                                      on gpu instead of the gemv kernel (on by default), and
+                                      ``fuse_gemv`` does not fuse
+``MIGRAPHX_PDL``                      ``1``: generated and own kernels launch with programmatic dependent
+                                      launch inside captures (compute capability 9.0+; off by default)
 ====================================  ==========================================================
 """
 from __future__ import annotations
