@@ -27,7 +27,7 @@ leaves the program as it was.
 """
 from __future__ import annotations
 
-from ..operators.fused import FusedGemv, module_params
+from ..operators.fused import FusedGemv
 from ..shape import Shape
 from . import fusion
 
@@ -122,34 +122,6 @@ def _epilogue(m, d, start, exclude):
     return e, slices
 
 
-def inline_fused(m, f) -> tuple[list, list]:
-    """Put the instructions of fused instruction ``f``'s submodule back into ``m`` where ``f`` stands
-    (parameters bound to ``f``'s inputs; its readers, or the readers of its ``get_tuple_elem`` s, read
-    the returned values); ``f`` and its submodule leave the program.  Returns ``(placed, returned)``:
-    the instructions placed in order, and the values standing for the returned ones."""
-    sub = f.module_inputs[0]
-    env = {id(p): v for p, v in zip(module_params(sub), f.inputs)}
-    placed = []
-    for ins in sub.instructions:
-        if ins.op.name in ("@param", "@return"):
-            continue
-        if ins.op.name == "@literal":
-            new = m.insert_literal(f, ins.op.value)
-        else:
-            new = m.insert_instruction(f, ins.op, [env[id(i)] for i in ins.inputs], ins.module_inputs)
-        env[id(ins)] = new
-        placed.append(new)
-    returned = [env[id(r)] for r in sub.get_return().inputs]
-    if isinstance(f.shape, tuple):
-        for g in list({id(c): c for c in f.outputs}.values()):
-            m.replace_instruction(g, returned[g.op.index], remove=True)
-    else:
-        m.replace_instruction(f, returned[0])
-    m.remove_instruction(f)
-    m.program.remove_module(sub.name)
-    return placed, returned
-
-
 class FuseGemv(fusion.FusionPass):
     """The pass (see the module docstring); ``exclude``: op names never fused.  Visits every module
     but those run by fused instructions; rewrites in place, raises nothing of its own."""
@@ -193,7 +165,7 @@ class FuseGemv(fusion.FusionPass):
     def _fuse(self, m, d, pro, epi) -> None:
         members, extra = [], []
         if pro is not None:
-            placed, returned = inline_fused(m, pro[0])
+            placed, returned = fusion.inline_fused(m, pro[0])
             members += [i for i in placed if i.op.name != "@literal"]
             extra = [r for r in returned[1:] if any(c.module is m for c in r.outputs)]
         members.append(d)
@@ -201,7 +173,7 @@ class FuseGemv(fusion.FusionPass):
         if epi is not None:
             e, slices = epi
             members += slices
-            body, _ = inline_fused(m, e)
+            body, _ = fusion.inline_fused(m, e)
             members += [i for i in body if i.op.name != "@literal"]
         fusion.outline(m, members, lambda sub: FusedGemv(module=sub), "fused_gemv", extra)
         for lit in (placed if pro is not None else []) + body:

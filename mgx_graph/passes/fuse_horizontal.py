@@ -37,7 +37,8 @@ from ..operators.fused_horizontal import FusedHorizontal
 from ..operators.fused_scatter import scatter_of
 from ..shape import Shape
 from . import fusion
-from .fuse_scatternd import _root, inline_fused
+from .fuse_scatternd import _root
+from .fusion import inline_fused
 
 CONTROL = ("if", "loop", "graph_launch")
 WRITERS = ("scatternd", "fused_scatternd", "kv_cache_update")  # input 0: the data they write (a cache)
@@ -156,7 +157,7 @@ class FuseHorizontal(fusion.FusionPass):
             sub = f.module_inputs[0]
             inner = [i for i in sub.instructions if i.op.name not in ("@param", "@return")]
             k = inner.index(sub.get_return().inputs[0])
-            placed = inline_fused(m, f)
+            placed = inline_fused(m, f)[0]
             outs.append(placed[k])
             body += [i for i in placed if i.op.name != "@literal"]
             lits += [i for i in placed if i.op.name == "@literal"]

@@ -28,7 +28,6 @@ they are.
 """
 from __future__ import annotations
 
-from ..operators.fused import module_params
 from ..operators.fused_scatter import FusedScatterND
 from ..shape import Shape
 from . import fusion
@@ -44,27 +43,6 @@ def _root(v):
 def _only_reader(v, reader) -> bool:
     """``reader`` is the one consumer of ``v`` and reads it once."""
     return bool(v.outputs) and all(c is reader for c in v.outputs) and reader.inputs.count(v) == 1
-
-
-def inline_fused(m, f) -> list:
-    """Put the instructions of fused instruction ``f``'s submodule back into module ``m`` where ``f``
-    stands (its parameters bound to ``f``'s inputs, its consumers reading the returned value); ``f``
-    and its submodule leave the program.  Returns the instructions placed, in order."""
-    sub = f.module_inputs[0]
-    env = {id(p): v for p, v in zip(module_params(sub), f.inputs)}
-    placed = []
-    for ins in sub.instructions:
-        if ins.op.name in ("@param", "@return"):
-            continue
-        if ins.op.name == "@literal":
-            new = m.insert_literal(f, ins.op.value)
-        else:
-            new = m.insert_instruction(f, ins.op, [env[id(i)] for i in ins.inputs], ins.module_inputs)
-        env[id(ins)] = new
-        placed.append(new)
-    m.replace_instruction(f, env[id(sub.get_return().inputs[0])], remove=True)
-    m.program.remove_module(sub.name)
-    return placed
 
 
 class FuseScatterND(fusion.FusionPass):
@@ -122,7 +100,7 @@ class FuseScatterND(fusion.FusionPass):
         return not any(w.op.inplace_ok and w.inputs and id(_root(w.inputs[0])) in params for w in between)
 
     def _fuse(self, m, s, p, views) -> None:
-        body = inline_fused(m, p) if p.op.name == "pointwise" else [p]
+        body = fusion.inline_fused(m, p)[0] if p.op.name == "pointwise" else [p]
         members = [i for i in body if i.op.name != "@literal"] + views + [s]
         fusion.outline(m, members, lambda sub: FusedScatterND(module=sub), "fused_scatternd")
         for lit in body:

@@ -13,6 +13,7 @@ that could write in place into its first input still can: see ``inplace_ok``).
 """
 from __future__ import annotations
 
+from ..operators.fused import module_params
 from ..operators.fused_exprs import SUPPORTED, op_body
 from ..operators.pointwise import Pointwise
 from ..shape import Shape
@@ -143,3 +144,31 @@ class FusionPass(ModulePass):
         for m in program.module_order():
             if m.name not in skip:
                 self.apply_module(m, ctx)
+
+
+def inline_fused(m, f) -> tuple[list, list]:
+    """Put the instructions of fused instruction ``f``'s submodule back into ``m`` where ``f`` stands
+    (parameters bound to ``f``'s inputs; its readers, or the readers of its ``get_tuple_elem`` s, read
+    the returned values); ``f`` and its submodule leave the program.  Returns ``(placed, returned)``:
+    the instructions placed in order, and the values standing for the returned ones."""
+    sub = f.module_inputs[0]
+    env = {id(p): v for p, v in zip(module_params(sub), f.inputs)}
+    placed = []
+    for ins in sub.instructions:
+        if ins.op.name in ("@param", "@return"):
+            continue
+        if ins.op.name == "@literal":
+            new = m.insert_literal(f, ins.op.value)
+        else:
+            new = m.insert_instruction(f, ins.op, [env[id(i)] for i in ins.inputs], ins.module_inputs)
+        env[id(ins)] = new
+        placed.append(new)
+    returned = [env[id(r)] for r in sub.get_return().inputs]
+    if isinstance(f.shape, tuple):
+        for g in list({id(c): c for c in f.outputs}.values()):
+            m.replace_instruction(g, returned[g.op.index], remove=True)
+    else:
+        m.replace_instruction(f, returned[0])
+    m.remove_instruction(f)
+    m.program.remove_module(sub.name)
+    return placed, returned
