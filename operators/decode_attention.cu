@@ -135,6 +135,28 @@ __device__ __forceinline__ float mgx_finish(float m, float l, int bad, float a, 
 #endif
 }
 
+// The cache rows [a, e) that query position s of batch entry b sees: at most kv_len[b] (HAS_LEN), up to
+// its position pos[b, s] (CAUSAL), the last W of those (WINDOW).
+__device__ __forceinline__ void mgx_visible(long long b, long long s, long long P, const long long* kv_len,
+                                            const long long* pos, long long psb, long long pss, long long W,
+                                            long long* a, long long* e) {
+    long long lo = 0, hi = P;
+#if HAS_LEN
+    if (kv_len[b] < hi) hi = kv_len[b];
+#endif
+#if CAUSAL || WINDOW
+    const long long p = pos[b * psb + s * pss];
+#endif
+#if CAUSAL
+    if (p + 1 < hi) hi = p + 1;
+#endif
+#if WINDOW
+    if (p - W + 1 > lo) lo = p - W + 1;
+#endif
+    *a = lo;
+    *e = hi;
+}
+
 #if MGX_ATTN_BLOCK
 extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
@@ -177,25 +199,8 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
     }
     if (tid < ROWS) {
         const long long rr = r0 + tid, n = kvh * G + rr / S, s = rr % S;
-        long long a = 0, e = P;
-        if (tid >= nrows) {
-            a = P;
-            e = 0;
-        } else {
-#if HAS_LEN
-            const long long len = kv_len[b];
-            if (len < e) e = len;
-#endif
-#if CAUSAL || WINDOW
-            const long long p = pos[b * psb + s * pss];
-#endif
-#if CAUSAL
-            if (p + 1 < e) e = p + 1;
-#endif
-#if WINDOW
-            if (p - W + 1 > a) a = p - W + 1;
-#endif
-        }
+        long long a = P, e = 0;
+        if (tid < nrows) mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &a, &e);
         lo[tid] = a;
         hi[tid] = e;
         rn[tid] = tid < nrows ? n : 0;
@@ -569,19 +574,8 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_warp(
     }
     if (tid < ROWS) {
         const long long n = kvh * G + tid / S, s = tid % S;
-        long long a = 0, e = P;
-#if HAS_LEN
-        if (kv_len[b] < e) e = kv_len[b];
-#endif
-#if CAUSAL || WINDOW
-        const long long p = pos[b * psb + s * pss];
-#endif
-#if CAUSAL
-        if (p + 1 < e) e = p + 1;
-#endif
-#if WINDOW
-        if (p - W + 1 > a) a = p - W + 1;
-#endif
+        long long a, e;
+        mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &a, &e);
         lo[tid] = a;
         hi[tid] = e;
         moff[tid] = b * msb + n * msn + s * mss;
