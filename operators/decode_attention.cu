@@ -135,6 +135,21 @@ __device__ __forceinline__ float mgx_finish(float m, float l, int bad, float a, 
 #endif
 }
 
+// One logit: softcap(scale * q.k) plus the mask / bias value, in float32; a NaN or +inf result sets
+// *nonfinite and gives -inf (the row is then bad: NAN_ZERO).
+__device__ __forceinline__ float mgx_logit(float d, float add, float scale, float softcap, bool* nonfinite) {
+    float y = d * scale;
+#if SOFTCAP
+    y = softcap * tanhf(y / softcap);
+#endif
+    y += add;
+    if (y != y || y == MGX_INF) {
+        *nonfinite = true;
+        return -MGX_INF;
+    }
+    return y;
+}
+
 // The cache rows [a, e) that query position s of batch entry b sees: at most kv_len[b] (HAS_LEN), up to
 // its position pos[b, s] (CAUSAL), the last W of those (WINDOW).
 __device__ __forceinline__ void mgx_visible(long long b, long long s, long long P, const long long* kv_len,
@@ -276,15 +291,9 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
                 for (int r = 0; r < ROWS; ++r) {
                     float y = -MGX_INF;
                     if (vm >> r & 1u) {
-                        y = d[r] * scale;
-#if SOFTCAP
-                        y = softcap * tanhf(y / softcap);
-#endif
-                        y += x[r];
-                        if (y != y || y == MGX_INF) {
-                            bad[r] = 1;
-                            y = -MGX_INF;
-                        }
+                        bool nonfinite = false;
+                        y = mgx_logit(d[r], x[r], scale, softcap, &nonfinite);
+                        if (nonfinite) bad[r] = 1;
                     }
                     x[r] = y;
                 }
@@ -501,15 +510,9 @@ __device__ __forceinline__ unsigned mgx_warp_scores(
     for (int r = 0; r < ROWS; ++r) {
         float y = -MGX_INF;
         if (vm >> r & 1u) {
-            y = d[r] * scale;
-#if SOFTCAP
-            y = softcap * tanhf(y / softcap);
-#endif
-            y += add[r];
-            if (y != y || y == MGX_INF) {
-                *bad |= 1 << r;
-                y = -MGX_INF;
-            }
+            bool nonfinite = false;
+            y = mgx_logit(d[r], add[r], scale, softcap, &nonfinite);
+            if (nonfinite) *bad |= 1 << r;
         }
         x[r] = y;
     }

@@ -341,11 +341,12 @@ def pointwise_source(sub, in_shapes, out_shape: Shape) -> KernelSource:
     return per_element_source("pointwise", em, in_shapes, out_shape, out_shape.elements())
 
 
-def per_element_source(kind: str, em: KernelEmitter, in_shapes, out_shape: Shape, n: int) -> KernelSource:
+def per_element_source(kind: str, em: KernelEmitter, in_shapes, out_shape, n: int) -> KernelSource:
     """Assemble a one-thread-per-element kernel (grid-stride loop over ``n`` elements) whose
-    per-element body ``mgx_elem(i, x0.., y)`` is the statements ``em`` emitted for element ``i``
-    (they end in the store into ``y``); ``kind`` names it (``pointwise``, ``scatternd``)."""
-    params = param_list(in_shapes, [out_shape])
+    per-element body ``mgx_elem(i, x0.., y..)`` is the statements ``em`` emitted for element ``i``
+    (they end in the stores into the outputs); ``out_shape``: a Shape, or a tuple of them (several
+    outputs); ``kind`` names it (``pointwise``, ``scatternd``, ``horizontal``)."""
+    params = param_list(in_shapes, list(out_shape) if isinstance(out_shape, tuple) else [out_shape])
     sig = ", ".join(f"{t} {name}" for t, name in params)
     names = ", ".join(name for _, name in params)
     entry = f"MGX_HD void mgx_elem(long long i, {sig}) {{\n" + "\n".join(em.lines) + "\n}"

@@ -14,8 +14,8 @@ data: its output already holds the data (the launch copies it first unless it is
 """
 from __future__ import annotations
 
-from .fused_codegen import (BLOCK, MAX_GRID, KernelEmitter, KernelSource, element_index, finish, linear_offset,
-                            param_list, store_expr)
+from .fused_codegen import (KernelEmitter, KernelSource, element_index, linear_offset, param_list,
+                            per_element_source, store_expr)
 from .fused_horizontal import parts_of
 from .fused_scatter_codegen import _scatter_offset
 
@@ -69,17 +69,6 @@ def horizontal_source(sub, in_shapes, out_shapes) -> KernelSource:
         lo = hi
     if live:
         em.emit("}")
-    return _assemble(em, in_shapes, outs, lo)
+    return per_element_source("horizontal", em, in_shapes, tuple(outs), lo)
 
 
-def _assemble(em: KernelEmitter, in_shapes, outs, n: int) -> KernelSource:
-    params = param_list(in_shapes, outs)
-    sig = ", ".join(f"{t} {name}" for t, name in params)
-    names = ", ".join(name for _, name in params)
-    entry = f"MGX_HD void mgx_elem(long long i, {sig}) {{\n" + "\n".join(em.lines) + "\n}"
-    kernel = (f'extern "C" __global__ void MGX_KERNEL({sig}, long long n) {{\n'
-              f"    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n"
-              f"         i += (long long)gridDim.x * blockDim.x)\n"
-              f"        mgx_elem(i, {names});\n}}")
-    grid = max(1, min((n + BLOCK - 1) // BLOCK, MAX_GRID))
-    return finish("horizontal", "", em, entry, kernel, params, entry="mgx_elem", extent=n, block=BLOCK, grid=grid)
