@@ -259,3 +259,100 @@ def test_generated_kernel_on_the_host_matches_numpy(dtype, K, L, epilogue, rng):
         np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
         assert np.array_equal(h, (xv.astype(np.float32) + rv.astype(np.float32)).astype(dtype))
         assert ks.grid * plan.cols >= want.shape[-1] and plan.N == vals["w"].shape[1]
+
+
+# -- epilogues reading the dot's columns at other offsets ------------------------------------------------------
+def _offset_layer(case, dtype, K=64, N=48):
+    """``n = rms_norm(x + r, g); y = n @ W [K, N]`` and an epilogue over last-axis slices of y that the
+    SiLU layer does not build: ``overlap`` (y[:24] * y[12:36]), ``reverse`` (y[24:] - y[:24], the later
+    slice first), ``tail`` (y[34:41] * y[41:48]), ``extra`` ((y[:24] + z) * y[24:], z a parameter),
+    ``one`` (silu(y[24:]) alone).  Returns ``(program, values, oracle)``: ``oracle(Y, z)`` the epilogue
+    in float64 of the dot's result ``Y``."""
+    rng = np.random.default_rng(3)
+    prog = Program()
+    m = prog.get_main_module()
+    x, r = m.add_parameter("x", S(dtype, 1, 1, K)), m.add_parameter("r", S(dtype, 1, 1, K))
+    z = m.add_parameter("z", S(dtype, 1, 1, 24))
+    vals = {"g": (1 + 0.1 * rng.standard_normal(K)).astype(dtype),
+            "w": (rng.standard_normal((K, N)) / np.sqrt(K)).astype(dtype)}
+    h = m.add_instruction(op("add"), [x, r])
+    n = m.add_instruction(op("rms_norm", axis=-1, epsilon=EPS), [h, lit(m, vals["g"], dtype)])
+    y = m.add_instruction(op("dot"), [n, lit(m, vals["w"], dtype)])
+
+    def cols(a, b):
+        return m.add_instruction(op("slice", axes=[2], starts=[a], ends=[b]), [y])
+
+    def ew(name, *args):
+        return m.add_instruction(op(name), list(args))
+
+    if case == "overlap":
+        out, fn = ew("neg", ew("mul", cols(0, 24), cols(12, 36))), lambda Y, Z: -(Y[..., :24] * Y[..., 12:36])
+    elif case == "reverse":
+        late = cols(24, 48)
+        out, fn = ew("neg", ew("sub", late, cols(0, 24))), lambda Y, Z: -(Y[..., 24:] - Y[..., :24])
+    elif case == "tail":
+        out, fn = ew("neg", ew("mul", cols(34, 41), cols(41, 48))), lambda Y, Z: -(Y[..., 34:41] * Y[..., 41:])
+    elif case == "extra":
+        out, fn = ew("mul", ew("add", cols(0, 24), z), cols(24, 48)), lambda Y, Z: (Y[..., :24] + Z) * Y[..., 24:]
+    else:
+        up = cols(24, 48)
+        out, fn = ew("mul", up, ew("sigmoid", up)), lambda Y, Z: Y[..., 24:] / (1 + np.exp(-Y[..., 24:]))
+    m.add_return([out, ew("neg", h)])
+    return prog, vals, fn
+
+
+def _offset_oracle(feeds, vals, dtype, fn):
+    hs = (feeds["x"].astype(np.float32) + feeds["r"].astype(np.float32)).astype(dtype).astype(np.float64)
+    n = hs / np.sqrt(np.mean(hs * hs, axis=-1, keepdims=True) + EPS) * vals["g"].astype(np.float64)
+    y = (n.astype(dtype).astype(np.float64) @ vals["w"].astype(np.float64)).astype(dtype).astype(np.float64)
+    return fn(y, feeds["z"].astype(np.float64))
+
+
+def _offset_feeds(dtype, K=64):
+    rng = np.random.default_rng(5)
+    return {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype),
+            "z": rng.standard_normal((1, 1, 24)).astype(dtype)}
+
+
+CASES = ["overlap", "reverse", "tail", "extra", "one"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_epilogue_at_other_column_offsets_matches_numpy(case, dtype, target):
+    """Compiled for the target: one fused_gemv holding the norm, the dot and the epilogue, whose values
+    equal the float64 numpy oracle."""
+    prog, vals, fn = _offset_layer(case, dtype)
+    fused = compile_program(prog, target=target)
+    kinds = [i.op.name for i in fused.program.get_main_module().instructions]
+    assert kinds.count("fused_gemv") == 1 and "dot" not in kinds and "pointwise" not in kinds, kinds
+    feeds = _offset_feeds(dtype)
+    got = fused.run(feeds)[0]
+    tol = 4e-3 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(got.astype(np.float64), _offset_oracle(feeds, vals, dtype, fn), rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_generated_kernel_at_other_column_offsets_on_the_host(case, dtype):
+    """The gpu kernel of those epilogues (both load variants) built for the host, against the oracle."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+
+    prog, vals, fn = _offset_layer(case, dtype)
+    _fuse(prog, "gpu")
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    assert [i.op.name for i in f.module_inputs[0].instructions if not i.op.builtin][-1] != "dot"
+    feeds = _offset_feeds(dtype)
+    args = []
+    for i in f.inputs:  # parameters by name; literals (the weight through gemv_layout's transpose) by value
+        src = i.inputs[0] if i.op.name == "transpose" else i
+        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    want = _offset_oracle(feeds, vals, dtype, fn)
+    tol = 4e-3 if dtype == "float16" else 1e-5
+    for vector in (True, False):
+        ks, _, _ = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, vector)
+        outs = [np.full(s.lens, 7, s.np_dtype) for s in f.shape]
+        gemv_host.run_fused(ks, args + outs, (ks.grid,))
+        np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=tol, atol=tol)
+        assert np.array_equal(outs[1], (feeds["x"].astype(np.float32) + feeds["r"].astype(np.float32)).astype(dtype))
