@@ -80,7 +80,9 @@ def mgx_details(stats: dict, hip_graph: bool) -> dict:
 
 
 class MgxStep:
-    """mgx_graph's fixed-shape decode step (``onnx_path``) compiled for ``target``."""
+    """mgx_graph's fixed-shape decode step (``onnx_path``) compiled for ``target``; the decode runs as
+    :meth:`mgx_graph.generate.Decoder.greedy_tokens` (each id fed back on the device, the next step
+    queued before the id is read back), as ``mgx_graph.generate`` runs one greedy row."""
 
     prefill_mode = "token by token (the export is a one-token decode step)"
 
@@ -92,24 +94,38 @@ class MgxStep:
         self.prog = mgx_graph.compile(str(onnx_path), target=target, hip_graph=hip_graph, fp16=fp16)
         self.dec = Decoder(self.prog)
         self.last_host_s = None
+        self.ids, self.expect = None, None
+
+    def _close(self) -> None:
+        if self.ids is not None:
+            self.ids.close()
+        self.ids = self.expect = None
 
     def reset(self) -> None:
+        self._close()
         self.dec.position = 0  # slots after the ones written are masked: no clearing needed
 
     def prefill(self, prompt) -> int:
+        self._close()
         for t in prompt[:-1]:
             self.dec.step(int(t), want_next=False)
         return self.step(prompt[-1])
 
     def step(self, token) -> int:
-        nxt = self.dec.step(int(token))
+        """The next greedy id after ``token``: the chain's next id when ``token`` is the id it gave
+        last (already fed on the device), else a new chain from ``token``."""
+        if self.ids is None or int(token) != self.expect:
+            self._close()
+            self.ids = self.dec.greedy_tokens(int(token), self.dec.max_len - self.dec.position)
+        self.expect = next(self.ids)
         self.last_host_s = self.dec.last_host_s
-        return nxt
+        return self.expect
 
     def details(self) -> dict:
         return mgx_details(self.prog.stats(), self.hip_graph)
 
     def close(self) -> None:
+        self._close()
         self.prog.release()
 
 

@@ -240,8 +240,11 @@ def outside_parts(dec, args) -> list:
     """What one step launches outside the program, ``[(count, what), ...]``: the runner's own
     (``dec.host_op_parts``) and the read of the next token (an argmax, or the logits read back when
     sampling or a repetition penalty needs them)."""
-    read = "logits read-back" if args.do_sample or args.repetition_penalty != 1.0 else "argmax"
-    return [*dec.host_op_parts, (1, read)]
+    sampled = args.do_sample or args.repetition_penalty != 1.0
+    read = "logits read-back" if sampled else "argmax"
+    parts = dec.host_op_parts if sampled or getattr(dec, "batch", 1) != 1 else \
+        getattr(dec, "greedy_op_parts", dec.host_op_parts)
+    return [*parts, (1, read)]
 
 
 def _print_generation(info, prog, dec, results, args) -> None:

@@ -21,6 +21,9 @@ Each prompt is fed one token per step (prefill through the decode step), then to
 the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
 B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back either
 B argmax ids (greedy) or the B logits rows (sampling or a repetition penalty: B * vocab float32).
+One greedy row runs pipelined (:meth:`Decoder.greedy_tokens`): the argmax is written on the device
+into the next step's ``input_ids``, the next step is queued, and only then is the id read back
+(through page-locked memory on ``gpu``), so the host's work overlaps the device's.
 """
 from __future__ import annotations
 
@@ -138,6 +141,12 @@ class Decoder:
         return ((3, "copies"), (1, "fill")) if self.rows_interface else ((2, "fills"),)
 
     @property
+    def greedy_op_parts(self) -> tuple:
+        """:attr:`host_op_parts` of a greedy one-row generation (:meth:`greedy_tokens`): one fill
+        (the slot) and the id's read-back copy; the id itself is written on the device."""
+        return self.host_op_parts if self.rows_interface else ((1, "fill"), (1, "read-back copy"))
+
+    @property
     def host_ops(self) -> str:
         """:attr:`host_op_parts` as text (what the CLI reports next to launches/token)."""
         return describe_host_ops(self.host_op_parts)
@@ -181,6 +190,64 @@ class Decoder:
             self.last_logits = outs[self.logits_index]
         self.position += 1
 
+    def greedy_tokens(self, token: int, count: int):
+        """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a
+        one-row step, pipelined: each step's argmax is written on the device into ``input_ids`` (the
+        next step's input) and read back through page-locked memory
+        (:class:`~mgx_graph.targets.host_reader.HostReader`) while the next step is already queued,
+        so the host's work for a step overlaps the device's run of the step before it.
+
+        A generator of ints.  Closing it early (``close()``, leaving a ``for`` loop) waits for the
+        step queued ahead, which wrote the slot after the last id yielded; :attr:`position` then
+        counts the slots of the ids consumed (the next feed writes that slot again).  It ends early
+        when the cache is full.  :attr:`last_logits` belongs to the step queued ahead, not to the
+        last id yielded.  Raises MgxError on a step of several rows."""
+        if self.rows_interface:
+            raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        reader = self._id_reader()
+        start, queued, yielded = self.position, 0, 0
+        try:
+            self._queue_greedy_step(token, reader)
+            queued = 1
+            while yielded < queued:
+                if queued < count and self.position < self.max_len:
+                    self._queue_greedy_step(None, reader)
+                    queued += 1
+                tok = int(reader.wait().reshape(-1)[0])
+                yielded += 1
+                yield tok
+        finally:
+            while reader.pending:
+                reader.wait()
+            self.position = start + yielded
+
+    def _id_reader(self):
+        r = getattr(self, "_reader", None)
+        if r is None:
+            make = getattr(self.ctx, "host_reader", None)
+            shape = self.params["input_ids"].shape
+            r = self._reader = make(shape, np.int64) if make is not None else _CopyReader(self.ctx)
+        return r
+
+    def _queue_greedy_step(self, token, reader) -> None:
+        """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax into
+        ``input_ids`` and the read-back of that id."""
+        if self.position >= self.max_len:
+            raise MgxError(f"the KV cache is full ({self.max_len} positions)")
+        p, ctx, q = self.params, self.ctx, self.queue
+        ids = p["input_ids"]
+        with ctx.on_queue(q):
+            if token is not None:
+                ids.fill(int(token))
+            p["cache_position"].fill(self.position)
+            h0 = time.perf_counter()
+            outs = self.program.run_async(p, q)
+            self.last_host_s = time.perf_counter() - h0
+            self.last_logits = outs[self.logits_index]
+            self.xp.argmax(self.last_logits.reshape(1, -1), axis=1, out=ids.reshape(1))
+            reader.start(ids, q)
+        self.position += 1
+
     def greedy_next(self) -> np.ndarray:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
         B ids (it waits for the step)."""
@@ -199,6 +266,20 @@ class Decoder:
         self.ctx.synchronize(self.queue)
         return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 
+
+
+class _CopyReader:
+    """:class:`~mgx_graph.targets.host_reader.HostReader`'s interface on a context without page-locked
+    read-back (``ref``): the copy is made at ``start``."""
+
+    def __init__(self, ctx):
+        self.ctx, self.pending = ctx, []
+
+    def start(self, arr, queue) -> None:
+        self.pending.append(np.asarray(self.ctx.to_host(arr, queue)).copy())
+
+    def wait(self) -> np.ndarray:
+        return self.pending.pop(0)
 
 
 def describe_host_ops(parts) -> str:
@@ -305,9 +386,51 @@ class _Rows:
         return all(self.done)
 
 
+def _pipelines(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> bool:
+    """Whether the generation can run as :meth:`Decoder.greedy_tokens`: one row, greedy, no logits kept."""
+    return (isinstance(decoder, Decoder) and not decoder.rows_interface and decoder.batch == 1
+            and len(rows.prompts) == 1 and not sampler.needs_logits and not rows.keep_logits)
+
+
+def _greedy_loop(decoder: Decoder, rows: _Rows) -> tuple[float, float, list]:
+    """:func:`_decode_loop` for one greedy row, through :meth:`Decoder.greedy_tokens` (each id fed
+    back on the device, the next step queued before the id is read)."""
+    t0 = time.perf_counter()
+    prompt = rows.prompts[0]
+    decoder.position = 0
+    for tok in prompt[:-1]:
+        decoder.feed(np.array([tok], np.int64))
+    decoder.ctx.synchronize(decoder.queue)
+    prefill_s, t1, host = time.perf_counter() - t0, None, []
+    count = min(rows.max_new, decoder.max_len - decoder.position)
+    if count > 0:
+        ids = decoder.greedy_tokens(int(prompt[-1]), count)
+        try:
+            for tok in ids:
+                host.append(decoder.last_host_s)
+                if t1 is None:
+                    t1 = time.perf_counter()  # decode timing starts after the first generated token
+                rows.accept(np.array([tok], np.int64), None)
+                if rows.all_done():
+                    break
+        finally:
+            ids.close()
+    return prefill_s, (time.perf_counter() - t1 if t1 else 0.0), host
+
+
+def _finish_rows(rows: _Rows) -> None:
+    for r, res in enumerate(rows.results):
+        if not rows.done[r]:
+            res.finish_reason = "length" if rows.max_new == 0 else "cache_full"
+
+
 def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
     """Feed every slot, choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s,
     host seconds per generated step)``."""
+    if _pipelines(decoder, rows, sampler):
+        out = _greedy_loop(decoder, rows)
+        _finish_rows(rows)
+        return out
     t0 = time.perf_counter()
     prefill_s, t1, host = 0.0, None, []
     decoder.position = 0
@@ -328,9 +451,7 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
         rows.accept(chosen, logits)
         if rows.all_done():
             break
-    for r, res in enumerate(rows.results):
-        if not rows.done[r]:
-            res.finish_reason = "length" if rows.max_new == 0 else "cache_full"
+    _finish_rows(rows)
     return prefill_s, (time.perf_counter() - t1 if t1 else 0.0), host
 
 

@@ -444,14 +444,15 @@ def test_cli_batches_prompts_and_streams_one(pair, capsys, tmp_path):
 
 
 def test_cli_counts_what_it_lists_outside_the_program(pair, capsys):
-    """One row: two fills (token, position) and the argmax; B rows: three copies (ids, positions, mask),
+    """One greedy row: one fill (the position), the argmax written into the next step's ids and the
+    id's read-back copy; B rows: three copies (ids, positions, mask),
     one fill (the slot) and the argmax, or the logits read back when sampling."""
     from mgx_graph.cli import main
     from util import outside_the_program
 
     one, two = pair
     base = ["--target", "ref", "--no-stream", "--max-new-tokens", "2", "--prompt", "1 2"]
-    cases = [([str(one.directory)], [(2, "fills"), (1, "argmax")]),
+    cases = [([str(one.directory)], [(1, "fill"), (1, "read-back copy"), (1, "argmax")]),
              ([str(two.directory), "--prompt", "3"], [(3, "copies"), (1, "fill"), (1, "argmax")]),
              ([str(two.directory), "--prompt", "3", "--do-sample", "--seed", "1"],
               [(3, "copies"), (1, "fill"), (1, "logits read-back")])]

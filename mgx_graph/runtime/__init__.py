@@ -136,6 +136,20 @@ class Runtime:
         types (``ctypes.c_void_p`` for device pointers).  Raises DeviceError where unsupported."""
         raise DeviceError("launch_programmatic", f"{self.platform}: programmatic dependent launch is unsupported")
 
+    def hipHostMalloc(self, nbytes: int) -> int:
+        """Page-locked host memory of ``nbytes`` (its address, int): the destination of
+        :meth:`hipMemcpyDtoHAsync`.  Raises DeviceError where unsupported."""
+        raise DeviceError("hipHostMalloc", f"{self.platform}: no page-locked host memory")
+
+    def hipHostFree(self, ptr: int) -> None:
+        raise DeviceError("hipHostFree", f"{self.platform}: no page-locked host memory")
+
+    def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
+        """Queue a copy of ``nbytes`` from device address ``src`` to page-locked host address ``dst``
+        on ``s``: it runs after the work queued before it and the host does not wait for it (an event
+        recorded after it says when it is done)."""
+        raise DeviceError("hipMemcpyDtoHAsync", f"{self.platform}: no asynchronous device-to-host copy")
+
     # -- releases held back during a capture -----------------------------------------------------
     def _capture_begun(self, s) -> None:
         """Backends call this after a capture began on ``s``."""

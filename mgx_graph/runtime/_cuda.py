@@ -216,6 +216,19 @@ class CudaRuntime(Runtime):
     def hipGraphDestroy(self, graph) -> None:
         check("hipGraphDestroy", _rt.cudaGraphDestroy(graph)[0])
 
+    # pinned host memory and device-to-host copies into it (a read-back that waits for nothing queued later)
+    def hipHostMalloc(self, nbytes: int) -> int:
+        err, ptr = _rt.cudaMallocHost(max(int(nbytes), 1))
+        check("hipHostMalloc", err)
+        return int(ptr)
+
+    def hipHostFree(self, ptr: int) -> None:
+        check("hipHostFree", _rt.cudaFreeHost(int(ptr))[0])
+
+    def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
+        kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        check("hipMemcpyDtoHAsync", _rt.cudaMemcpyAsync(int(dst), int(src), int(nbytes), kind, _stream(s))[0])
+
     # events
     def hipEventCreate(self):
         err, ev = _rt.cudaEventCreate()

@@ -156,6 +156,18 @@ class HipRuntime(Runtime):
         check("hipGraphDestroy", self.hip.hipGraphDestroy(graph)[0])
 
     # events
+    def hipHostMalloc(self, nbytes: int) -> int:
+        err, ptr = self.hip.hipHostMalloc(max(int(nbytes), 1), 0)
+        check("hipHostMalloc", err)
+        return int(ptr)
+
+    def hipHostFree(self, ptr: int) -> None:
+        check("hipHostFree", self.hip.hipHostFree(int(ptr))[0])
+
+    def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
+        kind = self.hip.hipMemcpyKind.hipMemcpyDeviceToHost
+        check("hipMemcpyDtoHAsync", self.hip.hipMemcpyAsync(int(dst), int(src), int(nbytes), kind, self._s(s))[0])
+
     def hipEventCreate(self):
         err, ev = self.hip.hipEventCreate()
         check("hipEventCreate", err)

@@ -148,6 +148,7 @@ class GpuContext:
         self._buffers: list[int] = []
         self._streams: dict[int, object] = {}
         self._blas: dict[int, Blas] = {}
+        self._readers: list = []
         with self.on_device():
             self.queue = self.runtime.hipStreamCreate()
 
@@ -192,6 +193,15 @@ class GpuContext:
     def to_host(self, arr, queue) -> np.ndarray:
         with self.on_queue(queue):
             return arr.get()
+
+    def host_reader(self, shape, dtype, depth: int = 2):
+        """A :class:`~mgx_graph.targets.host_reader.HostReader` of ``depth`` page-locked buffers of
+        ``shape`` / ``dtype`` (freed with the context)."""
+        from .host_reader import HostReader
+
+        r = HostReader(self, shape, dtype, depth)
+        self._readers.append(r)
+        return r
 
     def copy_from_host(self, dst, src: np.ndarray, queue) -> None:
         if dst.size == 0:
@@ -308,6 +318,12 @@ class GpuContext:
         for b in self._blas.values():
             b.close()
         self._blas = {}
+        for r in self._readers:
+            try:
+                r.close()
+            except Exception:
+                pass
+        self._readers = []
         for p in self._buffers:
             try:
                 rt.hipFree(p)

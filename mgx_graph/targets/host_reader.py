@@ -1,0 +1,76 @@
+"""Read-back of small device arrays that waits for nothing queued after it.
+
+``ctx.to_host`` copies into pageable host memory, which the driver does synchronously: the host waits
+for everything queued before *and* the copy, so it cannot read a step's result while the next step is
+already queued.  A :class:`HostReader` copies into page-locked host memory (``hipHostMalloc``) with
+``hipMemcpyDtoHAsync`` and records an event after the copy: :meth:`HostReader.wait` waits for that
+event only, so a decode loop can queue step t + 1 and then read step t's id while step t + 1 runs.
+The runtime calls are :class:`mgx_graph.runtime.Runtime`'s (CUDA: ``cudaMallocHost`` /
+``cudaMemcpyAsync`` / ``cudaEventRecord``; HIP: their ``hip`` namesakes).
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import deque
+
+import numpy as np
+
+from ..errors import ParameterError
+
+
+class HostReader:
+    """``depth`` page-locked buffers of ``shape`` / ``dtype`` on ``ctx``'s device, used in turn.
+
+    ``start(arr, queue)`` queues a copy of device array ``arr`` (C-contiguous, of ``shape`` and
+    ``dtype``) into the next buffer and records an event after it; ``wait()`` waits for the oldest
+    copy started and returns a new numpy array holding it.  At most ``depth`` copies may be pending
+    (a further ``start`` is a ParameterError: the buffer is still being read).  ``close()`` frees the
+    buffers (the context also does when it is released)."""
+
+    def __init__(self, ctx, shape, dtype, depth: int = 2):
+        self.ctx, self.rt = ctx, ctx.runtime
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.depth = int(depth)
+        self.ptrs, self.events, self.views = [], [], []
+        with ctx.on_device():
+            for _ in range(self.depth):
+                ptr = self.rt.hipHostMalloc(self.nbytes)
+                self.ptrs.append(ptr)
+                self.events.append(self.rt.hipEventCreate())
+                buf = (ctypes.c_byte * max(self.nbytes, 1)).from_address(ptr)
+                self.views.append(np.frombuffer(buf, self.dtype, count=self.nbytes // self.dtype.itemsize)
+                                  .reshape(self.shape))
+        self.pending: deque = deque()
+        self.next = 0
+
+    def start(self, arr, queue) -> None:
+        if len(self.pending) >= self.depth:
+            raise ParameterError(f"HostReader: {self.depth} copies pending already (wait() first)")
+        if tuple(arr.shape) != self.shape or arr.dtype != self.dtype or not arr.flags.c_contiguous:
+            raise ParameterError(f"HostReader: array {arr.dtype}{list(arr.shape)} (C-contiguous "
+                                 f"{self.dtype}{list(self.shape)} expected)")
+        k = self.next
+        self.next = (k + 1) % self.depth
+        with self.ctx.on_device():
+            self.rt.hipMemcpyDtoHAsync(self.ptrs[k], self.ctx.data_ptr(arr), self.nbytes, queue)
+            self.rt.hipEventRecord(self.events[k], queue)
+        self.pending.append(k)
+
+    def wait(self) -> np.ndarray:
+        if not self.pending:
+            raise ParameterError("HostReader: no copy pending")
+        k = self.pending.popleft()
+        self.rt.hipEventSynchronize(self.events[k])
+        return self.views[k].copy()
+
+    def close(self) -> None:
+        """Free the buffers and events (after the pending copies are done)."""
+        ptrs, events, self.ptrs, self.events, self.views = self.ptrs, self.events, [], [], []
+        self.pending.clear()
+        with self.ctx.on_device():
+            for ev in events:
+                self.rt.hipEventSynchronize(ev)
+                self.rt.hipEventDestroy(ev)
+            for ptr in ptrs:
+                self.rt.hipHostFree(ptr)

@@ -1,0 +1,98 @@
+"""Decoder.greedy_tokens: greedy decoding with each id fed back on the device and the next step queued
+before the id is read back.  Checked against transformers' greedy generation and against the
+step-by-step Decoder.step chain, with early stops and a cache that fills up."""
+import numpy as np
+import pytest
+
+import mgx_graph
+from mgx_graph.errors import MgxError
+from mgx_graph.generate import Decoder, generate
+
+PROMPT = [5, 9, 2, 77, 31, 8]
+SLOTS = 16
+
+
+@pytest.fixture(scope="module")
+def llama(model_cache):
+    from mgx_graph.models import build
+
+    try:
+        return build("llama", cache_dir=model_cache, progress=False, max_cache_len=SLOTS)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+
+
+def _decoder(info, target, hip_graph):
+    return Decoder(mgx_graph.compile(str(info.onnx_path), target=target, hip_graph=hip_graph))
+
+
+def _stepwise(dec, prompt, n):
+    dec.position = 0
+    for t in prompt[:-1]:
+        dec.step(t, want_next=False)
+    out, tok = [], prompt[-1]
+    for _ in range(n):
+        tok = dec.step(tok)
+        out.append(tok)
+    return out
+
+
+def _hf_greedy(info, prompt, n):
+    torch = pytest.importorskip("torch")
+    from mgx_graph.models.oracle import load_torch_model
+
+    model = load_torch_model(info)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("hip_graph", [False, True])
+def test_pipelined_ids_equal_transformers_and_the_step_chain(llama, target, hip_graph):
+    n = SLOTS - len(PROMPT) + 1  # to the last slot
+    want = _hf_greedy(llama, PROMPT, n)
+    dec = _decoder(llama, target, hip_graph)
+    assert _stepwise(dec, PROMPT, n) == want
+    dec.position = 0
+    for t in PROMPT[:-1]:
+        dec.feed(np.array([t], np.int64))
+    got = list(dec.greedy_tokens(PROMPT[-1], n))
+    assert got == want and dec.position == SLOTS
+
+
+def test_a_count_past_the_cache_ends_when_the_cache_is_full(llama, target):
+    dec = _decoder(llama, target, True)
+    dec.position = 0
+    for t in PROMPT[:-1]:
+        dec.feed(np.array([t], np.int64))
+    got = list(dec.greedy_tokens(PROMPT[-1], 100))
+    assert len(got) == SLOTS - len(PROMPT) + 1 and dec.position == SLOTS
+    with pytest.raises(MgxError, match="full"):
+        next(dec.greedy_tokens(1, 1))
+
+
+def test_stopping_early_leaves_the_position_after_the_ids_consumed(llama, target):
+    dec = _decoder(llama, target, True)
+    want = _stepwise(dec, PROMPT, 6)
+    dec.position = 0
+    for t in PROMPT[:-1]:
+        dec.feed(np.array([t], np.int64))
+    ids = dec.greedy_tokens(PROMPT[-1], 6)
+    first = [next(ids), next(ids)]
+    ids.close()  # the third step was queued ahead: its slot is written again below
+    assert first == want[:2] and dec.position == len(PROMPT) + 1
+    rest = list(dec.greedy_tokens(first[-1], 4))
+    assert first + rest == want
+
+
+def test_generate_takes_the_pipeline_for_one_greedy_row_and_matches_transformers(llama, target):
+    want = _hf_greedy(llama, PROMPT, 8)
+    res = generate(_decoder(llama, target, True), PROMPT, 8)
+    assert res.tokens == want and res.finish_reason == "length" and res.steps == 8
+    eos = want[3]
+    res = generate(_decoder(llama, target, True), PROMPT, 8, eos_token_id=eos)
+    assert res.tokens == want[:want.index(eos) + 1] and res.finish_reason == "eos"
+    res = generate(_decoder(llama, target, False), PROMPT, 100)
+    assert res.tokens == _hf_greedy(llama, PROMPT, SLOTS - len(PROMPT) + 1) and res.finish_reason == "cache_full"
