@@ -28,6 +28,11 @@ Variables used by mgx_graph:
 ``MIGRAPHX_ATTN_WARP``                ``0``: the gpu decode attention runs the block kernel
                                       (``mgx_attn_split``) for every shape instead of the warp kernel
                                       (``mgx_attn_warp``) for few query rows per KV head (on by default)
+``MIGRAPHX_ATTN_WARPS``               warps (32-lane groups) per block of ``mgx_attn_warp`` (8), clamped
+                                      to a power of two in 1 .. 32 and to the shared memory
+``MIGRAPHX_ATTN_V_EARLY``             ``0``: ``mgx_attn_warp`` loads V rows after the softmax weights
+                                      instead of together with the K rows (on by default where a lane
+                                      holds at most 64 V elements)
 ``MIGRAPHX_GEMV``                     ``0``: a one-row ``dot`` against a constant weight runs as a BLAS GEMM
                                       on gpu instead of the gemv kernel (on by default), and
                                       ``fuse_gemv`` does not fuse

@@ -20,11 +20,16 @@ strides are kernel arguments.  A :class:`Spec` says what one instruction compute
 * few query rows per KV head (G * S <= ``WARP_ROWS``, a value head size that is a power of two up to
   256 with G * S * max(Hv / 32, 1) <= ``WARP_ACC``; any key head size up to 256; every option) run ``mgx_attn_warp`` instead of ``mgx_attn_split``
   (unless ``MIGRAPHX_ATTN_WARP=0``): one block per (batch entry, KV head, split) of ``WARPS`` 32-lane
-  groups, each walking its own range of keys with shuffle reductions and no barrier in the key loop
-  (the splits and the merge kernel as above).  Up to ``EARLY_K_ROWS`` cache rows it loads a key's K row
-  together with its mask values (one memory latency less; a masked key's K row is then read, not used).
-  SmolLM2-135M's decode step (G = 3, S = 1, H = Hv = 64, float16, 256 cache rows) runs it as grid (3, 1)
-  of 256 threads, 8 value columns per lane (not yet timed on a GPU; the block kernel took 7.5 µs there).
+  groups (``MIGRAPHX_ATTN_WARPS``), each walking its own range of keys with shuffle reductions and no
+  barrier in the key loop (the splits and the merge kernel as above).  Up to ``EARLY_K_ROWS`` cache rows
+  it loads a key's K row together with its mask values (one memory latency less; a masked key's K row is
+  then read, not used).  With ``V_EARLY`` (on unless ``MIGRAPHX_ATTN_V_EARLY=0``) each lane also loads
+  the V rows it will add for a 32-key step before the scores, into registers, so the V reads overlap the
+  K reads instead of waiting for the softmax weights (another memory latency less); a lane holds at
+  most ``V_EARLY_ELEMS`` V elements (its rows of a step times its value columns), else the plan loads
+  V after the weights as before.  SmolLM2-135M's decode step (G = 3, S = 1, H = Hv = 64, float16, 256
+  cache rows) runs it as grid (3, 1) of 256 threads, 8 value columns per lane, 8 V rows held per lane
+  and step (7.4 µs per call on the H200 before ``V_EARLY``, as the block kernel).
 
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
 of reading wrong elements), as the fused kernels do.
@@ -46,9 +51,11 @@ MAX_HEAD = 256  # largest key / value head size the kernel takes
 MAX_ROWS = 16  # query rows per block (fewer with wide value loads: ROWS * VV <= 64 accumulators)
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block
 WARP_ROWS = 16  # query rows per KV head (G * S) the warp kernel takes
-WARPS = 8  # 32-lane groups per block of the warp kernel (fewer when its shared memory needs it)
+WARPS = 8  # 32-lane groups per block of the warp kernel (fewer when its shared memory needs it); MIGRAPHX_ATTN_WARPS
+MAX_WARPS = 32  # 1024 threads
 WARP_ACC = 64  # value accumulators per lane of the warp kernel (rows * value columns per lane)
 EARLY_K_ROWS = 2048  # up to this cache length the warp kernel loads K rows before their mask values
+V_EARLY_ELEMS = 64  # V elements a lane of the warp kernel may hold in registers for V_EARLY (else V_EARLY 0)
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -130,7 +137,9 @@ class Plan:
     ranges of ``keys_per_split`` cache rows; ``vk`` / ``vv`` the K / V load widths of the vector variant
     (``kc`` / ``vc``: contiguous loads); the element-wise variant loads one element at a time.
     ``kernel``: ``mgx_attn_split`` or ``mgx_attn_warp``; for the latter ``warps`` 32-lane groups per
-    block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector variant."""
+    block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector variant, and ``v_early``
+    the V rows a lane loads per 32-key step before the scores (the kernel's ``VE``; 0: ``V_EARLY`` off,
+    V rows loaded once their weights are known)."""
 
     spec: Spec
     rows: int
@@ -144,6 +153,7 @@ class Plan:
     kernel: str = "mgx_attn_split"
     warps: int = 0
     vw: int = 0
+    v_early: int = 0
     scalars: tuple = field(default=(), compare=False)
 
     @property
@@ -179,7 +189,8 @@ class Plan:
             one = s.mask[1] == 0 and (s.S == 1 or s.mask[2] == 0)  # every row of a block reads one mask row
             d.update(NT=32 * self.warps, NW=self.warps, VK=vk, KC=kc, VV=self.vv, VW=vw, VC=vc,
                      LPR=s.HV // self.vv, VB=4 if self.rows <= 8 else 2, MASK_ONE=int(one),
-                     K_EARLY=int(s.P <= EARLY_K_ROWS), MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=1)
+                     K_EARLY=int(s.P <= EARLY_K_ROWS), V_EARLY=int(self.v_early > 0), VE=max(self.v_early, 1),
+                     MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=1)
             return d
         vk, vv, kc, vc = (self.vk, self.vv, self.kc, self.vc) if vector else (1, 1, 0, 0)
         nhg = s.HV // vv
@@ -254,6 +265,36 @@ def warp_kernel_setting() -> bool:
     return enabled("MIGRAPHX_ATTN_WARP", default=True)
 
 
+def warps_setting() -> int:
+    """Warps (32-lane groups) per block of ``mgx_attn_warp``: ``MIGRAPHX_ATTN_WARPS`` (read once) or
+    ``WARPS``, clamped to 1 .. ``MAX_WARPS`` and rounded down to a power of two (the planner then halves
+    it while the block's shared memory exceeds ``SMEM_LIMIT``)."""
+    from ..env import value_of
+
+    return _pow2_floor(min(max(value_of("MIGRAPHX_ATTN_WARPS", WARPS), 1), MAX_WARPS))
+
+
+def v_early_setting() -> bool:
+    """``MIGRAPHX_ATTN_V_EARLY`` (read once): ``mgx_attn_warp`` loads a step's V rows together with its
+    K rows where the registers allow (:func:`v_early_rows`), unless set to another value than ``1`` /
+    ``enable`` / ``yes`` / ``true`` (``0``: V rows loaded after the weights, every plan)."""
+    from ..env import enabled
+
+    return enabled("MIGRAPHX_ATTN_V_EARLY", default=True)
+
+
+def v_early_rows(HV: int, vv: int, warps: int, kps: int) -> int:
+    """V rows one lane of ``mgx_attn_warp`` holds per 32-key step with ``V_EARLY`` (the kernel's ``VE``):
+    the lane takes every (32 / LPR)-th key of a step (LPR = ``HV / vv`` lanes per V row), and a step has
+    at most min(32, ceil(kps / warps)) keys (a warp's share of a split of ``kps`` keys), so
+    ceil(that / (32 / LPR)) rows, at most LPR; 0 (``V_EARLY`` off) when those rows' ``vv`` columns are
+    more than ``V_EARLY_ELEMS`` elements or :func:`v_early_setting` is off."""
+    lpr = HV // vv
+    step = min(32, -(-kps // warps))
+    rows = min(lpr, -(-step // (32 // lpr)))
+    return rows if v_early_setting() and rows * vv <= V_EARLY_ELEMS else 0
+
+
 def warp_unsupported(spec: Spec) -> str:
     """Why ``mgx_attn_warp`` does not take ``spec`` ('' when it does): more than ``WARP_ROWS`` query
     rows per KV head, a value head size that is not a power of two up to ``MAX_HEAD``, or more than
@@ -284,17 +325,18 @@ def _splits(P: int, max_splits: int) -> tuple:
 
 def _warp_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
     """The ``mgx_attn_warp`` launch: every query row of a KV head in one block; value columns per lane
-    widened from Hv / 32 towards one 16-byte load while the accumulators allow; ``WARPS`` warps, fewer
-    when the warps' partial rows do not fit the shared memory."""
+    widened from Hv / 32 towards one 16-byte load while the accumulators allow; :func:`warps_setting`
+    warps, fewer when the warps' partial rows do not fit the shared memory; the V rows held per lane
+    from :func:`v_early_rows`."""
     R = (spec.N // spec.NKV) * spec.S
     vv, widest = max(spec.HV // 32, 1), 16 // np.dtype(spec.dtype).itemsize
     while vv < widest and 2 * vv <= spec.HV and 2 * vv * R <= WARP_ACC:
         vv *= 2
-    p = Plan(spec, R, 1, splits, kps, max(wk, 1), vv, int(wk > 0), int(wv > 0), "mgx_attn_warp", WARPS,
+    p = Plan(spec, R, 1, splits, kps, max(wk, 1), vv, int(wk > 0), int(wv > 0), "mgx_attn_warp", warps_setting(),
              min(vv, wv) if wv else 1)
     while p.warps > 1 and p.shared_bytes() > SMEM_LIMIT:
         p = replace(p, warps=p.warps // 2)
-    return p
+    return replace(p, v_early=v_early_rows(spec.HV, vv, p.warps, kps))
 
 
 def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:

@@ -19,7 +19,9 @@
 // mgx_attn_warp reads NT (= NW * 32 threads), NW (warps per block), ROWS (= G * S), VK / KC as above,
 // VV (value columns per lane, loaded VW at a time; VC: contiguous loads), LPR = HV / VV (lanes per V
 // row, a power of two <= 32), VB (V rows a lane loads before it adds them), MASK_ONE (1: every row of
-// the block reads the same mask row) and K_EARLY (1: K rows are loaded before the mask values are known).
+// the block reads the same mask row), K_EARLY (1: K rows are loaded before the mask values are known),
+// V_EARLY (1: a lane's V rows of a 32-key step are loaded together with the K rows, before the scores)
+// and VE (V_EARLY: V rows a lane holds per step, VE * VV elements in registers).
 //
 // A block loads its query rows (the G = N / NKV query heads of its KV head times the S positions; rows
 // r0 .. r0 + ROWS) into shared memory as float and walks its cache rows in chunks of NT keys:
@@ -75,6 +77,8 @@
 #define VB 4
 #define MASK_ONE 1
 #define K_EARLY 1
+#define V_EARLY 1
+#define VE 8
 #endif
 
 #define MGX_INF __int_as_float(0x7f800000)
@@ -107,6 +111,18 @@ __device__ __forceinline__ void mgx_load(const E* p, long long stride, float* ou
 #pragma unroll
         for (int i = 0; i < V; ++i) out[i] = mgx_f(p[i * stride]);
     }
+}
+
+// V elements p[0], p[stride], ... as they are in memory, in one word (CONTIG: one aligned load)
+template <typename E, int V, int CONTIG>
+__device__ __forceinline__ typename mgx_word<V * sizeof(E)>::type mgx_load_word(const E* p, long long stride) {
+    typedef typename mgx_word<V * sizeof(E)>::type W;
+    if (CONTIG) return *reinterpret_cast<const W*>(p);
+    W w;
+    E* e = reinterpret_cast<E*>(&w);
+#pragma unroll
+    for (int i = 0; i < V; ++i) e[i] = p[i * stride];
+    return w;
 }
 
 // The value of one output element from its row's statistics: running max m, sum l, bad flag and the
@@ -410,8 +426,15 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
 //   2. per row: the warp's max of the 32 logits by xor shuffles joins the running max m (the lane's
 //      partial sum and the accumulated values are rescaled), p = exp(x - m) joins the lane's sum;
 //   3. values: lane (kq, cg) owns VV value columns (LPR = HV / VV lanes per V row, 32 / LPR keys at a
-//      time); key c0 + j's weights come from lane j by shuffle, VB V rows are loaded before they are
-//      added; a zero weight adds nothing (non-finite values of hidden keys never leak).
+//      time); key c0 + j's weights come from lane j by shuffle; a zero weight adds nothing (non-finite
+//      values of hidden keys never leak).  V_EARLY: the lane's V rows of the step (keys c0 + kq +
+//      u * 32 / LPR, u < VE, inside the warp's range, so inside the cache) were loaded into registers
+//      (as stored: VE * VV elements of T) before step 1, so the V reads overlap the K / mask reads
+//      instead of waiting for the weights; keys past VE * 32 / LPR (none under the planner's VE) are
+//      loaded as without it.  Else VB V rows are loaded, once their weights are known, before they are
+//      added, VB * 32 / LPR keys a round.
+// The memory chain of a step is then q / pos -> barrier -> K, mask, V rows -> scores, softmax, sums
+// (V_EARLY; without it the V reads follow the softmax).
 // No barrier inside the key loop: the warps meet once at the end, in shared memory, where the block
 // merges their (m, l, bad, acc) rows as mgx_attn_combine merges splits, then writes the output (one
 // split) or this split's partial row.
@@ -519,12 +542,12 @@ __device__ __forceinline__ unsigned mgx_warp_scores(
     return vm;
 }
 
-// Step 3: acc[r][i] += p_j[r] * v[c0 + j][cg * VV + i] over the cnt keys of the step, lane kq taking
-// keys kq, kq + 32 / LPR, ...; vrow = &v[b, kvh, c0, cg * VV].
-__device__ __forceinline__ void mgx_warp_values(const T* vrow, long long vst, long long vsh, int cnt, int kq,
-                                                const float* p, float (*acc)[VV]) {
+// Step 3: acc[r][i] += p_j[r] * v[c0 + j][cg * VV + i] over the keys j0 .. cnt - 1 of the step, lane kq
+// taking keys j0 + kq, j0 + kq + 32 / LPR, ...; vrow = &v[b, kvh, c0, cg * VV].
+__device__ __forceinline__ void mgx_warp_values(const T* vrow, long long vst, long long vsh, int j00, int cnt,
+                                                int kq, const float* p, float (*acc)[VV]) {
     constexpr int KPI = 32 / LPR;  // keys per iteration of the warp
-    for (int j0 = 0; j0 < cnt; j0 += VB * KPI) {
+    for (int j0 = j00; j0 < cnt; j0 += VB * KPI) {
         float pj[VB][ROWS], vv[VB][VV];
 #pragma unroll
         for (int u = 0; u < VB; ++u) {
@@ -552,7 +575,63 @@ __device__ __forceinline__ void mgx_warp_values(const T* vrow, long long vst, lo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) mgx_attn_warp(
+#if V_EARLY
+typedef typename mgx_word<VW * sizeof(T)>::type mgx_vword;  // VW value elements as stored
+
+// V_EARLY, before step 1: lane kq's V rows of the step, keys kq + u * 32 / LPR (u < VE), as stored; a
+// key at or past cnt reads the step's first row again (inside the warp's range: cached, never added).
+__device__ __forceinline__ void mgx_warp_v_early(const T* vrow, long long vst, long long vsh, int cnt, int kq,
+                                                 mgx_vword (*vr)[VV / VW]) {
+    constexpr int KPI = 32 / LPR;
+#pragma unroll
+    for (int u = 0; u < VE; ++u) {
+        const int j = u * KPI + kq;
+        const T* vp = vrow + (j < cnt ? j : 0) * vst;
+#pragma unroll
+        for (int c = 0; c < VV / VW; ++c) vr[u][c] = mgx_load_word<T, VW, VC>(vp + c * VW * vsh, vsh);
+    }
+}
+
+// Step 3 over the held rows (V_EARLY): the sums of mgx_warp_values for the keys 0 .. min(cnt, VE * 32 / LPR) - 1
+__device__ __forceinline__ void mgx_warp_values_held(const mgx_vword (*vr)[VV / VW], int cnt, int kq,
+                                                     const float* p, float (*acc)[VV]) {
+    constexpr int KPI = 32 / LPR;
+#pragma unroll
+    for (int u = 0; u < VE; ++u) {
+        if (u * KPI >= cnt) break;  // uniform in the warp
+        const int j = u * KPI + kq;
+        float pj[ROWS];
+        bool need = false;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float w = MGX_SHFL(p[r], j & 31);
+            pj[r] = j < cnt ? w : 0.f;
+            need |= pj[r] != 0.f;
+        }
+        if (!need) continue;
+        const T* e = reinterpret_cast<const T*>(vr[u]);
+        float vv[VV];
+#pragma unroll
+        for (int i = 0; i < VV; ++i) vv[i] = mgx_f(e[i]);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+            if (pj[r] != 0.f) {
+#pragma unroll
+                for (int i = 0; i < VV; ++i) acc[r][i] += pj[r] * vv[i];
+            }
+    }
+}
+#endif
+
+// V_EARLY holds a step's V rows next to its K rows: one block per SM (these grids are B * NKV * splits blocks)
+// lets ptxas give them registers instead of spilling under the 128 it aims at for two blocks of 256 threads.
+#if V_EARLY
+#define MGX_WARP_BOUNDS __launch_bounds__(NT, 1)
+#else
+#define MGX_WARP_BOUNDS __launch_bounds__(NT)
+#endif
+
+extern "C" __global__ void MGX_WARP_BOUNDS mgx_attn_warp(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
     const unsigned char* __restrict__ key_mask, const long long* __restrict__ pos,
     const long long* __restrict__ kv_len, const ST* __restrict__ sink, T* __restrict__ out, float* __restrict__ part,
@@ -610,6 +689,11 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_warp(
     for (long long c0 = w0; c0 < w1; c0 += 32) {  // trip count and branches below uniform in the warp
         const long long t = c0 + lane;
         const int cnt = w1 - c0 < 32 ? (int)(w1 - c0) : 32;
+        const T* vrow = v + b * vsb + kvh * vsk + c0 * vst + (long long)cg * VV * vsh;
+#if V_EARLY
+        mgx_vword vr[VE][VV / VW];
+        mgx_warp_v_early(vrow, vst, vsh, cnt, kq, vr);
+#endif
         float x[ROWS];
         const unsigned vm = mgx_warp_scores(k, mask, key_mask, qs, lo, hi, moff, t, lane < cnt, b, S, TB,
                                             k + b * ksb + kvh * ksk + t * kst, ksh, mst, kmsb, kmss, kmst, scale,
@@ -629,7 +713,12 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_warp(
             p[r] = x[r] == -MGX_INF ? 0.f : expf(x[r] - mn);
             l[r] += p[r];
         }
-        mgx_warp_values(v + b * vsb + kvh * vsk + c0 * vst + (long long)cg * VV * vsh, vst, vsh, cnt, kq, p, acc);
+#if V_EARLY
+        mgx_warp_values_held(vr, cnt, kq, p, acc);
+        if (cnt > VE * (32 / LPR)) mgx_warp_values(vrow, vst, vsh, VE * (32 / LPR), cnt, kq, p, acc);
+#else
+        mgx_warp_values(vrow, vst, vsh, 0, cnt, kq, p, acc);
+#endif
     }
 
     // the warp's rows: lanes' sums and bad flags, key groups' values; then the warps' rows merged

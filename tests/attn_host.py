@@ -41,7 +41,7 @@ static std::barrier<>* mgx_warp_barrier[32];
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
 struct __half { _Float16 v; operator float() const { return (float)v; } };
@@ -83,7 +83,8 @@ template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F
         }
 }
 """
-_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(([^)]*)\)', re.S)
+_KERNEL = re.compile(r'extern "C" __global__ void (?:(?:__launch_bounds__\([\w, ]+\)|MGX_WARP_BOUNDS) )?'
+                     r'(\w+)\(([^)]*)\)', re.S)
 _DIR = os.path.join(tempfile.gettempdir(), "mgx_attn_host")
 
 

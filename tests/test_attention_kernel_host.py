@@ -2,7 +2,10 @@
 for __syncthreads, 32-lane shuffles) against the float64 numpy oracle: the plans of decode_attention (masks,
 NaN rows, cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask,
 bias, sink, smooth, softcap, empty rows), each with mgx_attn_warp where it applies and with mgx_attn_split;
-the warp kernel over the decode shapes (1 .. 16 query rows per KV head, head sizes 64 / 128)."""
+the warp kernel over the decode shapes (1 .. 16 query rows per KV head, head sizes 64 / 128), with its V rows
+loaded together with the K rows (V_EARLY) and after the weights, and with 1 .. 32 warps per block."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -17,18 +20,39 @@ pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C+
 TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
 
 
-@pytest.fixture(params=["mgx_attn_warp", "mgx_attn_split"])
+KERNELS = {"warp-v_early": ("mgx_attn_warp", True), "warp-v_late": ("mgx_attn_warp", False),
+           "split": ("mgx_attn_split", False)}
+
+
+@pytest.fixture(params=list(KERNELS))
 def kernel(request, monkeypatch):
-    """The kernel the planner is asked for: the warp kernel where it applies, or the block kernel for every
-    spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
-    if request.param == "mgx_attn_split":
+    """The kernel the planner is asked for: the warp kernel where it applies, with V rows loaded together with
+    the K rows where the registers allow (V_EARLY) or after the weights (``MIGRAPHX_ATTN_V_EARLY=0``), or the
+    block kernel for every spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
+    name, early = KERNELS[request.param]
+    if name == "mgx_attn_split":
         monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
+    else:
+        monkeypatch.setattr(attention_gpu, "v_early_setting", lambda: early)
     return request.param
 
 
+def _check_v_early(plan, early):
+    """V_EARLY as asked where a lane's held rows fit V_EARLY_ELEMS, the held rows covering a whole step."""
+    d = plan.defines()
+    kpi, step = 32 // d["LPR"], min(32, -(-plan.keys_per_split // d["NW"]))
+    fits = -(-step // kpi) * d["VV"] <= attention_gpu.V_EARLY_ELEMS
+    assert d["V_EARLY"] == int(early and fits), (d["V_EARLY"], early, fits)
+    if d["V_EARLY"]:
+        assert d["VE"] * kpi >= step and d["VE"] <= d["LPR"] and d["VE"] * d["VV"] <= attention_gpu.V_EARLY_ELEMS
+
+
 def _check_kernel(plan, kernel):
+    name, early = KERNELS[kernel]
     takes = not attention_gpu.warp_unsupported(plan.spec)
-    assert plan.kernel == (kernel if takes else "mgx_attn_split"), (plan.kernel, kernel)
+    assert plan.kernel == (name if takes else "mgx_attn_split"), (plan.kernel, kernel)
+    if plan.kernel == "mgx_attn_warp":
+        _check_v_early(plan, early)
 
 
 def _shape(a) -> Shape:
@@ -68,6 +92,8 @@ DECODE = [  # dtype, B, N, Nkv, S, P, H, Hv, layout, max_splits
     ("float16", 2, 8, 2, 2, 1000, 32, 32, "standard", 2),  # two splits of two chunks each
     ("float32", 1, 4, 4, 3, 7, 16, 24, "strided", 64),
     ("float16", 1, 32, 1, 1, 40, 80, 48, "standard", 64),  # 32 query rows per KV head: 4 row groups
+    ("float16", 1, 6, 2, 1, 70, 64, 32, "strided", 64),  # the warp kernel over element-wise K / V loads
+    ("float32", 2, 4, 1, 1, 90, 32, 64, "strided", 64),
 ]
 
 
@@ -278,7 +304,7 @@ def test_warp_kernel_decode_shapes_match_numpy(kernel, dtype, G, S, H, Hv, P, op
     max_splits = opts.pop("max_splits", attention_gpu.MAX_SPLITS)
     spec, arrays, out, want = _warp_case(np.random.default_rng(P + G), dtype, G, S, H, Hv, P, **opts)
     plan = make_plan(spec, max_splits)
-    assert plan.kernel == kernel
+    _check_kernel(plan, kernel)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
     if opts.get("empty_row"):
@@ -288,12 +314,20 @@ def test_warp_kernel_decode_shapes_match_numpy(kernel, dtype, G, S, H, Hv, P, op
         assert np.all(bad == 0) if spec.nan_zero else np.all(np.isnan(bad))
 
 
-def test_warp_kernel_element_wise_variant_and_cache_layout():
+@pytest.fixture(params=[True, False], ids=["v_early", "v_late"])
+def v_early(request, monkeypatch):
+    """``MIGRAPHX_ATTN_V_EARLY`` on (the default) or off, for the warp kernel's plans."""
+    monkeypatch.setattr(attention_gpu, "v_early_setting", lambda: request.param)
+    return request.param
+
+
+def test_warp_kernel_element_wise_variant_and_cache_layout(v_early):
     """The exports' transposed cache layout, run by the element-wise variant (a misaligned cache) and the
     vector one: both equal the oracle."""
     rng = np.random.default_rng(8)
     plan, arrays, out, want = _decode(rng, "float16", 1, 9, 3, 1, 256, 64, 64, "cache")
     assert plan.kernel == "mgx_attn_warp" and (plan.vk, plan.vw, plan.kc, plan.vc) == (8, 8, 1, 1)
+    assert plan.defines()["V_EARLY"] == int(v_early) and plan.v_early == (8 if v_early else 0)
     for vector in (True, False):
         out[...] = 7
         attn_host.run(plan, arrays, out, vector=vector)
@@ -301,19 +335,20 @@ def test_warp_kernel_element_wise_variant_and_cache_layout():
 
 
 @pytest.mark.parametrize("split_rows", [32, 64])
-def test_warp_kernel_splits_match_numpy(monkeypatch, split_rows):
+def test_warp_kernel_splits_match_numpy(monkeypatch, split_rows, v_early):
     """MIGRAPHX_ATTN_SPLIT_ROWS below the cache length: the warp kernel's partial rows merged by
     mgx_attn_combine."""
     monkeypatch.setattr(attention_gpu, "split_rows_setting", lambda: split_rows)
     spec, arrays, out, want = _warp_case(np.random.default_rng(split_rows), "float16", 3, 1, 64, 64, 256, Nkv=3)
     plan = make_plan(spec)
     assert plan.kernel == "mgx_attn_warp" and plan.splits == 256 // split_rows and plan.launches == 2
+    _check_v_early(plan, v_early)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL["float16"])
 
 
 @pytest.mark.parametrize("case", [WARP[0], WARP[2], WARP[5]])
-def test_warp_kernel_with_k_loaded_after_the_mask(monkeypatch, case):
+def test_warp_kernel_with_k_loaded_after_the_mask(monkeypatch, case, v_early):
     """Past ``EARLY_K_ROWS`` cache rows a K row is loaded only for a key the mask leaves visible (K_EARLY 0):
     the same answers, unwritten rows included."""
     monkeypatch.setattr(attention_gpu, "EARLY_K_ROWS", 8)
@@ -321,5 +356,42 @@ def test_warp_kernel_with_k_loaded_after_the_mask(monkeypatch, case):
     spec, arrays, out, want = _warp_case(np.random.default_rng(P + G), dtype, G, S, H, Hv, P, **opts)
     plan = make_plan(spec)
     assert plan.kernel == "mgx_attn_warp" and plan.defines()["K_EARLY"] == 0
+    _check_v_early(plan, v_early)
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+
+
+@pytest.mark.parametrize("warps", [1, 2, 16, 32])
+@pytest.mark.parametrize("case", [WARP[0], WARP[2], WARP[9]])
+def test_warp_kernel_warps_per_block_match_numpy(monkeypatch, case, warps, v_early):
+    """``MIGRAPHX_ATTN_WARPS``: other warp counts per block (other key ranges per warp, other steps, other V rows
+    held per lane), V loaded early and late, unwritten cache rows included."""
+    monkeypatch.setattr(attention_gpu, "warps_setting", lambda: warps)
+    dtype, G, S, H, Hv, P, opts = case
+    opts = dict(opts)
+    max_splits = opts.pop("max_splits", attention_gpu.MAX_SPLITS)
+    spec, arrays, out, want = _warp_case(np.random.default_rng(P + G + warps), dtype, G, S, H, Hv, P, **opts)
+    plan = make_plan(spec, max_splits)
+    assert plan.kernel == "mgx_attn_warp" and plan.block == (32 * plan.warps,) and plan.warps <= warps
+    assert plan.warps == warps or plan.shared_bytes() * 2 > attention_gpu.SMEM_LIMIT
+    _check_v_early(plan, v_early)
+    attn_host.run(plan, arrays, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("case", [WARP[0], WARP[8], WARP[9]])
+def test_warp_kernel_keys_past_the_held_v_rows_match_numpy(case, rows):
+    """A V_EARLY plan holding fewer V rows per lane than a step has keys (VE below what the planner picks):
+    the held rows are added from registers, the step's other keys loaded after the weights, as one sum."""
+    dtype, G, S, H, Hv, P, opts = case
+    opts = dict(opts)
+    max_splits = opts.pop("max_splits", attention_gpu.MAX_SPLITS)
+    spec, arrays, out, want = _warp_case(np.random.default_rng(P + G + rows), dtype, G, S, H, Hv, P, **opts)
+    plan = make_plan(spec, max_splits)
+    assert plan.v_early > rows
+    plan = dataclasses.replace(plan, v_early=rows)
+    d = plan.defines()
+    assert (d["V_EARLY"], d["VE"]) == (1, rows)
     attn_host.run(plan, arrays, out)
     np.testing.assert_allclose(out.astype(np.float64), want, *TOL[dtype])

@@ -299,3 +299,75 @@ def test_migraphx_attn_warp_0_selects_the_block_kernel(monkeypatch):
     kern, plan = _gpu_plan(make_op("decode_attention", scale=0.125), [q, k, k])
     assert (plan.kernel, plan.grid, plan.block) == ("mgx_attn_split", (3, 1), (256,))
     assert "mgx_attn_split" in kern.label
+
+
+def _smollm2_plan():
+    q = np.zeros((1, 9, 1, 64), np.float16)
+    k = np.zeros((1, 3, 256, 64), np.float16)
+    mask = np.zeros((1, 1, 1, 256), np.float32)
+    return _gpu_plan(make_op("decode_attention", scale=0.125, mask=1, nan_zero=1), [q, k, k, mask])[1]
+
+
+def test_v_early_is_planned_for_smollm2s_decode_step_unless_turned_off(monkeypatch):
+    """V_EARLY by default: each lane holds its 8 V rows of a 32-key step (8 lanes per 64-wide V row, so every
+    4th key), 64 halves; ``MIGRAPHX_ATTN_V_EARLY=0`` plans the V loads after the weights."""
+    from mgx_graph import env
+
+    d = _smollm2_plan().defines()
+    assert (d["V_EARLY"], d["VE"], d["LPR"], d["VV"]) == (1, 8, 8, 8)
+    assert "#define V_EARLY 1" in _smollm2_plan().source()
+    monkeypatch.setenv("MIGRAPHX_ATTN_V_EARLY", "0")
+    env._reset_for_tests()
+    plan = _smollm2_plan()
+    assert (plan.v_early, plan.defines()["V_EARLY"], plan.kernel, plan.block) == (0, 0, "mgx_attn_warp", (256,))
+
+
+@pytest.mark.parametrize("N,Nkv,S,H,Hv,P,dtype,warps,want", [
+    (9, 3, 1, 64, 64, 256, "float16", 8, 8),  # 32-key steps, every 4th key a lane's: 8 rows of 8 halves
+    (9, 3, 1, 64, 64, 256, "float16", 16, 4),  # 16 keys per warp: 4 rows
+    (9, 3, 1, 64, 64, 40, "float16", 8, 2),  # 5 keys per warp: 2 rows
+    (2, 1, 1, 128, 128, 256, "float16", 8, 0),  # 16 lanes per V row: 16 rows of 8 halves, over the limit
+    (2, 1, 1, 128, 128, 256, "float16", 16, 8),  # 16 keys per warp: 8 rows of 8, at the limit
+    (1, 1, 1, 128, 128, 64, "float32", 8, 8),  # 32 lanes per V row, 8 keys per warp: 8 rows of 4 floats
+    (1, 1, 1, 128, 128, 256, "float32", 8, 0),  # 32 rows of 4 floats
+])
+def test_the_v_rows_a_lane_holds(monkeypatch, N, Nkv, S, H, Hv, P, dtype, warps, want):
+    """``VE``: the V rows a lane holds for one step (the keys of a step it adds), 0 (V_EARLY off) where
+    they are more than ``V_EARLY_ELEMS`` elements."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_WARPS", str(warps))
+    env._reset_for_tests()
+    q = np.zeros((1, N, S, H), dtype)
+    k, v = np.zeros((1, Nkv, P, H), dtype), np.zeros((1, Nkv, P, Hv), dtype)
+    plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, v])[1]
+    d = plan.defines()
+    assert (plan.kernel, plan.warps, plan.v_early, d["V_EARLY"]) == ("mgx_attn_warp", warps, want, int(want > 0))
+    assert want * d["VV"] <= 64 and (want == 0 or want * (32 // d["LPR"]) >= min(32, -(-P // warps)))
+
+
+@pytest.mark.parametrize("setting,want", [("2", 2), ("4", 4), ("16", 16), ("32", 32), ("3", 2), ("12", 8),
+                                          ("64", 32), ("0", 1), ("-4", 1), ("many", 8)])
+def test_migraphx_attn_warps_sets_the_warps_per_block(monkeypatch, setting, want):
+    """``MIGRAPHX_ATTN_WARPS``: a power of two in 1 .. 32 (rounded down, clamped; not a number: the default 8)."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_WARPS", setting)
+    env._reset_for_tests()
+    plan = _smollm2_plan()
+    assert (plan.kernel, plan.warps, plan.block, plan.defines()["NW"], plan.defines()["NT"]) == \
+        ("mgx_attn_warp", want, (32 * want,), want, 32 * want)
+
+
+def test_migraphx_attn_warps_is_cut_to_the_shared_memory(monkeypatch):
+    """16 query rows of 128 float32 values: 32 warps' partial rows would need about 275 KB of shared memory,
+    4 fit in 48 KiB."""
+    from mgx_graph import env
+    from mgx_graph.operators.attention_gpu import SMEM_LIMIT
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_WARPS", "32")
+    env._reset_for_tests()
+    q, k = np.zeros((1, 8, 2, 128), np.float32), np.zeros((1, 1, 200, 128), np.float32)
+    plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, k])[1]
+    assert plan.kernel == "mgx_attn_warp" and plan.warps == 4 and plan.block == (128,)
+    assert plan.shared_bytes() <= SMEM_LIMIT < 2 * plan.shared_bytes()
