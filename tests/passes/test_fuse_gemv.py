@@ -203,7 +203,10 @@ def _oracle(xv, rv, vals, dtype, epilogue=True):
 
 
 @pytest.mark.parametrize("dtype, K, L, epilogue", [("float16", 64, 24, True), ("float16", 576, 160, True),
-                                                   ("float32", 96, 40, False), ("float16", 100, 7, True)])
+                                                   ("float32", 96, 40, False), ("float16", 100, 7, True),
+                                                   # past the weight prefetch depth on gpu: 32 16-byte
+                                                   # loads per thread and row; 12 element loads
+                                                   ("float16", 8192, 1056, True), ("float16", 3001, 4, True)])
 def test_fused_layer_matches_numpy_and_the_unfused_program(dtype, K, L, epilogue, target, monkeypatch):
     from mgx_graph import env as menv
 
