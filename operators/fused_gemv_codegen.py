@@ -21,7 +21,8 @@ threads per block:
 2. GEMV: each block computes ``NT / tpc`` output columns n; the ``tpc`` threads of a column read the
    weight rows ``n + off_s`` in 16-byte loads (element loads where K or the pointers do not allow
    them), the first ``PF`` from the registers of step 0, accumulate in float in the order of
-   ``gemv.cu`` (so the dot values equal the unfused kernel's), reduce by xor shuffles, then across 32-thread groups through shared memory;
+   ``gemv.cu`` (so the dot values equal the unfused kernel's), reduce by xor shuffles, then across
+   32-thread groups through shared memory;
 3. epilogue (``mgx_epilogue``): the column's first thread rounds each dot value to the dot's element
    type (as the unfused program stores it) and evaluates the epilogue at column n (its other inputs
    read at their strides), or stores the dot value itself when there is no epilogue.

@@ -450,3 +450,55 @@ def test_generated_kernel_compiles_with_and_without_pdl(tmp_path):
     assert k >= 2 and set(steps[:k]) == {"ld.global"}, steps[:k + 3]  # both rows' first chunks
     assert {"ld.global", "st.shared", "bar.sync", "st.global"} <= set(steps[k + 1:])
     assert "griddepcontrol.wait" not in gemv_host.ptx_memory_steps(ks.source, tmp_path / "plain.cu")
+
+
+def _many_slices(rows, dtype="float32", K=64, W=2):
+    """``y = rms_norm(x + r, g) @ W [K, rows * W]``; ``out = -(y[0:W] + y[W:2W] + ..)`` over ``rows``
+    slices and ``-(x + r)``; returns ``(program, g, W)``."""
+    rng = np.random.default_rng(rows)
+    prog = Program()
+    m = prog.get_main_module()
+    x, r = m.add_parameter("x", S(dtype, 1, 1, K)), m.add_parameter("r", S(dtype, 1, 1, K))
+    g = (1 + 0.1 * rng.standard_normal(K)).astype(dtype)
+    w = (rng.standard_normal((K, rows * W)) / np.sqrt(K)).astype(dtype)
+    h = m.add_instruction(op("add"), [x, r])
+    y = m.add_instruction(op("dot"), [m.add_instruction(op("rms_norm", axis=-1, epsilon=EPS), [h, lit(m, g, dtype)]),
+                                      lit(m, w, dtype)])
+    total = None
+    for i in range(rows):
+        s = m.add_instruction(op("slice", axes=[2], starts=[i * W], ends=[i * W + W]), [y])
+        total = s if total is None else m.add_instruction(op("add"), [total, s])
+    m.add_return([m.add_instruction(op("neg"), [total]), m.add_instruction(op("neg"), [h])])
+    return prog, g, w
+
+
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+@pytest.mark.parametrize("rows, pf", [(5, 3), (17, 0)])
+def test_generated_kernel_over_many_weight_rows_on_the_host(rows, pf):
+    """An epilogue over ``rows`` slices: the prefetch is cut to 16 loads over all rows (5 rows: 3 each;
+    17 rows: none held, every load in the loop); the kernel (both load variants) against numpy, and
+    the residual sum exactly x + r."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+
+    dtype, K, W = "float32", 4096, 2  # 4 16-byte loads per thread and row, 16 element loads
+    prog, g, w = _many_slices(rows, dtype, K, W)
+    _fuse(prog, "gpu")
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
+    args = []
+    for i in f.inputs:
+        src = i.inputs[0] if i.op.name == "transpose" else i
+        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    hs = feeds["x"].astype(np.float64) + feeds["r"].astype(np.float64)
+    n = (hs / np.sqrt(np.mean(hs * hs, axis=-1, keepdims=True) + EPS) * g).astype(dtype).astype(np.float64)
+    y = (n @ w.astype(np.float64)).astype(dtype).astype(np.float64)
+    want = -sum(y[..., i * W:(i + 1) * W] for i in range(rows))
+    for vector in (True, False):
+        ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, vector,
+                                            prefetch=8)
+        assert len(parts.slices) == rows and f"PF = {pf};" in ks.source and ("LT wp0[PF];" in ks.source) == bool(pf)
+        outs = [np.full(s.lens, 7, s.np_dtype) for s in f.shape]
+        gemv_host.run_fused(ks, args + outs, (ks.grid,))
+        np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(outs[1], feeds["x"] + feeds["r"])  # the residual sum, the further output
