@@ -8,14 +8,21 @@ its elementwise producers, as in a ``fused_reduce``) and, optionally, an element
 ``y`` through ``S`` last-axis slices of one length ``L`` (offsets ``off_s``).  One kernel of ``NT``
 threads per block:
 
+0. weight prefetch: the column index and thread split are computed first and each thread loads its
+   first ``PF`` weight chunks of each of the S rows into registers (:func:`prefetch_depth`: at most
+   ``gemv_gpu.PREFETCH`` per row and ``PREFETCH_REGS`` in all).  The weight is a constant (fuse_gemv
+   takes literal weights only), so nothing orders these loads after an earlier kernel; then
+   ``MGX_GRID_DEPENDENCY();`` (the wait of :mod:`.programmatic_launch` under ``MIGRAPHX_PDL=1``,
+   empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before;
 1. prologue (``mgx_prologue``, the row function of :mod:`.fused_reduce_codegen` over one row): every
    block computes the row statistics itself and writes x, rounded to the dot's element type as the
    unfused program stores it, into shared memory; block 0 alone also writes the submodule's further
    outputs (the residual sum).  Every block computes the same values, so results are deterministic;
 2. GEMV: each block computes ``NT / tpc`` output columns n; the ``tpc`` threads of a column read the
    weight rows ``n + off_s`` in 16-byte loads (element loads where K or the pointers do not allow
-   them), accumulate in float in the order of ``gemv.cu`` (so the dot values equal the unfused
-   kernel's), reduce by xor shuffles, then across 32-thread groups through shared memory;
+   them), the first ``PF`` from the registers of step 0, accumulate in float in the order of
+   ``gemv.cu`` (so the dot values equal the unfused kernel's), reduce by xor shuffles, then across
+   32-thread groups through shared memory;
 3. epilogue (``mgx_epilogue``): the column's first thread rounds each dot value to the dot's element
    type (as the unfused program stores it) and evaluates the epilogue at column n (its other inputs
    read at their strides), or stores the dot value itself when there is no epilogue.
@@ -30,7 +37,7 @@ from .fused_codegen import (PRELUDE, KernelEmitter, broadcast_index, finish, lin
                             param_list, store_expr)
 from .fused_gpu import _check, _layout, compiled_function, precompile
 from .fused_reduce_codegen import _helper, _Row, reduction_of
-from .gemv_gpu import CTYPES, NT, SMEM_X, make_plan
+from .gemv_gpu import CTYPES, NT, PREFETCH, SMEM_X, make_plan
 from .gpu import GpuKernel
 
 # the generated kernel also builds on the host behind tests/gemv_host.py's shim (MGX_HOST_EMULATION)
@@ -43,6 +50,9 @@ GEMV_PRELUDE = PRELUDE.replace("#else\n#include <cuda_fp16.h>", "#elif !defined(
 #endif
 MGX_HD float mgx_gemv_f(float v) { return v; }
 MGX_HD float mgx_gemv_f(__half v) { return __half2float(v); }
+#ifndef MGX_GRID_DEPENDENCY  // defined by programmatic_launch.PRELUDE when the source is built for PDL
+#define MGX_GRID_DEPENDENCY()
+#endif
 """
 
 
@@ -129,32 +139,61 @@ def _epilogue(em, parts, out, y) -> None:
     em.emit(f"{y}[{linear_offset(idx, out)}] = {store_expr(v, out.dtype)};")
 
 
-def _gemv_body(parts, plan, vector: bool) -> str:
-    """The GEMV and the call of the epilogue, inside the kernel (``gemv.cu``'s loops, S weight rows)."""
+PREFETCH_REGS = 16  # most prefetched weight loads per thread over all S rows (16 uint4: 64 registers)
+
+
+def prefetch_depth(plan, slices: int, vector: bool) -> int:
+    """Weight loads per thread and weight row held in registers ahead of the prologue: at most the
+    row's loads per thread and ``plan.prefetch``, lowered so that ``slices * depth`` stays within
+    ``PREFETCH_REGS`` (0 when more weight rows are read: no prefetch)."""
+    return min(plan.loads_per_thread(vector), plan.prefetch, PREFETCH_REGS // max(1, slices))
+
+
+def _gemv_head(parts, plan, vector: bool) -> str:
+    """The column split and the weight prefetch, first in the kernel (before the prologue): the
+    first ``PF`` loads of each of the S weight rows into registers ``wp<s>``."""
     S = max(1, len(parts.slices))
     offs = parts.offsets or [0]
     item = np.dtype(parts.dtype).itemsize
     vec = plan.vec if vector else 1
     lt = "uint4" if vec * item == 16 else "T"
     ch, cols = parts.K // vec, NT // plan.tpc
-    iters = -(-ch // plan.tpc)
-    loads = "".join(f"                const LT wv{s} = reinterpret_cast<const LT*>(w + (n + {offs[s]}LL) * {parts.sw}LL)[j];\n"
-                    f"                const T* we{s} = reinterpret_cast<const T*>(&wv{s});\n" for s in range(S))
-    fma = "".join(f"                    acc[{s}] += mgx_gemv_f(we{s}[e]) * mgx_gemv_f(xe[e]);\n" for s in range(S))
-    rounded = ", ".join(f"mgx_gemv_f(TO_T(acc[{s}] + 0.0f))" for s in range(S))
-    return f"""    typedef {CTYPES[parts.dtype]} T;
+    iters = plan.loads_per_thread(vector)
+    pf = prefetch_depth(plan, S, vector)
+    rows = "".join(f"    const LT* w{s} = reinterpret_cast<const LT*>(w + (nr + {offs[s]}LL) * {parts.sw}LL);\n"
+                   for s in range(S))
+    head = f"""    typedef {CTYPES[parts.dtype]} T;
     typedef {lt} LT;
-    constexpr int CH = {ch}, COLS = {cols}, TPC = {plan.tpc}, ITERS = {iters}, S = {S};
+    constexpr int CH = {ch}, COLS = {cols}, TPC = {plan.tpc}, ITERS = {iters}, S = {S}, PF = {pf};
     const int c = tid / TPC;
     const int t = tid - c * TPC;
     const long long n = (long long)blockIdx.x * COLS + c;
+    const long long nr = n < {parts.L} ? n : 0; // a column past the end reads no row
     const T* w = x{parts.weight};
-    float acc[S];
+{rows}"""
+    if not pf:
+        return head
+    regs = "".join(f"    LT wp{s}[PF];\n" for s in range(S))
+    loads = " ".join(f"wp{s}[i] = w{s}[j];" for s in range(S))
+    return head + regs + f"""    if (n < {parts.L}) {{
 #pragma unroll
-    for (int s = 0; s < S; ++s) acc[s] = 0.0f;
-    if (n < {parts.L}) {{
-#pragma unroll 8
-        for (int i = 0; i < ITERS; ++i) {{
+        for (int i = 0; i < PF; ++i) {{
+            const int j = t + i * TPC;
+            if (j < CH) {{ {loads} }}
+        }}
+    }}
+"""
+
+
+def _chunk_loop(parts, vec: int, first: str, last: str, unroll: str, load: str) -> str:
+    """``for (i = first; i < last; ++i)``: weight chunk j = t + i * TPC of each row (``load``: the
+    expression of row s's chunk, ``{s}`` in it) times chunk j of x, added to acc[s] (e ascending)."""
+    S = max(1, len(parts.slices))
+    loads = "".join(f"                const LT wv{s} = {load.format(s=s)};\n"
+                    f"                const T* we{s} = reinterpret_cast<const T*>(&wv{s});\n" for s in range(S))
+    fma = "".join(f"                    acc[{s}] += mgx_gemv_f(we{s}[e]) * mgx_gemv_f(xe[e]);\n" for s in range(S))
+    return f"""#pragma unroll{unroll}
+        for (int i = {first}; i < {last}; ++i) {{
             const int j = t + i * TPC;
             if (j < CH) {{
 {loads}                const LT xv = reinterpret_cast<const LT*>(xs)[j];
@@ -164,7 +203,23 @@ def _gemv_body(parts, plan, vector: bool) -> str:
 {fma}                }}
             }}
         }}
-    }}
+"""
+
+
+def _gemv_body(parts, plan, vector: bool) -> str:
+    """The GEMV and the call of the epilogue, inside the kernel after the prologue (``gemv.cu``'s
+    loops over S weight rows: the prefetched chunks, then the rest loaded as they are used)."""
+    S = max(1, len(parts.slices))
+    vec = plan.vec if vector else 1
+    pf = prefetch_depth(plan, S, vector)
+    held = _chunk_loop(parts, vec, "0", "PF", "", "wp{s}[i]") if pf else ""
+    rest = _chunk_loop(parts, vec, "PF", "ITERS", " 8", "w{s}[j]")
+    rounded = ", ".join(f"mgx_gemv_f(TO_T(acc[{s}] + 0.0f))" for s in range(S))
+    return f"""    float acc[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) acc[s] = 0.0f;
+    if (n < {parts.L}) {{
+{held}{rest}    }}
 #pragma unroll
     for (int s = 0; s < S; ++s)
         for (int o = 16; o > 0; o >>= 1) acc[s] += MGX_SHFL_XOR(acc[s], o);
@@ -184,11 +239,13 @@ def _gemv_body(parts, plan, vector: bool) -> str:
 """
 
 
-def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True):
-    """``(KernelSource, plan)`` of a ``fused_gemv`` instruction over ``sub`` (see the module docstring);
-    ``vector``: the 16-byte-load variant.  ValueError when the module is not of the fused form."""
+def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: int = PREFETCH):
+    """``(KernelSource, plan, parts)`` of a ``fused_gemv`` instruction over ``sub`` (see the module
+    docstring); ``vector``: the 16-byte-load variant; ``prefetch``: the most weight loads per thread
+    and row issued before the prologue (:func:`prefetch_depth`).  ValueError when the module is not
+    of the fused form."""
     parts = GemvParts(sub, in_shapes)
-    plan = make_plan(parts.dtype, 1, parts.K, parts.N)
+    plan = make_plan(parts.dtype, 1, parts.K, parts.N, prefetch=prefetch)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     if len(outs) != 1 + len(parts.extras) or tuple(outs[0].lens[-1:]) != (parts.L,):
         raise ValueError(f"fused_gemv: results {[o.brief() for o in outs]} do not match the module")
@@ -213,7 +270,8 @@ def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True):
               f'extern "C" __global__ void __launch_bounds__({NT}) MGX_KERNEL({sig}) {{\n'
               f"    __shared__ {acc} mgx_sm[{NT}];\n"
               f"    __shared__ __align__(16) {item_t} xs[{parts.K}];\n"
-              f"    const int tid = (int)threadIdx.x;\n"
+              f"    const int tid = (int)threadIdx.x;\n" + _gemv_head(parts, plan, vector) +
+              "    MGX_GRID_DEPENDENCY(); // every input but the weight is read, and every output written, after it\n"
               f"    mgx_prologue(tid, {NT}, mgx_sm, xs, blockIdx.x == 0, {call});\n"
               f"    __syncthreads();\n" + _gemv_body(parts, plan, vector) + "}")
     hs = "".join(_helper(k, acc) for k in sorted(helpers))

@@ -5,8 +5,12 @@ few thousand: vendor GEMM kernels tile for M >= 8 and leave such a product laten
 ``gemv.cu`` (compiled at run time through CuPy's ``RawModule``: NVRTC on CUDA, hipRTC on ROCm, the
 path of the fused kernels, :func:`.fused_gpu.compiled_function`) reads the weight as ``W^T [N, K]``
 with K contiguous, so each group of 32 threads issues 16-byte loads over 512 contiguous bytes of one
-weight row; x [M, K] is first copied to shared memory; accumulation is in float32 for float16 and
-float32 elements.  A block of ``NT`` threads computes ``NT / tpc`` columns, ``tpc`` (threads per
+weight row; x [M, K] is copied to shared memory; accumulation is in float32 for float16 and
+float32 elements.  The weight is a constant, so each thread first loads its first
+``min(loads per thread, PREFETCH)`` weight chunks into registers and only then copies x (and, built
+for programmatic dependent launch, waits on the kernel before it: :mod:`.programmatic_launch`), so
+the weight's DRAM latency overlaps the x copy instead of following it; the float additions keep
+their order (chunk by chunk, element by element), so the values do not depend on the depth.  A block of ``NT`` threads computes ``NT / tpc`` columns, ``tpc`` (threads per
 column, 32 .. ``NT``) chosen so that the grid reaches ``TARGET_BLOCKS`` blocks when N allows it.
 
 The lowering of ``dot`` (:func:`dot_gemv_kernel`) takes this kernel unless ``MIGRAPHX_GEMV=0``, the
@@ -29,6 +33,7 @@ NT = 256  # threads per block
 TARGET_BLOCKS = 264  # about two blocks per SM of an H100 / H200 (132 SMs)
 MAX_ROWS = 1  # rows of x the kernel takes (M = 2 .. 4 gave wrong results on an H200: not offered)
 SMEM_X = 32 * 1024  # largest x (bytes) copied to shared memory; a longer one is read from global memory
+PREFETCH = 8  # weight loads per thread and row issued before the x copy (gemv.cu's PFMAX): 8 uint4 registers
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,7 +64,8 @@ def gemv_enabled() -> bool:
 class GemvPlan:
     """One GEMV: ``y [M, N] = x [M, K] @ W^T [N, K]^T (+ bias [N])`` of element type ``dtype``;
     ``tpc`` threads per column, ``vec`` elements per load of the vector variant (1: no vector loads,
-    K is not a multiple of 16 bytes)."""
+    K is not a multiple of 16 bytes), ``prefetch`` the most weight loads per thread held in
+    registers ahead of the x copy (``PFMAX``, at least 1)."""
 
     dtype: str
     M: int
@@ -68,6 +74,7 @@ class GemvPlan:
     bias: bool
     tpc: int
     vec: int
+    prefetch: int = PREFETCH
 
     @property
     def cols(self) -> int:
@@ -86,7 +93,12 @@ class GemvPlan:
         item = np.dtype(self.dtype).itemsize
         return {"T": CTYPES[self.dtype], "TO_T": "__float2half" if self.dtype == "float16" else "",
                 "LT": "uint4" if vec * item == 16 else "T", "VEC": vec, "K": self.K, "M": self.M, "NT": NT,
-                "TPC": self.tpc, "XS": int(self.M * self.K * item <= SMEM_X), "HAS_BIAS": int(self.bias)}
+                "TPC": self.tpc, "XS": int(self.M * self.K * item <= SMEM_X), "HAS_BIAS": int(self.bias),
+                "PFMAX": self.prefetch}
+
+    def loads_per_thread(self, vector: bool = True) -> int:
+        """Weight loads per thread and row (``ITERS`` of gemv.cu) of the variant."""
+        return -(-(self.K // (self.vec if vector else 1)) // self.tpc)
 
     def source(self, vector: bool = True) -> str:
         """The kernel source (``vector``: the 16-byte-load variant)."""
@@ -99,11 +111,14 @@ class GemvPlan:
         return (x, w, x if bias is None else bias, y, np.int64(self.N), np.int64(sx), np.int64(sw), np.int64(sy))
 
 
-def make_plan(dtype: str, M: int, K: int, N: int, bias: bool = False) -> GemvPlan:
+def make_plan(dtype: str, M: int, K: int, N: int, bias: bool = False, prefetch: int = PREFETCH) -> GemvPlan:
     """The launch of a GEMV (see the module docstring); ValueError naming what the kernel does not take
-    (a type other than float16 / float32, M outside 1 .. ``MAX_ROWS``, K or N below 1)."""
+    (a type other than float16 / float32, M outside 1 .. ``MAX_ROWS``, K or N below 1, ``prefetch``
+    below 1)."""
     if dtype not in CTYPES:
         raise ValueError(f"gemv kernel: type {dtype} (float16 and float32 only)")
+    if prefetch < 1:
+        raise ValueError(f"gemv kernel: prefetch depth {prefetch} (at least 1)")
     if not (1 <= M <= MAX_ROWS) or K < 1 or N < 1:
         raise ValueError(f"gemv kernel: sizes M={M} (1 .. {MAX_ROWS}), K={K}, N={N} (at least 1)")
     vec = 16 // np.dtype(dtype).itemsize
@@ -116,7 +131,7 @@ def make_plan(dtype: str, M: int, K: int, N: int, bias: bool = False) -> GemvPla
         tpc *= 2
     if -(-N // (NT // tpc)) >= 2 ** 31:
         raise ValueError(f"gemv kernel: N={N} needs too many blocks")
-    return GemvPlan(dtype, M, K, N, bias, tpc, vec)
+    return GemvPlan(dtype, M, K, N, bias, tpc, vec, prefetch)
 
 
 def kernel_file() -> str:

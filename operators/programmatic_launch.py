@@ -6,12 +6,22 @@ launched, and each such gap costs about a microsecond on an H200.  With programm
 and later) a kernel launched with the attribute ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``
 may be launched while the kernel ahead of it still runs; it then orders itself with two PTX
 instructions that :func:`with_grid_dependency` puts at the start of every ``extern "C" __global__``
-body of a source:
+body of a source (unless the kernel places them itself, below):
 
 * ``griddepcontrol.wait`` -- blocks until the grids it depends on have completed and their memory
   operations are visible, so nothing the kernel reads or writes can race the kernel before it;
 * ``griddepcontrol.launch_dependents`` -- after that wait: lets the next kernel be launched now (its
   launch overlaps this kernel's run; issued after the wait, so at most two grids are in flight).
+
+A kernel whose body already holds the statement ``MGX_GRID_DEPENDENCY();`` has chosen its own point
+and is left as it is.  The GEMV kernels do so (``gemv.cu`` and the generated ``fused_gemv`` kernel of
+:mod:`.fused_gemv_codegen`): they first load the leading chunks of their weight rows into registers,
+then wait, so those loads overlap the kernel before them.  That is safe because the weight is a
+constant (a literal, or a view of one, that no kernel writes): everything else -- x, the prologue's
+inputs, the bias, the epilogue's inputs, and every store -- comes after the wait.  A kernel that waits
+later issues ``launch_dependents`` later too, so still at most two grids are in flight.  The kernel
+sources define the macro empty where :data:`PRELUDE` is not prepended (``#ifndef``), so the same
+source builds with PDL off.
 
 Both compile to nothing below compute capability 9.0 and on HIP, where :class:`ProgrammaticKernel`
 launches as CuPy does.  A kernel is launched programmatically only while a capture is open on the
@@ -35,6 +45,7 @@ PRELUDE = r"""// programmatic dependent launch (no-ops before sm_90 and on HIP)
 #endif
 """
 _GLOBAL = re.compile(r'extern\s+"C"\s+__global__')
+_OWN_POINT = re.compile(r"\bMGX_GRID_DEPENDENCY\(\)\s*;")
 _SCALARS = {np.dtype(np.int64): ctypes.c_longlong, np.dtype(np.int32): ctypes.c_int,
             np.dtype(np.uint64): ctypes.c_ulonglong, np.dtype(np.uint32): ctypes.c_uint,
             np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
@@ -51,11 +62,26 @@ def pdl_enabled() -> bool:
     return rt is not None and rt.programmatic_launch_supported()
 
 
+def _body_end(source: str, i: int) -> int:
+    """The index of the ``}`` closing the body whose ``{`` is at ``i`` (the source's end when none)."""
+    depth = 0
+    for k in range(i, len(source)):
+        if source[k] == "{":
+            depth += 1
+        elif source[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+    return len(source)
+
+
 def with_grid_dependency(source: str) -> str:
     """``source`` with :data:`PRELUDE` first and ``MGX_GRID_DEPENDENCY();`` as the first statement of
     every ``extern "C" __global__`` function (the body's ``{`` is the first at parenthesis depth 0
-    after the declaration starts).  Raises ValueError when a declaration has no body."""
-    out, pos = [PRELUDE], 0
+    after the declaration starts) whose body does not already hold that statement (such a kernel
+    placed its own point, see the module docstring, and is left as it is).  Raises ValueError when
+    the source has no such function with a body."""
+    out, pos, bodies = [PRELUDE], 0, 0
     for m in _GLOBAL.finditer(source):
         depth, i = 0, m.end()
         while i < len(source):
@@ -72,10 +98,13 @@ def with_grid_dependency(source: str) -> str:
             i += 1
         if i < 0 or i >= len(source):
             continue
+        bodies += 1
+        if _OWN_POINT.search(source, i, _body_end(source, i)):
+            continue
         out.append(source[pos:i + 1])
         out.append(" MGX_GRID_DEPENDENCY();")
         pos = i + 1
-    if pos == 0:
+    if bodies == 0:
         raise ValueError("with_grid_dependency: no extern \"C\" __global__ function with a body")
     out.append(source[pos:])
     return "".join(out)

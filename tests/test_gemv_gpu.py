@@ -3,7 +3,8 @@ CuPy only): float16 / float32, K from 1 to 4096 (whole 16-byte loads and not), N
 four rows, with and without a bias, W^T and x rows packed, padded (a slice of a wider buffer), with row
 starts off the 16-byte grid and misaligned (one element past an aligned address): the last two run the
 element-wise variant.  Then compiled one-row dots with MIGRAPHX_GEMV on and off (the gemv kernel and
-cuBLAS agree), replayed from a graph.  The kernel test reports every failing case at once."""
+cuBLAS agree), replayed from a graph.  The kernel test reports every failing case at once.  Rows past
+the weight prefetch depth give the same values whatever the depth."""
 import numpy as np
 import pytest
 
@@ -83,6 +84,37 @@ def test_gemv_kernel_matches_numpy(gpu_target):
                         failures.append(f"{dtype} M={M} K={K} N={N} bias={bias} {layout} [{label}]: "
                                         f"max error {err}")
     assert not failures, f"{len(failures)} of {n} cases differ:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype, K, N", [("float16", 4096, 3072), ("float16", 8192, 5), ("float32", 4096, 2112),
+                                         ("float16", 20000, 7), ("float16", 8190, 300)])
+def test_gemv_values_do_not_depend_on_the_prefetch_depth(dtype, K, N, gpu_target):
+    """Rows with more weight loads per thread than registers hold (16-byte loads when packed, element
+    loads when misaligned): the result against numpy, and bit for bit the same with one load, the
+    default depth or all of a row's loads (at most 32) held in registers ahead of the x copy."""
+    import cupy
+
+    rng = np.random.default_rng(K + N)
+    x = rng.standard_normal((1, K)).astype(dtype)
+    wt = rng.standard_normal((N, K)).astype(dtype)
+    b = rng.standard_normal(N).astype(dtype)
+    want = x.astype(np.float64) @ wt.astype(np.float64).T + b.astype(np.float64)
+    base = make_plan(dtype, 1, K, N, True)
+    item = np.dtype(dtype).itemsize
+    for layout, vector in (("packed", True), ("misaligned", False)):
+        xd, wd = _rows(x, layout), _rows(wt, layout)
+        iters = base.loads_per_thread(vector and base.vec > 1)
+        got = []
+        for depth in (1, base.prefetch, min(iters, 32)):
+            plan = make_plan(dtype, 1, K, N, True, depth)
+            out = cupy.full((1, N + 5), 7, dtype)
+            gemv_kernel(plan, xd.strides[0] // item, wd.strides[0] // item, N).fn(
+                _Ctx(), out[:, :N], [xd, wd.T, cupy.asarray(b)], [])
+            got.append(out.get())
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(got[0][:, :N].astype(np.float64), want, rtol=rtol, atol=atol * np.sqrt(K))
+        assert (got[0][:, N:] == 7).all()
+        assert all(np.array_equal(g, got[0]) for g in got[1:]), (layout, iters)
 
 
 def _program(dtype, K, N, w_nk: np.ndarray, row_major: bool):

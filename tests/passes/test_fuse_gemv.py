@@ -4,10 +4,13 @@ becomes one ``fused_gemv``.  Hand-built decoder-layer fragments go through the r
 (fuse_reduce, fuse_pointwise, then gemv_layout on gpu) and fuse_gemv; the result is compared with a
 hand-built expected program, and what is left unfused is checked case by case; then values against a
 float64 numpy oracle and against the unfused program on each target."""
+import re
+
 import numpy as np
 import pytest
 
 from mgx_graph import Program
+from mgx_graph.operators.gemv_gpu import PREFETCH
 from mgx_graph.passes import (EliminateDeadCode, FuseGemv, FusePointwise, FuseReduce, GemvLayout, PassContext,
                               PassManager)
 from mgx_graph.program import compile_program
@@ -200,7 +203,10 @@ def _oracle(xv, rv, vals, dtype, epilogue=True):
 
 
 @pytest.mark.parametrize("dtype, K, L, epilogue", [("float16", 64, 24, True), ("float16", 576, 160, True),
-                                                   ("float32", 96, 40, False), ("float16", 100, 7, True)])
+                                                   ("float32", 96, 40, False), ("float16", 100, 7, True),
+                                                   # past the weight prefetch depth on gpu: 32 16-byte
+                                                   # loads per thread and row; 12 element loads
+                                                   ("float16", 8192, 1056, True), ("float16", 3001, 4, True)])
 def test_fused_layer_matches_numpy_and_the_unfused_program(dtype, K, L, epilogue, target, monkeypatch):
     from mgx_graph import env as menv
 
@@ -356,3 +362,143 @@ def test_generated_kernel_at_other_column_offsets_on_the_host(case, dtype):
         gemv_host.run_fused(ks, args + outs, (ks.grid,))
         np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=tol, atol=tol)
         assert np.array_equal(outs[1], (feeds["x"].astype(np.float32) + feeds["r"].astype(np.float32)).astype(dtype))
+
+
+# -- the weight prefetch and the grid-dependency point of the generated kernel ---------------------------------
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+@pytest.mark.parametrize("dtype, K, L, epilogue, prefetch", [
+    ("float16", 8192, 3, True, PREFETCH),   # element loads: 32 per thread and row (16-byte loads: 4)
+    ("float32", 4096, 2, False, PREFETCH),  # element loads: 16 per thread (16-byte loads: 4)
+    ("float16", 3001, 4, True, PREFETCH),   # K not a multiple of 8: element loads only, 12 per thread
+    ("float16", 1024, 5, True, 1)])         # 16-byte loads: 2 per thread and row, one held
+def test_generated_kernel_past_the_prefetch_depth_on_the_host(dtype, K, L, epilogue, prefetch, rng):
+    """Rows with more weight loads per thread than the prefetch depth: the kernel (each load variant)
+    against the float64 oracle, the residual sum exactly x + r rounded, and bit for bit equal to the
+    same kernel holding another number of loads per row in registers (one, or ``PREFETCH``)."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source, prefetch_depth
+
+    f, vals = _gpu_fused(dtype, K, L, epilogue, K)
+    xv, rv = (rng.standard_normal((1, 1, K)).astype(dtype) for _ in range(2))
+    wt = f.inputs[3].inputs[0].op.value
+    want, _ = _oracle(xv, rv, vals, dtype, epilogue)
+    shapes = [i.shape for i in f.inputs]
+    S = 2 if epilogue else 1
+    tol = 4e-3 if dtype == "float16" else 1e-5
+    past = []
+    for vector in (True, False):
+        got = []
+        for depth in (prefetch, 1 if prefetch > 1 else PREFETCH):
+            ks, plan, _ = fused_gemv_source(f.module_inputs[0], shapes, f.shape, vector, prefetch=depth)
+            pf = prefetch_depth(plan, S, vector)
+            assert f"PF = {pf};" in ks.source and 1 <= pf <= depth
+            if depth == prefetch:
+                past.append(plan.loads_per_thread(vector) > pf)
+            y, h = np.full(want.shape, 7, dtype), np.full((1, 1, K), 7, dtype)
+            gemv_host.run_fused(ks, [xv, rv, vals["g"], wt, y, h], (ks.grid,))
+            np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
+            assert np.array_equal(h, (xv.astype(np.float32) + rv.astype(np.float32)).astype(dtype))
+            got.append(y)
+        assert np.array_equal(got[0], got[1])
+    assert any(past)
+
+
+def test_prefetch_depth_keeps_the_registers_bounded():
+    """At most the plan's depth and the loads per thread, and at most 16 loads over the S rows; more
+    than 16 rows: none held."""
+    from mgx_graph.operators.fused_gemv_codegen import prefetch_depth
+    from mgx_graph.operators.gemv_gpu import make_plan
+
+    plan = make_plan("float16", 1, 8192, 4)  # 32 element loads per thread, 4 16-byte ones
+    assert (plan.loads_per_thread(False), plan.loads_per_thread(True)) == (32, 4)
+    assert [prefetch_depth(plan, s, False) for s in (1, 2, 3, 4, 5, 8, 16, 17)] == [8, 8, 5, 4, 3, 2, 1, 0]
+    assert [prefetch_depth(plan, s, True) for s in (1, 4, 5, 16, 17)] == [4, 4, 3, 1, 0]
+
+
+@pytest.mark.parametrize("vector", [True, False])
+def test_generated_kernel_waits_after_its_weight_prefetch(vector):
+    """The kernel's own ``MGX_GRID_DEPENDENCY();`` comes after the loads into registers of both weight
+    rows and before the prologue; no input but the weight, and no output, is named before it; built
+    for PDL it gets no second one."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+    from mgx_graph.operators.programmatic_launch import with_grid_dependency
+
+    f, _ = _gpu_fused("float16", 576, 40, True, 1)
+    ks, _, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, vector)
+    before = re.sub(r"//[^\n]*", "", gemv_host.body_before_point(ks.source))
+    assert "wp0[i] = w0[j]; wp1[i] = w1[j];" in before and "mgx_prologue(" not in before
+    others = [n for k, (_, n) in enumerate(ks.params) if k != parts.weight]
+    assert len(others) == len(ks.params) - 1 and f"x{parts.weight}" not in others
+    assert not any(re.search(rf"\b{n}\b", before) for n in others), before
+    after = ks.source[ks.source.index("MGX_GRID_DEPENDENCY();"):]
+    assert after.index("mgx_prologue(tid") < after.index("__syncthreads();")
+    assert with_grid_dependency(ks.source).count("MGX_GRID_DEPENDENCY();") == 1
+
+
+@pytest.mark.skipif(gemv_host.NVCC is None, reason="nvcc (CUDA toolkit) not found")
+def test_generated_kernel_compiles_with_and_without_pdl(tmp_path):
+    """nvcc -arch=sm_90: built for PDL, ``griddepcontrol.wait`` follows the weight's global loads and
+    comes before every other memory step (the prologue's loads, shared memory, barriers, stores);
+    built without, there is none and the source compiles as well."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+    from mgx_graph.operators.programmatic_launch import with_grid_dependency
+
+    f, _ = _gpu_fused("float16", 576, 40, True, 1)
+    ks, _, _ = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, True)
+    steps = gemv_host.ptx_memory_steps(with_grid_dependency(ks.source), tmp_path / "pdl.cu")
+    assert steps.count("griddepcontrol.wait") == 1
+    k = steps.index("griddepcontrol.wait")
+    assert k >= 2 and set(steps[:k]) == {"ld.global"}, steps[:k + 3]  # both rows' first chunks
+    assert {"ld.global", "st.shared", "bar.sync", "st.global"} <= set(steps[k + 1:])
+    assert "griddepcontrol.wait" not in gemv_host.ptx_memory_steps(ks.source, tmp_path / "plain.cu")
+
+
+def _many_slices(rows, dtype="float32", K=64, W=2):
+    """``y = rms_norm(x + r, g) @ W [K, rows * W]``; ``out = -(y[0:W] + y[W:2W] + ..)`` over ``rows``
+    slices and ``-(x + r)``; returns ``(program, g, W)``."""
+    rng = np.random.default_rng(rows)
+    prog = Program()
+    m = prog.get_main_module()
+    x, r = m.add_parameter("x", S(dtype, 1, 1, K)), m.add_parameter("r", S(dtype, 1, 1, K))
+    g = (1 + 0.1 * rng.standard_normal(K)).astype(dtype)
+    w = (rng.standard_normal((K, rows * W)) / np.sqrt(K)).astype(dtype)
+    h = m.add_instruction(op("add"), [x, r])
+    y = m.add_instruction(op("dot"), [m.add_instruction(op("rms_norm", axis=-1, epsilon=EPS), [h, lit(m, g, dtype)]),
+                                      lit(m, w, dtype)])
+    total = None
+    for i in range(rows):
+        s = m.add_instruction(op("slice", axes=[2], starts=[i * W], ends=[i * W + W]), [y])
+        total = s if total is None else m.add_instruction(op("add"), [total, s])
+    m.add_return([m.add_instruction(op("neg"), [total]), m.add_instruction(op("neg"), [h])])
+    return prog, g, w
+
+
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+@pytest.mark.parametrize("rows, pf", [(5, 3), (17, 0)])
+def test_generated_kernel_over_many_weight_rows_on_the_host(rows, pf):
+    """An epilogue over ``rows`` slices: the prefetch is cut to 16 loads over all rows (5 rows: 3 each;
+    17 rows: none held, every load in the loop); the kernel (both load variants) against numpy, and
+    the residual sum exactly x + r."""
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+
+    dtype, K, W = "float32", 4096, 2  # 4 16-byte loads per thread and row, 16 element loads
+    prog, g, w = _many_slices(rows, dtype, K, W)
+    _fuse(prog, "gpu")
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
+    args = []
+    for i in f.inputs:
+        src = i.inputs[0] if i.op.name == "transpose" else i
+        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    hs = feeds["x"].astype(np.float64) + feeds["r"].astype(np.float64)
+    n = (hs / np.sqrt(np.mean(hs * hs, axis=-1, keepdims=True) + EPS) * g).astype(dtype).astype(np.float64)
+    y = (n @ w.astype(np.float64)).astype(dtype).astype(np.float64)
+    want = -sum(y[..., i * W:(i + 1) * W] for i in range(rows))
+    for vector in (True, False):
+        ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, vector,
+                                            prefetch=8)
+        assert len(parts.slices) == rows and f"PF = {pf};" in ks.source and ("LT wp0[PF];" in ks.source) == bool(pf)
+        outs = [np.full(s.lens, 7, s.np_dtype) for s in f.shape]
+        gemv_host.run_fused(ks, args + outs, (ks.grid,))
+        np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(outs[1], feeds["x"] + feeds["r"])  # the residual sum, the further output

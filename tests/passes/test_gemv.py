@@ -4,11 +4,14 @@ pass that stores such weights transposed, and the lowering's choice between the 
 The kernel's arithmetic is checked on the host (``gemv_host``: g++, one std::thread per CUDA thread)
 against a float64 numpy product; programs run through the ``target`` fixture against numpy (on a GPU
 the gpu variant runs the kernel itself); the lowering and the pass need no GPU."""
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 
 from mgx_graph import Program
-from mgx_graph.operators.gemv_gpu import MAX_ROWS, NT, TARGET_BLOCKS, gemv_plan_for, make_plan
+from mgx_graph.operators.gemv_gpu import MAX_ROWS, NT, PREFETCH, TARGET_BLOCKS, gemv_plan_for, make_plan
 from mgx_graph.passes import EliminateDeadCode, GemvLayout, Lowering, PassContext, PassManager
 from mgx_graph.program import compile_program
 
@@ -48,7 +51,8 @@ def test_plan_fills_the_grid_and_caps_threads_per_column_by_the_loads():
 
 @pytest.mark.parametrize("args, match", [(("int32", 1, 8, 8), "float16 and float32"),
                                          (("float16", MAX_ROWS + 1, 8, 8), f"sizes M={MAX_ROWS + 1}"),
-                                         (("float32", 1, 0, 8), "K=0")])
+                                         (("float32", 1, 0, 8), "K=0"),
+                                         (("float16", 1, 8, 8, False, 0), "prefetch depth 0")])
 def test_plan_refuses_what_the_kernel_does_not_take(args, match):
     with pytest.raises(ValueError, match=match):
         make_plan(*args)
@@ -136,6 +140,50 @@ def test_kernel_on_the_host_matches_numpy(dtype, K, N, M, bias, pad, rng):
         gemv_host.run(plan, xb, wb, bv, y, sx, sw, sy, vector=vector)
         _close(y[:, :N], want, dtype, np.sqrt(K))
         assert (y[:, N:] == 7.0).all()
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype, K, N, prefetch", [
+    ("float16", 8192, 3, PREFETCH),   # element loads: 32 per thread (16-byte loads: 4)
+    ("float32", 4096, 2, PREFETCH),   # element loads: 16 per thread (16-byte loads: 4)
+    ("float16", 8190, 4, PREFETCH),   # K not a multiple of 8: element loads only, 32 per thread
+    ("float16", 20000, 2, PREFETCH),  # x (40000 bytes) read from global memory; 16-byte loads: 10 per thread
+    ("float16", 4096, 5, 1),          # 16-byte loads: 2 per thread, one held in registers
+    ("float32", 3000, 6, 2)])         # 16-byte loads: 3 per thread, two held
+def test_kernel_on_the_host_past_the_prefetch_depth(dtype, K, N, prefetch, rng):
+    """Rows with more weight loads per thread than the prefetch depth (registers, then the loop over
+    the rest), with a bias: each variant against numpy, and bit for bit equal to the same plan
+    holding one load or every load in registers (the depth leaves the order of the additions as it
+    is); the columns past N stay untouched."""
+    plan = make_plan(dtype, 1, K, N, True, prefetch)
+    variants = (True, False) if plan.vec > 1 else (False,)
+    assert any(plan.loads_per_thread(v) > prefetch for v in variants)
+    assert plan.defines()["XS"] == int(K * np.dtype(dtype).itemsize <= 32 * 1024)
+    xb = rng.standard_normal((1, K)).astype(dtype)
+    wb = rng.standard_normal((N, K)).astype(dtype)
+    bv = rng.standard_normal(N).astype(dtype)
+    want = _oracle(xb, wb, bv)
+    for vector in variants:
+        iters = plan.loads_per_thread(vector)
+        got = {}
+        for depth in sorted({min(d, iters) for d in (prefetch, 1, iters)}):
+            y = np.full((1, N + 3), 7.0, dtype)
+            gemv_host.run(dataclasses.replace(plan, prefetch=depth), xb, wb, bv, y, K, K, N + 3, vector=vector)
+            assert (y[:, N:] == 7.0).all()
+            got[depth] = y[:, :N]
+        _close(got[min(prefetch, iters)], want, dtype, np.sqrt(K))
+        first = next(iter(got.values()))
+        assert all(np.array_equal(v, first) for v in got.values()), (vector, list(got))
+
+
+def test_the_kernel_prefetches_its_weight_before_the_grid_dependency_point():
+    """gemv.cu's body up to its own ``MGX_GRID_DEPENDENCY();``: the weight chunks are loaded into
+    registers there, and nothing else the kernel is given (x, bias, y) is named before it."""
+    plan = make_plan("float16", 1, 1536, 576, True)
+    for vector in (True, False):
+        before = re.sub(r"//[^\n]*", "", gemv_host.body_before_point(plan.source(vector)))  # code only
+        assert "wp[i] = wr[j];" in before
+        assert not re.search(r"(?<![.\w])(x|bias|y|xs|sx|sy)\b", before), before  # threadIdx.x is no x
 
 
 # -- gemv_layout --------------------------------------------------------------------------------------
