@@ -6,8 +6,7 @@ API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/
 """
 from __future__ import annotations
 
-from ..errors import DeviceError
-from . import Runtime, check, hipStreamCaptureStatusInvalidated
+from . import Runtime, check
 
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt
@@ -30,28 +29,6 @@ def _stream(s):
     return h
 
 
-def cupy_runtime():
-    """CuPy's runtime module when CuPy is importable and built for CUDA, else None.  Its
-    ``graphLaunch`` and ``streamIsCapturing`` take plain ints and make one C call each, without the
-    result tuple and error enum of cuda-bindings: the two calls every replay makes."""
-    try:
-        from cupy.cuda import runtime as crt
-    except Exception:  # no CuPy, or a broken install: cuda-bindings alone
-        return None
-    if bool(getattr(crt, "is_hip", False)) or not hasattr(crt, "graphLaunch"):
-        return None
-    return crt
-
-
-def hip_error_name(status: int) -> str:
-    """``hipErrorX`` for CUDA runtime error number ``status``."""
-    try:
-        name = _rt.cudaError_t(int(status)).name
-    except ValueError:
-        return f"hipError({int(status)})"
-    return "hip" + name[4:] if name.startswith("cuda") else name
-
-
 class CudaRuntime(Runtime):
     platform = "cuda"
 
@@ -59,7 +36,6 @@ class CudaRuntime(Runtime):
         super().__init__()
         self.rt = _rt
         self._pdl: dict = {}  # device -> programmatic dependent launch supported (compute capability >= 9.0)
-        self._crt = cupy_runtime()  # CuPy's runtime module for the per-replay calls, or None
 
     # programmatic dependent launch (Hopper and later; CUDA programming guide, "Programmatic Dependent
     # Launch and Synchronization"; driver API cuLaunchKernelEx)
@@ -160,14 +136,6 @@ class CudaRuntime(Runtime):
         return graph
 
     def hipStreamIsCapturing(self, s) -> int:
-        crt = self._crt
-        if crt is not None and isinstance(s, int) and hasattr(crt, "streamIsCapturing"):
-            try:
-                return int(crt.streamIsCapturing(s))
-            except crt.CUDARuntimeError as e:
-                raise DeviceError("hipStreamIsCapturing", hip_error_name(e.status)) from None
-            except RuntimeError:  # how CuPy reports a capture an error invalidated
-                return hipStreamCaptureStatusInvalidated
         err, status = _rt.cudaStreamIsCapturing(_stream(s))
         check("hipStreamIsCapturing", err)
         return int(status)
@@ -194,13 +162,6 @@ class CudaRuntime(Runtime):
         return int(n)
 
     def hipGraphLaunch(self, exe, s) -> None:
-        crt = self._crt
-        if crt is not None and isinstance(s, int):
-            try:
-                crt.graphLaunch(int(exe), s)
-            except crt.CUDARuntimeError as e:
-                raise DeviceError("hipGraphLaunch", hip_error_name(e.status)) from None
-            return
         check("hipGraphLaunch", _rt.cudaGraphLaunch(exe, _stream(s))[0])
 
     def hipGraphUpload(self, exe, s) -> None:
