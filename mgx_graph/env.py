@@ -36,8 +36,8 @@ Variables used by mgx_graph:
 ``MIGRAPHX_GEMV``                     ``0``: a one-row ``dot`` against a constant weight runs as a BLAS GEMM
                                       on gpu instead of the gemv kernel (on by default), and
                                       ``fuse_gemv`` does not fuse
-``MIGRAPHX_PDL``                      ``1``: generated and own kernels launch with programmatic dependent
-                                      launch inside captures (compute capability 9.0+; off by default)
+``MIGRAPHX_PDL``                      ``0``: generated and own kernels launch without programmatic dependent
+                                      launch inside captures (on by default on compute capability 9.0+)
 ====================================  ==========================================================
 """
 from __future__ import annotations

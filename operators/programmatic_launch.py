@@ -28,7 +28,9 @@ launches as CuPy does.  A kernel is launched programmatically only while a captu
 queue (:meth:`Runtime.capture_begun_on`), so eager runs keep CuPy's cheaper launch; kernels from
 other sources (CuPy's own, BLAS) launch as before and keep full stream ordering.
 
-Off unless ``MIGRAPHX_PDL=1`` (read once), and only where the runtime supports it.
+On by default where the runtime supports it (``MIGRAPHX_PDL=0``, read once, turns it off).  On the
+H200 (2026-12-01, SmolLM2-135M fp16 decode step, one call) a replay took 0.572 ms back to back with it
+against 0.637 ms without.
 """
 from __future__ import annotations
 
@@ -52,11 +54,12 @@ _SCALARS = {np.dtype(np.int64): ctypes.c_longlong, np.dtype(np.int32): ctypes.c_
 
 
 def pdl_enabled() -> bool:
-    """``MIGRAPHX_PDL`` (read once) is a true value and the device runtime supports the launch."""
+    """``MIGRAPHX_PDL`` (read once; on unless set to another value than ``1`` / ``enable`` / ``yes`` /
+    ``true``) and the device runtime supports the launch."""
     from ..env import enabled
     from ..runtime import device_runtime
 
-    if not enabled("MIGRAPHX_PDL"):
+    if not enabled("MIGRAPHX_PDL", default=True):
         return False
     rt = device_runtime()
     return rt is not None and rt.programmatic_launch_supported()
