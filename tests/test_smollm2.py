@@ -104,7 +104,10 @@ def test_cli_trace_and_env_switch(smollm2, oracle, target):
     assert events[:3] == ["WARMUP", "WARMUP", "CAPTURE"]
     assert set(events[3:]) == {"REPLAY"} and "FALLBACK" not in events
     steps = len(oracle[0]) - 1 + len(oracle[1])
-    assert len(events) == steps
+    # one greedy row is pipelined (Decoder.greedy_tokens): the step after the last id is already queued
+    # when an eos id ends the generation before --max-new-tokens
+    ahead = 1 if len(oracle[1]) < N_NEW else 0
+    assert len(events) == steps + ahead
     off = _cli(smollm2, target, False)
     assert off.returncode == 0, off.stderr
     assert off.stdout.split("\n---")[0] == answer  # identical tokens
