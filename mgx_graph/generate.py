@@ -28,6 +28,7 @@ into the next step's ``input_ids``, the next step is queued, and only then is th
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,6 +134,7 @@ class Decoder:
         self.position = 0
         self.last_logits = None
         self.last_host_s = 0.0
+        self._chain = None  # weak reference to the open greedy_tokens generator
 
     @property
     def host_op_parts(self) -> tuple:
@@ -152,6 +154,7 @@ class Decoder:
         return describe_host_ops(self.host_op_parts)
 
     def reset(self) -> None:
+        self._end_chain()
         with self.ctx.on_queue(self.queue):
             for n, a in self.params.items():
                 a.fill(0)
@@ -172,6 +175,7 @@ class Decoder:
         position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
+        self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
         p, ctx, q = self.params, self.ctx, self.queue
@@ -199,11 +203,27 @@ class Decoder:
 
         A generator of ints.  Closing it early (``close()``, leaving a ``for`` loop) waits for the
         step queued ahead, which wrote the slot after the last id yielded; :attr:`position` then
-        counts the slots of the ids consumed (the next feed writes that slot again).  It ends early
-        when the cache is full.  :attr:`last_logits` belongs to the step queued ahead, not to the
-        last id yielded.  Raises MgxError on a step of several rows."""
+        counts the slots of the ids consumed (the next feed writes that slot again), unless it was
+        set in the meantime.  Another ``greedy_tokens`` call, :meth:`feed`, :meth:`step` and
+        :meth:`reset` close an open generator first (it then yields nothing more), so two never
+        share the read-back buffers.  It ends early when the cache is full.  :attr:`last_logits`
+        belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
+        of several rows."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        self._end_chain()
+        chain = self._greedy_chain(int(token), int(count))
+        self._chain = weakref.ref(chain)
+        return chain
+
+    def _end_chain(self) -> None:
+        """Close the open :meth:`greedy_tokens` generator, if any."""
+        chain = self._chain() if self._chain is not None else None
+        self._chain = None
+        if chain is not None:
+            chain.close()
+
+    def _greedy_chain(self, token: int, count: int):
         reader = self._id_reader()
         start, queued, yielded = self.position, 0, 0
         try:
@@ -219,7 +239,8 @@ class Decoder:
         finally:
             while reader.pending:
                 reader.wait()
-            self.position = start + yielded
+            if self.position == start + queued:  # not set by the caller since
+                self.position = start + yielded
 
     def _id_reader(self):
         r = getattr(self, "_reader", None)

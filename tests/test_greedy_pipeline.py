@@ -96,3 +96,84 @@ def test_generate_takes_the_pipeline_for_one_greedy_row_and_matches_transformers
     assert res.tokens == want[:want.index(eos) + 1] and res.finish_reason == "eos"
     res = generate(_decoder(llama, target, False), PROMPT, 100)
     assert res.tokens == _hf_greedy(llama, PROMPT, SLOTS - len(PROMPT) + 1) and res.finish_reason == "cache_full"
+
+
+def _prefill(dec, prompt):
+    dec.position = 0
+    for t in prompt[:-1]:
+        dec.feed(np.array([t], np.int64))
+
+
+def test_a_new_chain_a_feed_or_a_reset_closes_the_open_one(llama, target):
+    """A generator left open (not closed) never hands its pending read-back to the next chain, and
+    never moves the position the caller set since."""
+    want = _hf_greedy(llama, PROMPT, 6)
+    dec = _decoder(llama, target, True)
+    _prefill(dec, PROMPT)
+    first = dec.greedy_tokens(PROMPT[-1], 10)
+    got = [next(first), next(first)]
+    second = dec.greedy_tokens(got[-1], 4)  # continues from the ids consumed: the first one ends
+    assert got + list(second) == want and list(first) == []
+    _prefill(dec, PROMPT)
+    third = dec.greedy_tokens(PROMPT[-1], 10)
+    assert next(third) == want[0]
+    _prefill(dec, PROMPT)  # the position set, then a feed, while the third is open
+    assert list(third) == []
+    assert list(dec.greedy_tokens(PROMPT[-1], 6)) == want and dec.position == len(PROMPT) + 5
+    fourth = dec.greedy_tokens(PROMPT[-1], 10)
+    next(fourth)
+    dec.reset()
+    assert list(fourth) == [] and dec.position == 0
+
+
+class _Letters:
+    """A tokenizer stand-in: token id i decodes to letter i % 26."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+
+def _generate_both_ways(dec, monkeypatch, max_new, **kw):
+    """generate() as it runs ("piped") and with the pipeline turned off ("plain"): per way the result,
+    the streamer's pieces, the on_token ids and whether it took Decoder.greedy_tokens."""
+    from mgx_graph import generate as gen
+
+    calls = []
+    real = Decoder.greedy_tokens
+    monkeypatch.setattr(Decoder, "greedy_tokens", lambda self, *a: calls.append(a) or real(self, *a))
+    text = "stop" in kw
+    out = {}
+    for way in ("piped", "plain"):
+        if way == "plain":
+            monkeypatch.setattr(gen, "_pipelines", lambda *a: False)
+        n, pieces, ids = len(calls), [], []
+        res = generate(dec, PROMPT, max_new, on_token=ids.append, streamer=pieces.append if text else None,
+                       tokenizer=_Letters() if text else None, **kw)
+        out[way] = (res, pieces, ids, len(calls) > n)
+    return out["piped"], out["plain"]
+
+
+@pytest.mark.parametrize("case", ["greedy", "one", "stop", "penalty", "logits", "sample"])
+def test_generate_pipelines_one_greedy_row_only_and_gives_the_plain_loops_results(llama, target, monkeypatch,
+                                                                                  case):
+    """One greedy row (on_token, a streamer and stop strings included) takes the pipeline; sampling, a
+    repetition penalty and output_logits take the plain loop.  Either way the results equal the plain
+    loop's, and greedy ids equal transformers'."""
+    want = _hf_greedy(llama, PROMPT, 8)
+    kw = {"greedy": {}, "one": {}, "stop": {"stop": chr(97 + want[2] % 26)},
+          "penalty": {"repetition_penalty": 1.3}, "logits": {"output_logits": True},
+          "sample": {"do_sample": True, "seed": 5}}[case]
+    piped, plain = _generate_both_ways(_decoder(llama, target, True), monkeypatch, 1 if case == "one" else 8, **kw)
+    (res, pieces, ids, took), (base, base_pieces, base_ids, base_took) = piped, plain
+    assert took == (case in ("greedy", "one", "stop")) and not base_took
+    assert res.tokens == base.tokens and res.finish_reason == base.finish_reason
+    assert ids == res.tokens and base_ids == base.tokens
+    assert res.text == base.text and pieces == base_pieces and "".join(pieces) == res.text
+    if case in ("greedy", "one", "stop", "logits"):
+        assert res.tokens and res.tokens == want[:len(res.tokens)]
+    if case == "one":
+        assert res.tokens == want[:1] and res.finish_reason == "length"
+    if case == "stop":
+        assert res.finish_reason == "stop" and len(res.tokens) <= 3 and "".join(pieces) == res.text
+    if case == "logits":
+        assert [int(np.argmax(v)) for v in res.logits] == res.tokens
