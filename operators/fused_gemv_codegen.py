@@ -12,7 +12,7 @@ threads per block:
    first ``PF`` weight chunks of each of the S rows into registers (:func:`prefetch_depth`: at most
    ``gemv_gpu.PREFETCH`` per row and ``PREFETCH_REGS`` in all).  The weight is a constant (fuse_gemv
    takes literal weights only), so nothing orders these loads after an earlier kernel; then
-   ``MGX_GRID_DEPENDENCY();`` (the wait of :mod:`.programmatic_launch` under ``MIGRAPHX_PDL=1``,
+   ``MGX_GRID_DEPENDENCY();`` (the wait of :mod:`.programmatic_launch` unless ``MIGRAPHX_PDL=0``,
    empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before;
 1. prologue (``mgx_prologue``, the row function of :mod:`.fused_reduce_codegen` over one row): every
    block computes the row statistics itself and writes x, rounded to the dot's element type as the

@@ -23,7 +23,7 @@ from .gpu import GpuKernel
 @functools.lru_cache(maxsize=None)
 def compiled_function(source: str, name: str):
     """The ``extern "C"`` kernel ``name`` of ``source``, compiled once per process (CuPy caches the
-    binary on disk).  With ``MIGRAPHX_PDL=1`` on a device that supports it, the source gets the grid
+    binary on disk).  Unless ``MIGRAPHX_PDL=0``, on a device that supports it the source gets the grid
     dependency instructions and the function launches programmatically inside captures
     (:mod:`.programmatic_launch`)."""
     import cupy

@@ -11,7 +11,7 @@
 //   PFMAX    most weight loads per thread held in registers ahead of the x copy (8 unless defined)
 // The weight is a constant (no kernel writes it), so each thread first issues its first
 // PF = min(ITERS, PFMAX) loads of its W^T row into registers (wp), then waits on the grids it depends
-// on (MGX_GRID_DEPENDENCY: griddepcontrol under MIGRAPHX_PDL=1, else nothing), then copies x; so the
+// on (MGX_GRID_DEPENDENCY: griddepcontrol unless MIGRAPHX_PDL=0, else nothing), then copies x; so the
 // weight's DRAM round trip overlaps the x copy, its barrier and the kernel before this one.  The
 // accumulation takes wp[i] for i < PF and loads the rest; the float additions are in the same order
 // (i ascending, then e) either way.
