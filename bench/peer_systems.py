@@ -113,11 +113,18 @@ class MgxStep:
 
     def step(self, token) -> int:
         """The next greedy id after ``token``: the chain's next id when ``token`` is the id it gave
-        last (already fed on the device), else a new chain from ``token``."""
+        last (already fed on the device), else a new chain from ``token``.  Raises MgxError when the
+        cache is full."""
+        from mgx_graph.errors import MgxError
+
         if self.ids is None or int(token) != self.expect:
             self._close()
             self.ids = self.dec.greedy_tokens(int(token), self.dec.max_len - self.dec.position)
-        self.expect = next(self.ids)
+        try:
+            self.expect = next(self.ids)
+        except StopIteration:  # the chain reached the last slot: as Decoder.feed says
+            self._close()
+            raise MgxError(f"the KV cache is full ({self.dec.max_len} positions)") from None
         self.last_host_s = self.dec.last_host_s
         return self.expect
 

@@ -177,3 +177,31 @@ def test_generate_pipelines_one_greedy_row_only_and_gives_the_plain_loops_result
         assert res.finish_reason == "stop" and len(res.tokens) <= 3 and "".join(pieces) == res.text
     if case == "logits":
         assert [int(np.argmax(v)) for v in res.logits] == res.tokens
+
+
+def test_the_w1_runner_gives_transformers_ids_and_a_typed_error_when_the_cache_is_full(llama, target):
+    """bench/peer_systems.py's MgxStep (the W1 benchmark's mgx_graph runner, pipelined): prefill then
+    step to the last slot gives transformers' ids, a token other than the chain's last starts a new
+    chain, and a step past the cache is an MgxError, as Decoder.feed raises, not a StopIteration."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from peer_systems import MgxStep
+
+    n = SLOTS - len(PROMPT) + 1
+    want = _hf_greedy(llama, PROMPT, n)
+    runner = MgxStep(llama.onnx_path, target, True, False)
+    try:
+        runner.reset()
+        got = [runner.prefill(PROMPT)]
+        while len(got) < n:
+            got.append(runner.step(got[-1]))
+        assert got == want
+        with pytest.raises(MgxError, match="full"):
+            runner.step(got[-1])
+        runner.reset()
+        got = [runner.prefill(PROMPT), runner.step(want[0]), runner.step(want[1])]
+        assert got == want[:3]
+    finally:
+        runner.close()
