@@ -644,3 +644,126 @@ def test_a_dynamic_program_refuses_state(target):
     (y,) = prog.run_async({"x": xp.asarray(xh), "s": xp.asarray(xh)})
     np.testing.assert_allclose(_host(prog, y), xh + xh, rtol=1e-6)
     prog.release()
+
+
+# -- nested on_queue blocks of the same queue (a fake runtime and CuPy stream stack for gpu) -----------------
+class _FakeCuda:
+    """CuPy's current stream per device of the thread (``get_current_stream``)."""
+
+    def __init__(self, rt):
+        self.rt, self.current = rt, {}
+
+    def get_current_stream(self):
+        return self.current.get(self.rt.current, "null")
+
+
+class _StackStream(_FakeStream):
+    def __init__(self, rt, log, cuda):
+        super().__init__(rt, log)
+        self.cuda, self.prev = cuda, []
+
+    def __enter__(self):
+        super().__enter__()
+        self.prev.append(self.cuda.get_current_stream())
+        self.cuda.current[self.rt.current] = self
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.cuda.current[self.rt.current] = self.prev.pop()
+
+
+class _NestingGpuContext(_FakeGpuContext):
+    def __init__(self, rt, device_id, cuda=None):
+        super().__init__(rt, device_id)
+        self.cuda = cuda or _FakeCuda(rt)
+        self.cupy = type("cupy", (), {"cuda": self.cuda})
+
+    def _stream(self, queue):
+        if queue not in self.streams:
+            self.streams[queue] = _StackStream(self.runtime, self.log, self.cuda)
+        return self.streams[queue]
+
+
+def _gpu_on_queue(ctx, q):
+    from mgx_graph.targets.gpu import GpuContext
+
+    return GpuContext.on_queue(ctx, q)
+
+
+def test_gpu_nested_block_of_the_same_queue_does_nothing():
+    rt = _FakeRuntime(current=0)
+    ctx = _NestingGpuContext(rt, device_id=1)
+    with _gpu_on_queue(ctx, 7):
+        stream = ctx.streams[7]
+        calls, log = list(rt.calls), list(ctx.log)
+        for _ in range(3):
+            with _gpu_on_queue(ctx, 7):
+                assert rt.current == 1 and ctx.cuda.get_current_stream() is stream
+        assert rt.calls == calls + ["get"] * 3  # one device query per nested block, no set
+        assert ctx.log == log  # the stream was not entered again
+        assert ctx.cuda.get_current_stream() is stream
+    assert rt.current == 0 and ctx.cuda.current[1] == "null"
+    assert rt.calls[-1] == ("set", 0) and ctx.log[-1] == ("exit", 1)
+
+
+def test_gpu_nested_blocks_that_change_something_enter_in_full():
+    """Another queue, another context, a stream or device the caller made current in between: the
+    nested block enters and restores exactly what was current before it."""
+    rt = _FakeRuntime(current=0)
+    ctx = _NestingGpuContext(rt, device_id=1)
+    other_ctx = _NestingGpuContext(rt, device_id=1, cuda=ctx.cuda)
+    with _gpu_on_queue(ctx, 7):
+        s7 = ctx.streams[7]
+        with _gpu_on_queue(ctx, 8):  # another queue
+            assert ctx.cuda.get_current_stream() is ctx.streams[8]
+            n = len(ctx.log)
+            with _gpu_on_queue(ctx, 8):  # nested in the innermost block of queue 8: free
+                pass
+            assert len(ctx.log) == n
+            with _gpu_on_queue(ctx, 7):  # queue 7 is not the innermost block: entered in full
+                assert ctx.cuda.get_current_stream() is s7
+            assert ctx.cuda.get_current_stream() is ctx.streams[8]
+        assert ctx.cuda.get_current_stream() is s7
+        with _gpu_on_queue(other_ctx, 7):  # another context, the same queue number
+            assert ctx.cuda.get_current_stream() is other_ctx.streams[7]
+        assert ctx.cuda.get_current_stream() is s7
+        mine = _StackStream(rt, [], ctx.cuda)
+        with mine:  # the caller's own stream made current inside the block
+            n = len(ctx.log)
+            with _gpu_on_queue(ctx, 7):
+                assert ctx.cuda.get_current_stream() is s7
+            assert len(ctx.log) == n + 2 and ctx.cuda.get_current_stream() is mine
+        rt.hipSetDevice(0)  # the caller moved to another device inside the block
+        with _gpu_on_queue(ctx, 7):
+            assert rt.current == 1 and ctx.cuda.get_current_stream() is s7
+        assert rt.current == 0
+        rt.hipSetDevice(1)
+        with pytest.raises(ZeroDivisionError):
+            with _gpu_on_queue(ctx, 7):
+                1 / 0
+        assert rt.current == 1 and ctx.cuda.get_current_stream() is s7
+    assert rt.current == 0 and ctx.cuda.current[1] == "null"
+
+
+def test_ref_nested_block_of_the_same_queue_keeps_the_error_settings():
+    from mgx_graph.targets import ref
+
+    ctx = ref.RefContext.__new__(ref.RefContext)
+    caller = np.geterr()
+    with ctx.on_queue(1):
+        inside = np.geterr()
+        assert inside == {"over": "ignore", "invalid": "ignore", "divide": "ignore", "under": "ignore"}
+        top = ref._open.top
+        with ctx.on_queue(1) as b:
+            assert b.state is None and ref._open.top is top and np.geterr() == inside
+        with np.errstate(over="raise"):  # the caller changed the settings inside the block
+            with ctx.on_queue(1) as b:
+                assert b.state is not None and np.geterr() == inside
+            assert np.geterr()["over"] == "raise"
+        with ctx.on_queue(2) as b:  # another queue
+            assert b.state is not None
+        with pytest.raises(ZeroDivisionError):
+            with ctx.on_queue(1):
+                1 / 0
+        assert np.geterr() == inside and ref._open.top is top
+    assert np.geterr() == caller and ref._open.top is None
