@@ -111,7 +111,7 @@ class CompiledProgram:
     @property
     def state_serial(self) -> int:
         """The number of the current :meth:`bind_state` binding (0: none yet; a dynamic program: 0)."""
-        return 0 if self.dispatcher is not None else self.executor.state_serial
+        return 0 if self.dispatcher is not None else self.executor.state.serial
 
     def stats(self) -> dict:
         """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from .bound_state import BoundState, state_views
 from .call_record import CallRecord
 from .counters import GraphCounters
 from .errors import MgxError, ParameterError
@@ -49,8 +50,6 @@ class Executor:
         self.runs = 0
         self.fast_path_hits = 0
         self._record: CallRecord | None = None  # the last run_async, while a repeat may reuse it
-        self._state: dict = {}  # parameter name -> the executor's own view of the array bound as state
-        self.state_serial = 0  # counts bind_state calls: which binding is the current one
         self._closed = False
         self.queues: set[int] = set()  # queues given to run_async (released with the context)
         self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program))
@@ -70,7 +69,7 @@ class Executor:
         self.param_specs = [(p.op.parameter, slot[id(p)], p.shape) for p in b.params]
         self.param_names = {p.op.parameter for p in b.params}
         self._param_order = [name for name, _, _ in self.param_specs]
-        self._call_order = self._param_order  # the names a run_async brings: those not bound as state
+        self.state = BoundState(self._param_order)  # the parameters bound once (bind_state)
         self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape)
                               for name, s, shape in self.param_specs]
         self.written = WrittenParameters(b, self.plan, main)
@@ -198,50 +197,12 @@ class Executor:
         self.queues.add(q)
 
     def bind_state(self, params) -> int:
-        """Bind ``params`` (``{name: array}``, a subset of the parameters) as state: later ``run_async``
-        calls take the other parameters only (see :meth:`CompiledProgram.bind_state`).
-
-        Each value must be the target's own array (numpy on ``ref``, CuPy on ``gpu`` device
-        ``device_id``), C-contiguous, of the parameter's shape and dtype, writable when the parameter is
-        written in place; it is checked as ``run_async`` checks it and held as a view (``a.view()``: the
-        same memory, an object only the executor holds).  ``None`` or ``{}`` drops the state.  Raises
-        ParameterError naming the parameter (expected vs given) before anything changes; MgxError once
-        released.  Drops the record of the last call.  Returns :attr:`state_serial`, the binding's number."""
+        """:meth:`CompiledProgram.bind_state` (:mod:`mgx_graph.bound_state`); returns the binding's serial."""
         with self.lock:
             self._check_open()
-            state = self._state_views(params)
+            views = state_views(self, params)
             self._record = None
-            self._state = state
-            self._call_order = [n for n in self._param_order if n not in state]
-            self.state_serial += 1
-            return self.state_serial
-
-    def _state_views(self, params) -> dict:
-        """The validated views :meth:`bind_state` binds (ParameterError before any state is touched)."""
-        if params is None:
-            return {}
-        if not isinstance(params, dict):
-            raise ParameterError(f"state must be a dict of name -> array, got {type(params).__name__}")
-        unknown = [k for k in params if k not in self.param_names]
-        if unknown:
-            raise ParameterError(f"unknown parameter(s) {unknown} given as state; the program takes "
-                                 f"{sorted(self.param_names)}")
-        ctx, views = self.ctx, {}
-        for name, s, lens, dt, shape in self._param_checks:
-            if name not in params:
-                continue
-            a = params[name]
-            if not ctx.is_device_array(a):
-                native = "cupy.ndarray" if ctx.name == "gpu" else "numpy.ndarray"
-                raise ParameterError(f"parameter '{name}' (state): expected a {ctx.name} device array ({native}), "
-                                     f"got {type_name(a)}")
-            a, _ = self._checked(a, name, lens, dt, shape, ctx.queue, True)
-            if not a.flags.c_contiguous:
-                raise ParameterError(f"parameter '{name}' (state): the array must be C-contiguous (strides "
-                                     f"{a.strides})")
-            self._check_writable([(s, a)])
-            views[name] = a.view()
-        return views
+            return self.state.set(views)
 
     def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
         with self.lock:
@@ -262,19 +223,12 @@ class Executor:
                 raise
 
     def _bind_call(self, params, q: int, copy: bool) -> None:
-        """The full path of a ``run_async``: bind ``{**state, **params}``, then record the call when
-        every value it brought was bound as given (a call naming a state parameter is not recorded)."""
+        """The full path of a ``run_async``: bind ``{**state, **params}``, record what the call brought."""
         self._use_queue(q)
-        state = self._state
-        merged = {**state, **params} if state and isinstance(params, dict) else params
-        given, copies, staged = self.bind(merged, device=True, queue=q, copy=copy)
-        if state:
-            if any(k in state for k in params):
-                return
-            by_name = dict(zip(self._param_order, given))
-            given = [by_name[n] for n in self._call_order]
-        if all(g is not None for g in given):
-            self._record = CallRecord(self._call_order, given, q, copy, self._written_names, copies, staged)
+        given, copies, staged = self.bind(self.state.merged(params), device=True, queue=q, copy=copy)
+        given = self.state.call_values(params, given)
+        if given is not None and all(g is not None for g in given):
+            self._record = CallRecord(self.state.order, given, q, copy, self._written_names, copies, staged)
 
     def _run(self, q) -> list:
         ctx = self.ctx
@@ -365,7 +319,7 @@ class Executor:
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
             # eval loop), the last call's record, the view memos, the bound-parameter views
             self._record = None
-            self._state, self._call_order = {}, self._param_order
+            self.state.set({})
             self.loop.forget()
             self.env[:] = [None] * len(self.env)
             self.written.forget_views()

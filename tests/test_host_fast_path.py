@@ -618,7 +618,7 @@ def test_release_drops_the_state(target):
     if numpy_state:
         assert ref() is not None  # the program's view keeps the caller's memory alive
     s.prog.release()
-    assert s.prog.executor._state == {}
+    assert s.prog.executor.state.views == {}
     with pytest.raises(mgx_graph.MgxError, match="released"):
         s.prog.bind_state({})
     with pytest.raises(mgx_graph.MgxError, match="released"):
