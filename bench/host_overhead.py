@@ -4,7 +4,10 @@ Compiles the SmolLM2-135M decode step (fp16, ``hip_graph`` on, KV cache 256: 62 
 buffers bound in place) on ``--target`` (``ref``: the host queue captures and replays numpy host
 functions as a GPU stream does; ``gpu`` when one is present), feeds the same input objects every
 call as :class:`mgx_graph.generate.Decoder` does, and once every call replays times ``--calls``
-replayed calls three ways (``time.perf_counter_ns``, medians over the calls):
+replayed calls three ways (``time.perf_counter_ns``, medians over the calls).  ``--state bound``
+binds the 60 cache arrays once (``bind_state``, as the Decoder does) and passes the two step inputs
+per call; ``--state passed`` (the default) passes all 62; ``--on-queue`` makes each call inside
+``ctx.on_queue(queue)`` as ``Decoder.feed`` does:
 
 * ``clean``: only the graph launch call is timed besides the whole call, giving the host time up
   to the launch, the launch call itself and the time after it (``host_us``: the whole call).  On
@@ -27,7 +30,8 @@ the machine details of ``bench/machine.py``) and a PNG bar chart of the phases o
 the file (matplotlib).
 
     python bench/host_overhead.py --target ref --label after \
-        --out bench/results/host_overhead_ref.json [--calls 300] [--model PATH/model.onnx]
+        --out bench/results/host_overhead_ref.json [--calls 300] [--model PATH/model.onnx] \
+        [--state bound --on-queue]
 """
 from __future__ import annotations
 
@@ -122,11 +126,25 @@ def _unhook(done) -> None:
 
 class Step:
     """The decode step fed like :class:`Decoder`: the same parameter dict and arrays every call, the
-    position written into ``cache_position`` (outside the timed call)."""
+    position written into ``cache_position`` (outside the timed call).
 
-    def __init__(self, prog):
+    ``state``: ``"bound"``: the cache arrays bound once as the program's state (what Decoder does
+    with a static program) and each call passes the two step inputs; ``"passed"``: the state dropped
+    and every array passed each call (the way before ``bind_state``).  ``on_queue``: each timed call
+    made inside ``ctx.on_queue(queue)``, as ``Decoder.feed`` makes it (the program's own block then
+    nests in it)."""
+
+    def __init__(self, prog, state: str = "passed", on_queue: bool = False):
         self.prog, self.dec = prog, Decoder(prog)
-        self.params, self.queue, self.ctx = self.dec.params, self.dec.queue, prog.context
+        self.queue, self.ctx, self.on_queue = self.dec.queue, prog.context, on_queue
+        if state == "bound":
+            if not hasattr(self.dec, "step_params") or self.dec.params is self.dec.step_params:
+                raise SystemExit("--state bound: this mgx_graph binds no state (no bind_state)")
+            self.params = self.dec.step_params
+        else:
+            if hasattr(prog, "bind_state"):
+                prog.bind_state(None)
+            self.params = self.dec.params
         self.position = 0
         self.started = 0  # perf_counter_ns at the start of the last timed call
 
@@ -134,16 +152,23 @@ class Step:
         """One timed ``run_async`` (under ``profile``, a cProfile.Profile, when given); returns its
         nanoseconds."""
         with self.ctx.on_queue(self.queue):
-            self.params["cache_position"].fill(self.position % self.dec.max_len)
+            self.dec.params["cache_position"].fill(self.position % self.dec.max_len)
         self.position += 1
+        if self.on_queue:
+            with self.ctx.on_queue(self.queue):
+                t = self._timed(profile)
+        else:
+            t = self._timed(profile)
+        self.ctx.synchronize(self.queue)
+        return t
+
+    def _timed(self, profile) -> int:
         t0 = self.started = time.perf_counter_ns()
         if profile is None:
             self.prog.run_async(self.params, self.queue)
         else:
             profile.runcall(self.prog.run_async, self.params, self.queue)
-        t = time.perf_counter_ns() - t0
-        self.ctx.synchronize(self.queue)
-        return t
+        return time.perf_counter_ns() - t0
 
 
 def measure_clean(step: Step, calls: int, stub: bool) -> dict:
@@ -232,15 +257,17 @@ def measure_kernels(step: Step, calls: int) -> float | None:
     return round(statistics.median(times) / 1e6, 3)
 
 
-def run(model: str, target: str, calls: int, kernel_calls: int) -> dict:
+def run(model: str, target: str, calls: int, kernel_calls: int, state: str = "passed",
+        on_queue: bool = False) -> dict:
     prog = mgx_graph.compile(model, target=target, fp16=True, hip_graph=True)
     try:
-        step = Step(prog)
+        step = Step(prog, state, on_queue)
         for _ in range(4):  # warmups, the capture, a first replay
             step.call()
         stub = target == "ref"
         st0 = prog.stats()
-        res = {"inputs": len(step.params), "calls": calls, "clean": measure_clean(step, calls, stub),
+        res = {"inputs": len(step.dec.params), "passed_per_call": len(step.params), "state": state,
+               "on_queue": on_queue, "calls": calls, "clean": measure_clean(step, calls, stub),
                "phases": measure_phases(step, calls, stub), "profile_top": measure_profile(step, calls, stub),
                "launch_with_kernels_ms": measure_kernels(step, kernel_calls if stub else 0)}
         st = prog.stats()
@@ -295,6 +322,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/host_overhead_<target>.json)")
     ap.add_argument("--kernel-calls", type=int, default=3,
                     help="ref: calls timed with the replay's numpy kernels run (the launch alone)")
+    ap.add_argument("--state", choices=("bound", "passed"), default="passed",
+                    help="bound: the cache bound once (bind_state), two arrays passed per call, as Decoder "
+                         "does; passed: every array passed per call")
+    ap.add_argument("--on-queue", action="store_true",
+                    help="make each call inside ctx.on_queue(queue), as Decoder.feed does")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     if args.calls < 200:
@@ -308,7 +340,7 @@ def main(argv=None) -> int:
 
         model = str(build("smollm2", max_cache_len=256, progress=False).onnx_path)
     out = args.out or f"bench/results/host_overhead_{target}.json"
-    res = run(model, target, args.calls, args.kernel_calls)
+    res = run(model, target, args.calls, args.kernel_calls, args.state, args.on_queue)
     doc = {"benchmark": "host_overhead", "model": "SmolLM2-135M decode step, fp16, hip_graph, KV cache 256",
            "target": target, "results": {}}
     if os.path.exists(out):

@@ -13,7 +13,8 @@ validation, binding and the staging check; it only repeats the work every call d
 A call matches when, checked in one pass over the parameters:
 
 * its queue and ``copy`` flag are the record's;
-* its dict holds exactly the parameter names, each bound to the very object of the recorded call
+* its dict holds exactly the names the recorded call brought (every parameter not bound as
+  state), each bound to the very object of the recorded call
   (the record holds references to them, so no new object can take a recorded object's ``id``);
 * every value still has the recorded shape, strides and dtype: numpy lets shape, strides and dtype
   be set on an existing array, so a numpy value's three are compared; CuPy lets only its shape be set
@@ -24,6 +25,11 @@ A call matches when, checked in one pass over the parameters:
 * every numpy value of a parameter written in place (``alias``) is still writeable.
 
 The contents of the arrays are not part of it: a decode step rewrites its inputs between calls.
+
+Parameters bound as state (:meth:`mgx_graph.executor.Executor.bind_state`) are not part of it either:
+the executor holds its own view of each (an object nobody else holds, so nothing reshapes it), bound
+again by every full bind, and the record compares only the names and objects the call brings (a
+decode step's two step inputs, not its 60 cache arrays).  A ``bind_state`` drops the record.
 
 Values the call had to convert (DLPack, ``__cuda_array_interface__``, ``numpy.asarray`` of another
 object) leave no record: their import is per call (a DLPack import orders the producer's stream before
@@ -55,7 +61,8 @@ def slot_getter(keys):
 class CallRecord:
     """One recorded ``run_async`` call of an executor (see the module docstring).
 
-    ``names``: the parameter names, in the executor's order; ``values``: the objects given for them
+    ``names``: the names a call brings (the parameters not bound as state), in the executor's order;
+    ``values``: the objects given for them
     (the same order); ``queue``: the call's queue (int); ``copy``: its ``copy`` flag; ``written``: the
     names of the parameters written in place; ``copies``: ``[(parameter buffer, source, on_device)]``
     and ``staged``: ``[(slot, array, buffer)]`` as :meth:`Executor.bind` resolved them.

@@ -51,8 +51,9 @@ class CompiledProgram:
         reads (torch tensors, JAX / CuPy arrays, DLPack or ``__cuda_array_interface__`` objects on the
         program's device, nested lists).  Each value is copied once into the program's parameter
         buffer (from host memory, or device to device), so the caller's arrays are never written, not
-        even by an output bound in place.  Raises ParameterError naming the parameter and the expected
-        vs given shape / dtype / device, MgxError once released."""
+        even by an output bound in place.  Arrays bound with :meth:`bind_state` play no part: ``run``
+        takes every parameter, state ones included.  Raises ParameterError naming the parameter and the
+        expected vs given shape / dtype / device, MgxError once released."""
         if self.dispatcher is not None:
             return self.dispatcher.run(params, device=False)
         return self.executor.run(params)
@@ -69,11 +70,48 @@ class CompiledProgram:
         a ParameterError naming the parameter.  Returns the target's arrays (CuPy / numpy) that alias the
         program's output buffers: they are valid until the next run (copy them to keep them).
 
+        After :meth:`bind_state`, ``params`` holds the parameters not bound as state (naming a state
+        parameter too binds the array given for that call instead).
+
         A queue given here must outlive the program (its release synchronizes it); a release while a
         capture is open on it frees nothing until that capture ends."""
         if self.dispatcher is not None:
             return self.dispatcher.run(params, device=True, queue=queue, copy=copy)
         return self.executor.run_async(params, queue, copy)
+
+    def bind_state(self, params) -> int:
+        """Bind parameters once as state (a decode step's KV cache): later ``run_async`` calls take only
+        the other parameters.
+
+        ``params``: ``{name: array}`` for some of the parameters, each the target's own array (numpy on
+        ``ref``, CuPy on ``gpu`` device ``device_id``), C-contiguous, of exactly the parameter's shape and
+        dtype (``get_parameter_shapes()``), writable when an output is bound onto it (``alias``).  The
+        program keeps its own view of each (``a.view()``: the same memory, kept alive; an in-place
+        reshape of the caller's object changes nothing the program reads); an output bound in place
+        writes that memory every run, so the caller reads the updated state from its array.
+
+        A ``run_async`` then binds exactly what ``{**state, **params}`` would bind (copies, staging,
+        graph keys alike), but a repeated call compares only the arrays it brings (``fast_path_hits``).
+        A call that names a state parameter uses the array given for that call (the full path, not
+        recorded).  ``run``, ``profile_steps`` and ``dry_run`` ignore the state and take every
+        parameter.  ``None`` or ``{}`` drops the state; ``release`` drops it too.
+
+        Returns :attr:`state_serial` of this binding.  Raises ParameterError naming the parameter
+        (unknown name, not the target's array, wrong shape / dtype, device, layout, read-only) before
+        anything changes (the previous state stays bound); MgxError for a dynamic-shape program (its
+        specializations are compiled per call's shapes, so a fixed array cannot be bound ahead) unless
+        ``params`` is empty, and once released."""
+        if self.dispatcher is not None:
+            if params:
+                raise MgxError("bind_state needs a static program: this one is dynamic (a specialization is "
+                               "compiled per call's shapes), pass every parameter to run_async")
+            return 0
+        return self.executor.bind_state(params)
+
+    @property
+    def state_serial(self) -> int:
+        """The number of the current :meth:`bind_state` binding (0: none yet; a dynamic program: 0)."""
+        return 0 if self.dispatcher is not None else self.executor.state.serial
 
     def stats(self) -> dict:
         """Counters: captures, replays, fallbacks, eager runs, warmups, launches per run (last run and

@@ -7,7 +7,9 @@ intermediate has a fixed address.  A run converts (:mod:`mgx_graph.interop`), va
 parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.staging`), then
 issues the steps of ``main`` on the queue.  A ``run_async`` that repeats the previous one (the same
 array objects, unchanged, on the same queue: :mod:`mgx_graph.call_record`) reuses its bindings and
-only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).
+only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).  Parameters bound once as
+*state* (:meth:`Executor.bind_state`: a decode step's KV cache) are held as the executor's own views
+and left out of what a ``run_async`` call brings and what its record compares.
 :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import numpy as np
 
+from .bound_state import BoundState, state_views
 from .call_record import CallRecord
 from .counters import GraphCounters
 from .errors import MgxError, ParameterError
@@ -66,6 +69,7 @@ class Executor:
         self.param_specs = [(p.op.parameter, slot[id(p)], p.shape) for p in b.params]
         self.param_names = {p.op.parameter for p in b.params}
         self._param_order = [name for name, _, _ in self.param_specs]
+        self.state = BoundState(self._param_order)  # the parameters bound once (bind_state)
         self._param_checks = [(name, s, tuple(shape.lens), shape.np_dtype, shape)
                               for name, s, shape in self.param_specs]
         self.written = WrittenParameters(b, self.plan, main)
@@ -192,6 +196,14 @@ class Executor:
             self.ctx.blas(q)
         self.queues.add(q)
 
+    def bind_state(self, params) -> int:
+        """:meth:`CompiledProgram.bind_state` (:mod:`mgx_graph.bound_state`); returns the binding's serial."""
+        with self.lock:
+            self._check_open()
+            views = state_views(self, params)
+            self._record = None
+            return self.state.set(views)
+
     def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
         with self.lock:
             self._check_open()
@@ -203,16 +215,20 @@ class Executor:
                     self._bind_written_parameters()
                 self.fast_path_hits += 1
             else:
-                self._use_queue(q)
-                given, copies, staged = self.bind(params, device=True, queue=q, copy=copy)
-                if all(g is not None for g in given):
-                    self._record = CallRecord(self._param_order, given, q, copy, self._written_names,
-                                              copies, staged)
+                self._bind_call(params, q, copy)
             try:
                 return self._run(q)
             except BaseException:
                 self._record = None
                 raise
+
+    def _bind_call(self, params, q: int, copy: bool) -> None:
+        """The full path of a ``run_async``: bind ``{**state, **params}``, record what the call brought."""
+        self._use_queue(q)
+        given, copies, staged = self.bind(self.state.merged(params), device=True, queue=q, copy=copy)
+        given = self.state.call_values(params, given)
+        if given is not None and all(g is not None for g in given):
+            self._record = CallRecord(self.state.order, given, q, copy, self._written_names, copies, staged)
 
     def _run(self, q) -> list:
         ctx = self.ctx
@@ -303,6 +319,7 @@ class Executor:
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
             # eval loop), the last call's record, the view memos, the bound-parameter views
             self._record = None
+            self.state.set({})
             self.loop.forget()
             self.env[:] = [None] * len(self.env)
             self.written.forget_views()

@@ -90,8 +90,12 @@ class Decoder:
 
     ``program`` has the parameters of one of the two interfaces of the module docstring and an
     output ``logits`` ([B, 1, vocab]); every other parameter is cache state, which must be bound in
-    place to an output (the program's alias). The step inputs live in buffers allocated once
-    (``params``) and rewritten in place each step, so graph capture and replay see fixed pointers.
+    place to an output (the program's alias). Every array lives in a buffer allocated once
+    (``params``: the step inputs, rewritten in place each step, and the cache), so graph capture and
+    replay see fixed pointers. A static program gets the cache arrays bound once as its state
+    (:meth:`~mgx_graph.compiled.CompiledProgram.bind_state`; the program reads and writes their
+    memory) and each step passes only the step inputs (``step_params``); a dynamic one is passed every
+    array each step.
 
     Attributes: ``batch`` (rows B), ``vocab_size``, ``max_len`` (cache slots), ``position`` (slots
     written so far), ``last_logits`` (the device array of the last step's logits), ``last_host_s``.
@@ -128,6 +132,10 @@ class Decoder:
         with ctx.on_queue(self.queue):
             self.params = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in shapes}
         ctx.synchronize(self.queue)
+        self._state = {n: self.params[n] for n in state}
+        self._serial = None  # the program's state_serial of the cache bound here (None: every array passed)
+        self.step_params = self.params
+        self._bind_cache()
         self.max_len = min(shapes[n].lens[2] for n in state) if state else 1 << 30
         if self.rows_interface:
             self.max_len = min(self.max_len, int(shapes["attention_mask"].lens[1]))
@@ -135,6 +143,22 @@ class Decoder:
         self.last_logits = None
         self.last_host_s = 0.0
         self._chain = None  # weak reference to the open greedy_tokens generator
+
+    def _bind_cache(self) -> None:
+        """A static program gets the cache arrays bound once as its state (``bind_state``) and each
+        step passes only :attr:`step_params`; a dynamic one keeps taking every array."""
+        bind = getattr(self.program, "bind_state", None)
+        if bind is None or getattr(self.program, "dispatcher", None) is not None or not self._state:
+            return
+        self._serial = bind(self._state)
+        self.step_params = {n: self.params[n] for n in self.inputs}
+
+    def _step_params(self) -> dict:
+        """What a step passes to ``run_async``: the step inputs, with the cache bound again when
+        something else (another Decoder of the same program) bound other state since."""
+        if self._serial is not None and self.program.state_serial != self._serial:
+            self._serial = self.program.bind_state(self._state)
+        return self.step_params
 
     @property
     def host_op_parts(self) -> tuple:
@@ -188,8 +212,9 @@ class Decoder:
             else:
                 p["input_ids"].fill(int(np.asarray(tokens).reshape(-1)[0]))
             p["cache_position"].fill(self.position)
+            step = self._step_params()
             h0 = time.perf_counter()
-            outs = self.program.run_async(p, q)
+            outs = self.program.run_async(step, q)
             self.last_host_s = time.perf_counter() - h0
             self.last_logits = outs[self.logits_index]
         self.position += 1
@@ -261,8 +286,9 @@ class Decoder:
             if token is not None:
                 ids.fill(int(token))
             p["cache_position"].fill(self.position)
+            step = self._step_params()
             h0 = time.perf_counter()
-            outs = self.program.run_async(p, q)
+            outs = self.program.run_async(step, q)
             self.last_host_s = time.perf_counter() - h0
             self.last_logits = outs[self.logits_index]
             self.xp.argmax(self.last_logits.reshape(1, -1), axis=1, out=ids.reshape(1))

@@ -65,3 +65,44 @@ def test_decoder_rejects_unbound_state(tiny):
     prog = mgx_graph.compile(str(tiny.onnx_path), target="ref", alias=None)
     with pytest.raises(mgx_graph.MgxError, match="not bound in place"):
         Decoder(prog)
+
+
+def test_decoders_bind_their_cache_as_state(tiny, target):
+    """A static step gets its cache bound once (bind_state): each step passes the two step inputs and
+    repeats through the fast path.  Two Decoders of one program, stepped in turns, each rebind their own
+    cache, so each matches onnxruntime fed its own cache; reset() clears the bound memory."""
+    prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=True)
+    decs = [Decoder(prog), Decoder(prog)]
+    for d in decs:
+        assert set(d.step_params) == {"input_ids", "cache_position"}
+        assert set(d.params) == set(prog.get_parameter_names())
+    sess = _ort_session(tiny)
+    names = [o.name for o in sess.get_outputs()]
+    feeds = [{i.name: np.zeros(i.shape, np.float32) for i in sess.get_inputs() if i.name.startswith("past")}
+             for _ in decs]
+    tokens = ([3, 17, 42, 5, 99, 8], [250, 7, 1, 64, 12, 30, 4, 5, 6])
+
+    def step(k, pos):
+        d, t = decs[k], tokens[k][pos]
+        d.step(t)
+        feeds[k].update(input_ids=np.array([[t]], np.int64), cache_position=np.array([pos], np.int64))
+        outs = sess.run(None, feeds[k])
+        np.testing.assert_allclose(prog.context.to_host(d.last_logits, prog.queue), outs[0], rtol=1e-4,
+                                   atol=1e-4, err_msg=f"decoder {k} step {pos}")
+        for n, v in zip(names[1:], outs[1:]):
+            feeds[k][tiny.alias[n]] = v
+
+    for pos in range(len(tokens[0])):
+        step(0, pos)
+        step(1, pos)
+    assert prog.stats()["fast_path_hits"] == 0  # each turn bound the other cache: never the same call
+    for pos in range(len(tokens[0]), len(tokens[1])):
+        step(1, pos)
+    assert prog.stats()["fast_path_hits"] == 3  # decoder 1 made the last call of the turns too
+    for k, d in enumerate(decs):
+        for n, v in d.cache().items():
+            np.testing.assert_allclose(v, feeds[k][n], rtol=1e-4, atol=1e-5, err_msg=f"decoder {k} {n}")
+    decs[1].reset()
+    assert all(not np.any(v) for v in decs[1].cache().values())
+    assert any(np.any(v) for v in decs[0].cache().values())
+    prog.release()

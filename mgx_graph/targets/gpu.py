@@ -100,32 +100,56 @@ class _OnDevice:
         return False
 
 
+class _OpenBlocks(threading.local):
+    top = None  # the innermost on_queue block this thread entered in full (any context), or None
+
+
+_open = _OpenBlocks()
+
+
 class _OnQueue:
     """The block of :meth:`GpuContext.on_queue`: the program's device, then (made on that device the
-    first time) the queue's CuPy stream."""
+    first time) the queue's CuPy stream.
 
-    __slots__ = ("ctx", "queue", "device", "stream")
+    Entered inside a block of the same context and queue that this thread entered last (the innermost
+    one), while that block's CuPy stream and the program's device are still current, it does nothing
+    (entering would set what is already set and restore it on exit): a decode loop that wraps its
+    ``run_async`` in ``on_queue(q)`` pays for one block, not two.  Otherwise it enters in full."""
+
+    __slots__ = ("ctx", "queue", "device", "stream", "outer")
 
     def __init__(self, ctx, queue):
-        self.ctx, self.queue, self.device, self.stream = ctx, queue, None, None
+        self.ctx, self.queue, self.device, self.stream, self.outer = ctx, queue, None, None, None
 
     def __enter__(self):
         ctx = self.ctx
-        device = self.device = _OnDevice(ctx.runtime, ctx.device_id)
+        top = _open.top
+        if (top is not None and top.ctx is ctx and top.queue == self.queue
+                and ctx.cupy.cuda.get_current_stream() is top.stream
+                and ctx.runtime.current_device() == ctx.device_id):
+            return self  # nested: self.device stays None, exit does nothing
+        device = _OnDevice(ctx.runtime, ctx.device_id)
         device.__enter__()
         try:
-            stream = self.stream = ctx._stream(self.queue)
+            stream = ctx._stream(self.queue)
             stream.__enter__()
         except BaseException:
             device.__exit__(None, None, None)
             raise
+        self.device, self.stream, self.outer = device, stream, top
+        _open.top = self
         return self
 
     def __exit__(self, *exc):
+        device = self.device
+        if device is None:
+            return False
+        self.device = None
+        _open.top = self.outer
         try:
             self.stream.__exit__(*exc)
         finally:
-            self.device.__exit__(*exc)
+            device.__exit__(*exc)
         return False
 
 

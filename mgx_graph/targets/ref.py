@@ -6,6 +6,7 @@ records them and a graph launch replays them: the same ``graph_launch`` state ma
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 
@@ -38,6 +39,65 @@ def pipeline(options: PipelineOptions) -> list[PassGroup]:
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),
         PassGroup("memory", [MemoryColoring()]),
     ]
+
+
+_IGNORE = dict(over="ignore", invalid="ignore", divide="ignore", under="ignore")
+
+
+def _error_settings_reader():
+    """A call returning an object that identifies numpy's current floating-point error settings: the
+    value of numpy's context variable of them (one C call) where numpy has one (2.x), else
+    ``numpy.geterr()`` as a tuple (public, slower)."""
+    try:
+        from numpy._core._ufunc_config import _extobj_contextvar
+
+        return _extobj_contextvar.get
+    except ImportError:
+        return lambda: tuple(sorted(np.geterr().items()))
+
+
+_error_settings = _error_settings_reader()
+
+
+class _OpenBlocks(threading.local):
+    top = None  # the innermost on_queue block this thread entered in full (any context), or None
+
+
+_open = _OpenBlocks()
+
+
+class _OnQueue:
+    """The block of :meth:`RefContext.on_queue` (``numpy.errstate`` of :data:`_IGNORE`).
+
+    Entered inside the block of the same context and queue this thread entered last, with numpy's
+    error settings still the ones that block set (nothing changed them in between), it does nothing;
+    otherwise it enters ``numpy.errstate`` and restores the caller's settings on exit."""
+
+    __slots__ = ("ctx", "queue", "state", "outer", "settings")
+
+    def __init__(self, ctx, queue):
+        self.ctx, self.queue, self.state, self.outer, self.settings = ctx, queue, None, None, None
+
+    def __enter__(self):
+        top = _open.top
+        if top is not None and top.ctx is self.ctx and top.queue == self.queue:
+            cur = _error_settings()
+            if cur is top.settings or cur == top.settings:
+                return self  # nested: self.state stays None, exit does nothing
+        state = np.errstate(**_IGNORE)
+        state.__enter__()
+        self.state, self.outer, self.settings = state, top, _error_settings()
+        _open.top = self
+        return self
+
+    def __exit__(self, *exc):
+        state = self.state
+        if state is None:
+            return False
+        self.state = None
+        _open.top = self.outer
+        state.__exit__(*exc)
+        return False
 
 
 class RefContext:
@@ -104,11 +164,11 @@ class RefContext:
     def launch(self, queue, fn, out, args, ws) -> None:
         self.runtime.hipLaunchHostFunc(queue, fn, (self, out, args, ws))
 
-    @contextlib.contextmanager
     def on_queue(self, queue):
-        # IEEE overflow to inf (e.g. a float32 mask of -3.4e38 in float16) is intended, as on a GPU
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            yield
+        """numpy's floating-point errors are ignored for the block (IEEE overflow to inf, e.g. a float32
+        mask of -3.4e38 in float16, is intended, as on a GPU); nested in a block of the same context
+        and queue with those settings still current, it does nothing (:class:`_OnQueue`)."""
+        return _OnQueue(self, queue)
 
     @contextlib.contextmanager
     def capture_guard(self, where: str):
