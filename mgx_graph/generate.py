@@ -211,13 +211,18 @@ class Decoder:
                 ctx.copy_from_host(p["attention_mask"], np.ascontiguousarray(mask, np.int64), q)
             else:
                 p["input_ids"].fill(int(np.asarray(tokens).reshape(-1)[0]))
-            p["cache_position"].fill(self.position)
-            step = self._step_params()
-            h0 = time.perf_counter()
-            outs = self.program.run_async(step, q)
-            self.last_host_s = time.perf_counter() - h0
-            self.last_logits = outs[self.logits_index]
+            self._run_at_position(q)
         self.position += 1
+
+    def _run_at_position(self, q) -> None:
+        """Write the slot into ``cache_position``, run the program on ``q`` (the call timed into
+        :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``."""
+        self.params["cache_position"].fill(self.position)
+        step = self._step_params()
+        h0 = time.perf_counter()
+        outs = self.program.run_async(step, q)
+        self.last_host_s = time.perf_counter() - h0
+        self.last_logits = outs[self.logits_index]
 
     def greedy_tokens(self, token: int, count: int):
         """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a
@@ -285,12 +290,7 @@ class Decoder:
         with ctx.on_queue(q):
             if token is not None:
                 ids.fill(int(token))
-            p["cache_position"].fill(self.position)
-            step = self._step_params()
-            h0 = time.perf_counter()
-            outs = self.program.run_async(step, q)
-            self.last_host_s = time.perf_counter() - h0
-            self.last_logits = outs[self.logits_index]
+            self._run_at_position(q)
             self.xp.argmax(self.last_logits.reshape(1, -1), axis=1, out=ids.reshape(1))
             reader.start(ids, q)
         self.position += 1
