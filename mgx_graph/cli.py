@@ -144,7 +144,7 @@ class _Session:
         hg = self.hip_graph if hip_graph is None else hip_graph
         with self.hinting():
             return mgx_graph.compile(self.proto, target=target or self.target, hip_graph=hg,
-                                     input_dims=self.plan.dims, fp16=self.args.fp16, alias=None)
+                                     input_dims=self.plan.dims, fp16=self.args.fp16, alias="auto")
 
     def run(self, prog, times: int = 1) -> list:
         with self.hinting():

@@ -587,3 +587,29 @@ def test_inputs_larger_than_host_memory_are_a_typed_error_before_any_allocation(
     for cmd in ("run", "compile", "perf"):
         rc, out, err = cli(capsys, cmd, path)
         assert rc != 0 and "input 'x' float32[1000000, 1000000]: 1000000000000 elements, 4000000000000 bytes" in err, err
+
+
+def test_perf_of_a_decode_step_binds_its_cache_in_place_as_generate_does(model_cache, target, capsys):
+    """`perf` compiles with the outputs bound in place (alias "auto"), so a decode step launches what
+    it launches under `generate` (no copy of the cache per run), and the present outputs still equal
+    onnxruntime's under `verify`."""
+    import mgx_graph
+    from mgx_graph.models import build
+
+    try:
+        info = build("llama", cache_dir=model_cache, progress=False)
+    except ImportError as e:
+        pytest.skip(f"model export needs the [export] extra: {e}")
+    from mgx_graph.generate import Decoder
+
+    prog = mgx_graph.compile(str(info.onnx_path), target=target)
+    Decoder(prog).step(1)  # the Decoder refuses a program whose cache is not bound in place
+    want = prog.stats()["launches_per_run"]
+    plain = mgx_graph.compile(str(info.onnx_path), target=target, alias=None)
+    rc, out, err = cli(capsys, "perf", str(info.onnx_path), "--target", target, "-n", "2", "--no-progress", "--json")
+    assert rc == 0, err
+    got = json.loads(out)["launches_per_run"]
+    plain.run({n: np.zeros(s.lens, s.np_dtype) for n, s in plain.get_parameter_shapes().items()})
+    assert got == want < plain.stats()["launches_per_run"], (got, want)
+    rc, out, err = cli(capsys, "verify", str(info.onnx_path), "--target", target)
+    assert rc == 0 and "FAILED" not in out, out + err
