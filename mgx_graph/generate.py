@@ -27,6 +27,7 @@ into the next step's ``input_ids``, the next step is queued, and only then is th
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ class Decoder:
         self._state = {n: self.params[n] for n in state}
         self._serial = None  # the program's state_serial of the cache bound here (None: every array passed)
         self.step_params = self.params
+        self._state_lock = contextlib.nullcontext()  # held across a step's rebind and run (bind_state)
         self._bind_cache()
         self.max_len = min(shapes[n].lens[2] for n in state) if state else 1 << 30
         if self.rows_interface:
@@ -152,10 +154,14 @@ class Decoder:
             return
         self._serial = bind(self._state)
         self.step_params = {n: self.params[n] for n in self.inputs}
+        lock = getattr(getattr(self.program, "executor", None), "lock", None)
+        if lock is not None:  # the executor's lock: no other bind between this step's rebind and its run
+            self._state_lock = lock
 
     def _step_params(self) -> dict:
         """What a step passes to ``run_async``: the step inputs, with the cache bound again when
-        something else (another Decoder of the same program) bound other state since."""
+        something else (another Decoder of the same program) bound other state since.  Called with
+        the program's lock held (:meth:`_run_at_position`), so no other thread binds before the run."""
         if self._serial is not None and self.program.state_serial != self._serial:
             self._serial = self.program.bind_state(self._state)
         return self.step_params
@@ -218,10 +224,11 @@ class Decoder:
         """Write the slot into ``cache_position``, run the program on ``q`` (the call timed into
         :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``."""
         self.params["cache_position"].fill(self.position)
-        step = self._step_params()
-        h0 = time.perf_counter()
-        outs = self.program.run_async(step, q)
-        self.last_host_s = time.perf_counter() - h0
+        with self._state_lock:
+            step = self._step_params()
+            h0 = time.perf_counter()
+            outs = self.program.run_async(step, q)
+            self.last_host_s = time.perf_counter() - h0
         self.last_logits = outs[self.logits_index]
 
     def greedy_tokens(self, token: int, count: int):

@@ -106,3 +106,59 @@ def test_decoders_bind_their_cache_as_state(tiny, target):
     assert all(not np.any(v) for v in decs[1].cache().values())
     assert any(np.any(v) for v in decs[0].cache().values())
     prog.release()
+
+
+def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, target):
+    """Two Decoders of one program in two threads: the rebind of a Decoder's cache and its run are one
+    step under the program's lock, so a bind by the other Decoder in between waits for that run (else
+    the step would read and write the other cache).  Both match onnxruntime fed their own cache."""
+    import threading
+
+    prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=False)
+    a, b = Decoder(prog), Decoder(prog)
+    sess = _ort_session(tiny)
+    names = [o.name for o in sess.get_outputs()]
+    feeds = {d: {i.name: np.zeros(i.shape, np.float32) for i in sess.get_inputs() if i.name.startswith("past")}
+             for d in (a, b)}
+
+    def want(d, t, pos):
+        feeds[d].update(input_ids=np.array([[t]], np.int64), cache_position=np.array([pos], np.int64))
+        outs = sess.run(None, feeds[d])
+        for n, v in zip(names[1:], outs[1:]):
+            feeds[d][tiny.alias[n]] = v
+        return outs[0]
+
+    def check(d, t, pos, got=None):
+        got = prog.context.to_host(d.last_logits, prog.queue) if got is None else got
+        np.testing.assert_allclose(got, want(d, t, pos), rtol=1e-4, atol=1e-4)
+
+    a.step(3)
+    check(a, 3, 0)
+    run_async, ready, go, logits_a = prog.run_async, threading.Event(), threading.Event(), []
+
+    def held(params, queue=None, copy=False):  # decoder a's run waits here, after its cache was bound
+        if threading.current_thread() is not thread_a:
+            return run_async(params, queue, copy)
+        ready.set()
+        go.wait()
+        outs = run_async(params, queue, copy)
+        logits_a.append(prog.context.to_host(outs[a.logits_index], queue or prog.queue))  # before b's run
+        return outs
+
+    prog.run_async = held
+    thread_a = threading.Thread(target=a.step, args=(17,))
+    thread_b = threading.Thread(target=b.step, args=(250,))
+    thread_a.start()
+    assert ready.wait(60)
+    thread_b.start()
+    thread_b.join(2)  # unlocked, b binds its cache (and runs) while a's run waits
+    go.set()
+    thread_a.join()
+    thread_b.join()
+    prog.context.synchronize(prog.queue)
+    check(a, 17, 1, logits_a[0])
+    check(b, 250, 0)
+    for d in (a, b):
+        for n, v in d.cache().items():
+            np.testing.assert_allclose(v, feeds[d][n], rtol=1e-4, atol=1e-5, err_msg=n)
+    prog.release()
