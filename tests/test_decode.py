@@ -108,7 +108,7 @@ def test_decoders_bind_their_cache_as_state(tiny, target):
     prog.release()
 
 
-def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, target):
+def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, target, monkeypatch):
     """Two Decoders of one program in two threads: the rebind of a Decoder's cache and its run are one
     step under the program's lock, so a bind by the other Decoder in between waits for that run (else
     the step would read and write the other cache).  Both match onnxruntime fed their own cache."""
@@ -134,7 +134,7 @@ def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, ta
 
     a.step(3)
     check(a, 3, 0)
-    run_async, ready, go, logits_a = prog.run_async, threading.Event(), threading.Event(), []
+    run_async, ready, go, logits_a = prog.executor.run_async, threading.Event(), threading.Event(), []
 
     def held(params, queue=None, copy=False):  # decoder a's run waits here, after its cache was bound
         if threading.current_thread() is not thread_a:
@@ -145,7 +145,7 @@ def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, ta
         logits_a.append(prog.context.to_host(outs[a.logits_index], queue or prog.queue))  # before b's run
         return outs
 
-    prog.run_async = held
+    monkeypatch.setattr(prog.executor, "run_async", held)
     thread_a = threading.Thread(target=a.step, args=(17,))
     thread_b = threading.Thread(target=b.step, args=(250,))
     thread_a.start()
