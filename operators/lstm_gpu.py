@@ -1,0 +1,133 @@
+"""The ONNX LSTM (``lstm``) on the gpu target: per direction one GEMM of the input projection over
+every time step, then per step one GEMM of the hidden state and one kernel of ``lstm.cu`` for the gates.
+
+Per direction ``d`` (time runs ``T-1 .. 0`` for ``reverse`` and the second direction of
+``bidirectional``)::
+
+    G [T*B, 4H] = X [T*B, I] @ W[d]^T                                   1 GEMM (ctx.matmul)
+    per step t:  hr [B, 4H] = h @ R[d]^T                                1 GEMM (h: initial_h[d] or Y[t', d])
+                 c, Y[t, d] (and Y_h[d], Y_c[d] at the last step) =
+                     lstm_step(G[t], hr, Wb[d], Rb[d], c)                1 kernel (mgx_lstm_step)
+
+so ``1 + 2 T`` launches a direction (one more when initial_c is omitted: the cell workspace is filled
+with 0; an omitted initial_h replaces the first step's GEMM by a fill of ``hr``), plus one copy for each
+input that is not standard layout.  The hidden state is read back from ``Y`` (its rows ``[B, H]`` are
+contiguous), the cell state lives in a ``[B, H]`` workspace.  Every result is written into the output
+or a planned workspace and ``ctx.matmul`` is vendor BLAS, so the kernel is captured.
+
+Element types float16 (compute in float32, rounded at the stores), float32 and float64; the gate math
+is that of :class:`~mgx_graph.operators.nn.LSTM` (ONNX gate order i, o, f, c).
+Source: ONNX operator spec (LSTM-22).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from ..shape import Shape
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+CTYPES = {"float16": ("__half", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
+BLOCK = 256  # threads per block of mgx_lstm_step
+MAX_BLOCKS = 1 << 16  # its loop is grid-stride
+
+
+def kernel_source(dtype: str) -> str:
+    """The source of ``lstm.cu`` for element type ``dtype`` (float16 / float32 / float64)."""
+    from .attention_gpu import HEADER
+
+    t, acc = CTYPES[dtype]
+    with open(os.path.join(_HERE, "lstm.cu")) as f:
+        return HEADER + f"typedef {t} T;\ntypedef {acc} ACC;\n" + f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def lstm_step_function(dtype: str):
+    """``mgx_lstm_step`` for ``dtype`` (CuPy RawModule: NVRTC / hipRTC), compiled once per process
+    without FMA contraction."""
+    import cupy
+
+    no_fma = "-ffp-contract=off" if cupy.cuda.runtime.is_hip else "--fmad=false"
+    return cupy.RawModule(code=kernel_source(dtype), options=(no_fma,)).get_function("mgx_lstm_step")
+
+
+def launch_count(op, inputs) -> int:
+    """Device launches of :func:`lstm_gpu_kernel`'s function for these input shapes."""
+    T, B = inputs[0].lens[0], inputs[0].lens[1]
+    staged = sum(1 for s in inputs if not s.standard())
+    if T == 0 or B == 0:
+        return staged + 2
+    D = 2 if op.direction == "bidirectional" else 1
+    return staged + D * (1 + 2 * T + (len(inputs) < 6))
+
+
+def lstm_gpu_kernel(op, inputs, output):
+    """``(fn, launches, workspace, capturable, label)`` of ``op`` (an ``lstm``) on the gpu target, or
+    None for an element type ``lstm.cu`` does not take (the generic kernel then runs).
+    Workspace: a copy of each non-standard input, G ``[max(T*B, 1), 4H]``, hr ``[max(B, 1), 4H]`` and the
+    cell state ``[max(B, 1), H]``, all of X's dtype."""
+    x = inputs[0]
+    if x.dtype not in CTYPES:
+        return None
+    T, B, _ = x.lens
+    H, dt = op.hidden_size, x.dtype
+    staged = [k for k, s in enumerate(inputs) if not s.standard()]
+    ws = [Shape(inputs[k].dtype, inputs[k].lens) for k in staged]
+    ws += [Shape(dt, [max(T * B, 1), 4 * H]), Shape(dt, [max(B, 1), 4 * H]), Shape(dt, [max(B, 1), H])]
+    launches = launch_count(op, inputs)
+    grid = (int(min(max(-(-(B * H) // BLOCK), 1), MAX_BLOCKS)),)
+    sizes = (np.int64(B), np.int64(H))
+    n_in = len(inputs)
+
+    def run(ctx, out, args, wsa):
+        args = list(args)
+        for n, k in enumerate(staged):
+            ctx.xp.copyto(wsa[n], args[k])
+            args[k] = wsa[n]
+        args += [None] * (6 - n_in)
+        G, hr, c = wsa[len(staged):]
+        if T == 0 or B == 0:
+            _copy_states(ctx.xp, out, args[4], args[5])
+            return
+        step = lstm_step_function(dt)
+        for d in range(2 if op.direction == "bidirectional" else 1):
+            _direction(ctx, op, d, args, out, (G[:T * B], hr[:B], c[:B]), lambda a: step(grid, (BLOCK,), a), sizes)
+
+    return run, launches, ws, True, f"lstm.cu ({launches} launches)"
+
+
+def _copy_states(xp, out, h0, c0) -> None:
+    """T = 0 (or B = 0): Y_h / Y_c are the initial states (zeros when omitted)."""
+    for dst, src in ((out[1], h0), (out[2], c0)):
+        if src is None:
+            dst.fill(0)
+        else:
+            xp.copyto(dst, src)
+
+
+def _direction(ctx, op, d, args, out, ws, step, sizes) -> None:
+    """Direction ``d``: the input projection, then per step the recurrent GEMM and ``mgx_lstm_step``."""
+    x, w, r, b, h0, c0 = args
+    Y, Yh, Yc = out
+    G, hr, c = ws
+    T, B, I = x.shape
+    reverse = op.direction == "reverse" or d == 1
+    ctx.matmul(x.reshape(T * B, I), w[d].T, G)
+    g3 = G.reshape(T, B, G.shape[1])
+    bias = b[d] if b is not None else G
+    has_bias = np.int32(b is not None)
+    if c0 is None:
+        c.fill(0)
+    h = None if h0 is None else h0[d]
+    rt = r[d].T
+    for s in range(T):
+        t = T - 1 - s if reverse else s
+        if h is None:
+            hr.fill(0)
+        else:
+            ctx.matmul(h, rt, hr)
+        c_in = c0[d] if s == 0 and c0 is not None else c
+        step((g3[t], hr, bias, has_bias, c_in, c, Y[t, d], Yh[d], Yc[d], np.int32(s == T - 1), *sizes))
+        h = Y[t, d]
