@@ -5,6 +5,15 @@
 // loads convert to ACC, stores round to T.  Compiled without FMA contraction, so for float and double
 // each sum and product is rounded as the op's numpy path rounds it.  The loop is grid-stride, so the
 // file also builds as host C++ for tests (tests/cu_host.py).
+#if !defined(MGX_LSTM_CONFIG) && (defined(__CUDACC__) || defined(__HIPCC__))  // on its own: CMake's check_kernels
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+typedef float T;
+typedef float ACC;
+#endif
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
 __device__ __forceinline__ float mgx_lstm_ld(__half v) { return __half2float(v); }
 __device__ __forceinline__ void mgx_lstm_st(__half* p, float v) { *p = __float2half(v); }

@@ -40,7 +40,7 @@ def kernel_source(dtype: str) -> str:
 
     t, acc = CTYPES[dtype]
     with open(os.path.join(_HERE, "lstm.cu")) as f:
-        return HEADER + f"typedef {t} T;\ntypedef {acc} ACC;\n" + f.read()
+        return HEADER + f"#define MGX_LSTM_CONFIG\ntypedef {t} T;\ntypedef {acc} ACC;\n" + f.read()
 
 
 @functools.lru_cache(maxsize=None)

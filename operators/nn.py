@@ -233,6 +233,9 @@ class LSTM(Operation):
     Inputs: X [T, B, I], W [D, 4H, I], R [D, 4H, H], B [D, 8H] or None, initial_h / initial_c
     [D, B, H] or None.  Output tuple: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H].  Gate order i, o, f, c
     (ONNX); per step: gates = x W^T + h R^T + Wb + Rb, c = f*c + i*tanh(g), h = o*tanh(c).
+    ``compute`` (the ref target) runs this with the array library; the gpu target runs
+    :func:`.lstm_gpu.lstm_gpu_kernel` (one GEMM of the input projection per direction, then per step
+    one GEMM and one fused gate kernel).
     """
     uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
