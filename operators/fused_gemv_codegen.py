@@ -13,8 +13,11 @@ threads per block:
    ``gemv_gpu.PREFETCH`` per row and ``PREFETCH_REGS`` in all).  The weight is a constant (fuse_gemv
    takes literal weights only), so nothing orders these loads after an earlier kernel; then
    ``MGX_GRID_DEPENDENCY();`` (the wait of :mod:`.programmatic_launch` unless ``MIGRAPHX_PDL=0``,
-   empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before;
-1. prologue (``mgx_prologue``, the row function of :mod:`.fused_reduce_codegen` over one row): every
+   empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before; the
+   lines of the other literal inputs (the RMSNorm weight: ``FusedGemv``'s ``constants``) are
+   prefetched into L1 before that wait too;
+1. prologue (``mgx_prologue``, the row function of :mod:`.fused_reduce_codegen` over one row, with an
+   xor-shuffle block reduction of two barriers, :func:`_warp_helper`): every
    block computes the row statistics itself and writes x, rounded to the dot's element type as the
    unfused program stores it, into shared memory; block 0 alone also writes the submodule's further
    outputs (the residual sum).  Every block computes the same values, so results are deterministic;
@@ -36,7 +39,7 @@ import numpy as np
 from .fused_codegen import (PRELUDE, KernelEmitter, broadcast_index, finish, linear_offset, output_names,
                             param_list, store_expr)
 from .fused_gpu import _check, _layout, compiled_function, precompile
-from .fused_reduce_codegen import _helper, _Row, reduction_of
+from .fused_reduce_codegen import _COMBINE, _Row, reduction_of
 from .gemv_gpu import CTYPES, NT, PREFETCH, SMEM_X, make_plan
 from .gpu import GpuKernel
 
@@ -52,6 +55,12 @@ MGX_HD float mgx_gemv_f(float v) { return v; }
 MGX_HD float mgx_gemv_f(__half v) { return __half2float(v); }
 #ifndef MGX_GRID_DEPENDENCY  // defined by programmatic_launch.PRELUDE when the source is built for PDL
 #define MGX_GRID_DEPENDENCY()
+#endif
+// a hint that brings the line holding p into the SM's L1 (no value, no ordering); nothing on HIP / host
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC_RTC__) && !defined(__HIPCC__)
+#define MGX_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
+#else
+#define MGX_PREFETCH_L1(p)
 #endif
 """
 
@@ -137,6 +146,36 @@ def _epilogue(em, parts, out, y) -> None:
         em.special[id(sl)] = value
     v = em.value(parts.root, broadcast_index(parts.root.shape.lens, out.lens, idx))
     em.emit(f"{y}[{linear_offset(idx, out)}] = {store_expr(v, out.dtype)};")
+
+
+def _warp_helper(kind: str, acc: str) -> str:
+    """The prologue's block reduction over ``NT`` threads: an xor-shuffle butterfly in each 32-lane
+    group, the groups' values through shared memory, a butterfly over them in every group (so every
+    thread holds the result, bit-equal: ``a op b`` is computed as ``b op a`` by the partner lane); two
+    barriers where the tree of :mod:`.fused_reduce_codegen` takes ten at 256 threads."""
+    assert NT % 32 == 0 and (NT // 32) & (NT // 32 - 1) == 0, "NT / 32 must be a power of two"
+    op = _COMBINE[kind]
+    return (f"MGX_HD {acc} mgx_block_{kind}({acc} v, {acc}* sm, int tid, int nt) {{\n"
+            f"    for (int o = 16; o > 0; o >>= 1) {{ {acc} a = v, b = MGX_SHFL_XOR(v, o); v = {op}; }}\n"
+            f"    if ((tid & 31) == 0) sm[tid >> 5] = v;\n    MGX_SYNC();\n"
+            f"    v = sm[tid & ({NT // 32} - 1)];\n"
+            f"    for (int o = {NT // 64}; o > 0; o >>= 1) {{ {acc} a = v, b = MGX_SHFL_XOR(v, o); v = {op}; }}\n"
+            f"    MGX_SYNC();\n    return v;\n}}\n")
+
+
+def _constant_prefetch(parts, in_shapes, constants) -> str:
+    """Statements, before the grid-dependency wait, that bring the bytes of each constant input of
+    the prologue / epilogue (``constants``: parameter indices of literals, the weight excepted) into
+    L1: the RMSNorm weight's DRAM round trip then overlaps the kernel before instead of following
+    the row's reduction.  A hint only: the loads that use the values stay where they are."""
+    lines = []
+    for k in sorted(set(constants) - {parts.weight}):
+        sh = in_shapes[k]
+        extent = 1 + sum((n - 1) * st for n, st in zip(sh.lens, sh.strides) if n > 0)
+        nbytes = extent * np.dtype(sh.dtype).itemsize
+        lines.append(f"    for (int b = tid * 128; b < {nbytes}; b += {NT} * 128) "
+                     f"MGX_PREFETCH_L1(reinterpret_cast<const char*>(x{k}) + b);\n")
+    return "".join(lines)
 
 
 PREFETCH_REGS = 16  # most prefetched weight loads per thread over all S rows (16 uint4: 64 registers)
@@ -239,11 +278,12 @@ def _gemv_body(parts, plan, vector: bool) -> str:
 """
 
 
-def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: int = PREFETCH):
+def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: int = PREFETCH, constants=()):
     """``(KernelSource, plan, parts)`` of a ``fused_gemv`` instruction over ``sub`` (see the module
     docstring); ``vector``: the 16-byte-load variant; ``prefetch``: the most weight loads per thread
-    and row issued before the prologue (:func:`prefetch_depth`).  ValueError when the module is not
-    of the fused form."""
+    and row issued before the prologue (:func:`prefetch_depth`); ``constants``: indices of the
+    inputs that are literals (their lines are prefetched into L1 before the wait,
+    :func:`_constant_prefetch`).  ValueError when the module is not of the fused form."""
     parts = GemvParts(sub, in_shapes)
     plan = make_plan(parts.dtype, 1, parts.K, parts.N, prefetch=prefetch)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
@@ -271,22 +311,24 @@ def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: 
               f"    __shared__ {acc} mgx_sm[{NT}];\n"
               f"    __shared__ __align__(16) {item_t} xs[{parts.K}];\n"
               f"    const int tid = (int)threadIdx.x;\n" + _gemv_head(parts, plan, vector) +
+              _constant_prefetch(parts, in_shapes, constants) +
               "    MGX_GRID_DEPENDENCY(); // every input but the weight is read, and every output written, after it\n"
               f"    mgx_prologue(tid, {NT}, mgx_sm, xs, blockIdx.x == 0, {call});\n"
               f"    __syncthreads();\n" + _gemv_body(parts, plan, vector) + "}")
-    hs = "".join(_helper(k, acc) for k in sorted(helpers))
+    hs = "".join(_warp_helper(k, acc) for k in sorted(helpers))
     ks = finish("gemv", hs, pro, entry, kernel, params, entry="mgx_prologue", extent=parts.L, block=NT,
                 grid=-(-parts.L // plan.cols), acc=acc)
     ks.source = ks.source.replace(PRELUDE, GEMV_PRELUDE, 1)
     return ks, plan, parts
 
 
-def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
+def fused_gemv_kernel(sub, in_shapes, out_shape, constants=()) -> GpuKernel:
     """The :class:`GpuKernel` of a ``fused_gemv`` instruction: one launch; both variants compiled now
     when CuPy is importable (ValueError when the module has no generated form or does not compile).
     Each launch checks the arrays' strides against the ones compiled in, and takes the 16-byte-load
     variant when the weight's rows and data pointer are 16-byte aligned."""
-    (vks, plan, parts), (sks, _, _) = (fused_gemv_source(sub, in_shapes, out_shape, v) for v in (True, False))
+    (vks, plan, parts), (sks, _, _) = (fused_gemv_source(sub, in_shapes, out_shape, v, constants=constants)
+                                            for v in (True, False))
     ready = [precompile(k.source, k.name) for k in (vks, sks)]
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
