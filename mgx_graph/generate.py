@@ -298,7 +298,7 @@ class Decoder:
             if token is not None:
                 ids.fill(int(token))
             self._run_at_position(q)
-            self.xp.argmax(self.last_logits.reshape(1, -1), axis=1, out=ids.reshape(1))
+            self._argmax_into(ids.reshape(1))
             reader.start(ids, q)
         self.position += 1
 
@@ -306,8 +306,21 @@ class Decoder:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
         B ids (it waits for the step)."""
         with self.ctx.on_queue(self.queue):
-            ids = self.xp.argmax(self.last_logits.reshape(self.batch, -1), axis=1)
+            ids = self.xp.empty((self.batch,), np.int64)
+            self._argmax_into(ids)
             return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1)
+
+    def _argmax_into(self, out) -> None:
+        """``out`` (int64 [B]) = the argmax of each row of the last logits, on the current queue: one
+        kernel of the target (:func:`~mgx_graph.operators.index_ops.argmax_rows`) for float rows in
+        standard layout, else the array library's argmax."""
+        from .operators.index_ops import FLOATS, argmax_rows
+
+        rows = self.last_logits.reshape(out.shape[0], -1)
+        if rows.dtype.name in FLOATS and rows.flags.c_contiguous and out.flags.c_contiguous:
+            argmax_rows(self.ctx, rows, out)
+        else:
+            self.xp.argmax(rows, axis=1, out=out)
 
     def logits_rows(self) -> np.ndarray:
         """The last step's logits as host float32 [B, vocab] (one read-back of B * vocab values; it

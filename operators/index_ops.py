@@ -111,6 +111,33 @@ def argext_gpu_kernel(op, in_shapes, out_shape):
     return run, 1 + len(ws), ws, True, "line_ops.cu argext"
 
 
+ROW_BLOCK = 1024  # threads per block of mgx_argmax_rows (MGX_ROW_BLOCK in line_ops.cu)
+
+
+def argmax_rows(ctx, x, out) -> None:
+    """``out[r] = numpy.argmax(x[r])`` for each row of ``x`` [rows, n] (float16 / float32 / float64,
+    each row contiguous), written into ``out`` (int64 [rows], contiguous) on the current queue: the
+    first index of the largest value, or of the first NaN when a row has one.  On the gpu target one
+    kernel of one block per row (``mgx_argmax_rows``: 16-byte loads where the rows allow them, no
+    allocation, capturable); elsewhere ``xp.argmax``.  Raises ShapeError for another layout or type."""
+    xp = ctx.xp
+    if x.ndim != 2 or out.shape != (x.shape[0],) or out.dtype != np.int64 or x.shape[1] < 1:
+        raise ShapeError(f"argmax_rows: x {list(x.shape)} ({x.dtype}) and out {list(out.shape)} ({out.dtype}): "
+                         f"expected x [rows, n >= 1] and out int64 [rows]")
+    if x.dtype.name not in FLOATS or x.strides[1] != x.itemsize or not out.flags.c_contiguous:
+        raise ShapeError(f"argmax_rows: x of {x.dtype} with strides {x.strides}: expected float16 / float32 / "
+                         f"float64 rows with contiguous elements and a contiguous out")
+    if xp is np:
+        np.argmax(x, axis=1, out=out)
+        return
+    rows, n = x.shape
+    stride = x.strides[0] // x.itemsize if rows > 1 else n
+    vec = ctx.data_ptr(x) % 16 == 0 and (rows == 1 or (stride * x.itemsize) % 16 == 0)
+    block = min(ROW_BLOCK, 1 << max(5, (n - 1).bit_length()))
+    k = line_module(x.dtype.name).get_function("mgx_argmax_rows")
+    k((rows,), (block,), (x, out, np.int64(n), np.int64(stride), np.int32(vec)))
+
+
 # ---------------------------------------------------------------------------------------------------
 # TopK's order (the op is in shape_ops.py)
 # ---------------------------------------------------------------------------------------------------

@@ -122,3 +122,69 @@ extern "C" __global__ void mgx_compress_index(const bool* cond, long long n, lon
         if (cond[i]) idx[k++] = i;
     }
 }
+
+#define MGX_NO_INDEX 0x7fffffffffffffffLL  // no candidate yet
+
+// numpy's argmax of a line: the first index of the largest value, or of the first NaN when there is one
+// (NaN beats every number; between two candidates the lower index wins; index MGX_NO_INDEX is no candidate).
+__device__ __forceinline__ bool mgx_first_max_beats(ACC v, long long i, ACC b, long long bi) {
+    if (i == MGX_NO_INDEX) return false;
+    if (bi == MGX_NO_INDEX) return true;
+    const bool vn = v != v, bn = b != b;
+    if (vn != bn) return vn;
+    if (!vn && v != b) return v > b;
+    return i < bi;
+}
+
+#define MGX_ROW_BLOCK 1024  // most threads per block of mgx_argmax_rows
+
+// One block per row of a [rows, n] array with rows `stride` elements apart: y[row] = numpy.argmax(row).
+// Each thread scans its elements (16-byte loads when `vec` and the row start is 16-byte aligned, on the
+// device), then the block merges the threads' candidates in shared memory.  blockDim.x is a power of two
+// of at most MGX_ROW_BLOCK threads.  The greedy decode loop runs it on the logits of each step.
+extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n, long long stride, int vec) {
+    __shared__ ACC sv[MGX_ROW_BLOCK];
+    __shared__ long long si[MGX_ROW_BLOCK];
+    const int t = threadIdx.x, nt = blockDim.x;
+    const T* base = x + (long long)blockIdx.x * stride;
+    ACC best = (ACC)0;
+    long long bi = MGX_NO_INDEX;
+    long long done = 0;
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
+    constexpr int V = 16 / sizeof(T);
+    if (vec && V > 1) {
+        const long long chunks = n / V;
+        for (long long c = t; c < chunks; c += nt) {
+            const uint4 w = reinterpret_cast<const uint4*>(base)[c];
+            const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const ACC v = (ACC)e[k];
+                if (mgx_first_max_beats(v, c * V + k, best, bi)) {
+                    best = v;
+                    bi = c * V + k;
+                }
+            }
+        }
+        done = chunks * V;
+    }
+#endif
+    for (long long i = done + t; i < n; i += nt) {
+        const ACC v = (ACC)base[i];
+        if (mgx_first_max_beats(v, i, best, bi)) {
+            best = v;
+            bi = i;
+        }
+    }
+    sv[t] = best;
+    si[t] = bi;
+    __syncthreads();
+    for (int s = nt / 2; s > 0; s >>= 1) {
+        if (t < s && mgx_first_max_beats(sv[t + s], si[t + s], sv[t], si[t])) {
+            sv[t] = sv[t + s];
+            si[t] = si[t + s];
+        }
+        __syncthreads();
+    }
+    if (t == 0) y[blockIdx.x] = si[0];
+}
