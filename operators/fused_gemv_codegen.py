@@ -178,6 +178,18 @@ def _constant_prefetch(parts, in_shapes, constants) -> str:
     return "".join(lines)
 
 
+PROLOGUE_GRID = 528  # most blocks of a kernel with a prologue: 4 resident blocks on each of 132 SMs (H100 / H200)
+
+
+def _grid(parts, plan) -> int:
+    """Blocks of the kernel: one per column group, at most :data:`PROLOGUE_GRID` when there is a
+    prologue (every block computes the row's statistics once, then loops over its groups: a grid of
+    several waves would repeat that chain once per wave; the LM head of a 49152-token vocabulary has
+    6144 groups)."""
+    groups = -(-parts.L // plan.cols)
+    return min(groups, PROLOGUE_GRID) if parts.reduction is not None else groups
+
+
 PREFETCH_REGS = 16  # most prefetched weight loads per thread over all S rows (16 uint4: 64 registers)
 
 
@@ -206,15 +218,15 @@ def _gemv_head(parts, plan, vector: bool) -> str:
     constexpr int CH = {ch}, COLS = {cols}, TPC = {plan.tpc}, ITERS = {iters}, S = {S}, PF = {pf};
     const int c = tid / TPC;
     const int t = tid - c * TPC;
-    const long long n = (long long)blockIdx.x * COLS + c;
-    const long long nr = n < {parts.L} ? n : 0; // a column past the end reads no row
+    const long long n1 = (long long)blockIdx.x * COLS + c; // the block's first column group
+    const long long nr = n1 < {parts.L} ? n1 : 0; // a column past the end reads no row
     const T* w = x{parts.weight};
 {rows}"""
     if not pf:
         return head
     regs = "".join(f"    LT wp{s}[PF];\n" for s in range(S))
     loads = " ".join(f"wp{s}[i] = w{s}[j];" for s in range(S))
-    return head + regs + f"""    if (n < {parts.L}) {{
+    return head + regs + f"""    if (n1 < {parts.L}) {{
 #pragma unroll
         for (int i = 0; i < PF; ++i) {{
             const int j = t + i * TPC;
@@ -247,23 +259,37 @@ def _chunk_loop(parts, vec: int, first: str, last: str, unroll: str, load: str) 
 
 def _gemv_body(parts, plan, vector: bool) -> str:
     """The GEMV and the call of the epilogue, inside the kernel after the prologue (``gemv.cu``'s
-    loops over S weight rows: the prefetched chunks, then the rest loaded as they are used)."""
+    loops over S weight rows: the prefetched chunks, then the rest loaded as they are used), over the
+    block's column groups ``blockIdx.x * COLS + k * gridDim.x * COLS`` (a grid of fewer blocks than
+    groups, :data:`PROLOGUE_GRID`, computes the prologue's row once per block for several groups;
+    the groups after the first load every chunk).  Each column's sums are in the same order whatever
+    the grid."""
     S = max(1, len(parts.slices))
     vec = plan.vec if vector else 1
     pf = prefetch_depth(plan, S, vector)
     held = _chunk_loop(parts, vec, "0", "PF", "", "wp{s}[i]") if pf else ""
     rest = _chunk_loop(parts, vec, "PF", "ITERS", " 8", "w{s}[j]")
+    full = _chunk_loop(parts, vec, "0", "ITERS", " 8", "w{s}[j]")
+    offs = parts.offsets or [0]
+    rows = "".join(f"            w{s} = reinterpret_cast<const LT*>(w + (n + {offs[s]}LL) * {parts.sw}LL);\n"
+                   for s in range(S))
     rounded = ", ".join(f"mgx_gemv_f(TO_T(acc[{s}] + 0.0f))" for s in range(S))
-    return f"""    float acc[S];
+    many = int(plan.tpc > 32)
+    return f"""#if {many}
+    __shared__ float red[{NT // 32}][S];
+#endif
+    for (long long g0 = (long long)blockIdx.x * COLS; g0 < {parts.L}; g0 += (long long)gridDim.x * COLS) {{
+    const long long n = g0 + c;
+    float acc[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) acc[s] = 0.0f;
-    if (n < {parts.L}) {{
-{held}{rest}    }}
+    if (n < {parts.L} && n == n1) {{ // the first group: its leading chunks are held in registers
+{held}{rest}    }} else if (n < {parts.L}) {{
+{rows}{full}    }}
 #pragma unroll
     for (int s = 0; s < S; ++s)
         for (int o = 16; o > 0; o >>= 1) acc[s] += MGX_SHFL_XOR(acc[s], o);
-#if {int(plan.tpc > 32)}
-    __shared__ float red[{NT // 32}][S];
+#if {many}
     if ((tid & 31) == 0)
         for (int s = 0; s < S; ++s) red[tid >> 5][s] = acc[s];
     __syncthreads();
@@ -273,8 +299,10 @@ def _gemv_body(parts, plan, vector: bool) -> str:
             for (int g = 0; g < TPC / 32; ++g) v += red[c * (TPC / 32) + g][s];
             acc[s] = v;
         }}
+    __syncthreads(); // red is written again by the next group
 #endif
     if (t == 0 && n < {parts.L}) mgx_epilogue(n, {rounded}, NAMES);
+    }}
 """
 
 
@@ -317,7 +345,7 @@ def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: 
               f"    __syncthreads();\n" + _gemv_body(parts, plan, vector) + "}")
     hs = "".join(_warp_helper(k, acc) for k in sorted(helpers))
     ks = finish("gemv", hs, pro, entry, kernel, params, entry="mgx_prologue", extent=parts.L, block=NT,
-                grid=-(-parts.L // plan.cols), acc=acc)
+                grid=_grid(parts, plan), acc=acc)
     ks.source = ks.source.replace(PRELUDE, GEMV_PRELUDE, 1)
     return ks, plan, parts
 

@@ -259,13 +259,29 @@ def test_generated_kernel_on_the_host_matches_numpy(dtype, K, L, epilogue, rng):
     shapes = [i.shape for i in f.inputs]
     for vector in (True, False):
         ks, plan, parts = fused_gemv_source(f.module_inputs[0], shapes, f.shape, vector)
-        y = np.full(want.shape, 7, dtype)
-        h = np.full((1, 1, K), 7, dtype)
-        gemv_host.run_fused(ks, [xv, rv, vals["g"], wt, y, h], (ks.grid,))
-        tol = 4e-3 if dtype == "float16" else 1e-5
-        np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
-        assert np.array_equal(h, (xv.astype(np.float32) + rv.astype(np.float32)).astype(dtype))
+        first = None
+        for grid in (ks.grid, 1, 3):  # fewer blocks than column groups: each block loops over several
+            y = np.full(want.shape, 7, dtype)
+            h = np.full((1, 1, K), 7, dtype)
+            gemv_host.run_fused(ks, [xv, rv, vals["g"], wt, y, h], (grid,))
+            tol = 4e-3 if dtype == "float16" else 1e-5
+            np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
+            assert np.array_equal(h, (xv.astype(np.float32) + rv.astype(np.float32)).astype(dtype))
+            first = y if first is None else first
+            assert np.array_equal(y, first)  # each column's sums in the same order whatever the grid
         assert ks.grid * plan.cols >= want.shape[-1] and plan.N == vals["w"].shape[1]
+
+
+def test_a_long_row_with_a_prologue_takes_at_most_the_prologue_grid():
+    """1000 column groups (L = 8000, 8 columns per block): 528 blocks, each computing the row once and
+    then its groups; without a prologue the grid stays one block per group (gemv.cu's rule)."""
+    from mgx_graph.operators.fused_gemv_codegen import PROLOGUE_GRID, _grid, fused_gemv_source
+
+    f, _ = _gpu_fused("float16", 64, 8000, True, 2)
+    ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, True)
+    assert plan.cols == 8 and -(-8000 // plan.cols) > PROLOGUE_GRID and ks.grid == PROLOGUE_GRID
+    parts.reduction = None
+    assert _grid(parts, plan) == 1000
 
 
 # -- epilogues reading the dot's columns at other offsets ------------------------------------------------------
