@@ -209,9 +209,7 @@ class FusedGemv(FusedOp):
 
     On ``ref`` the submodule's instructions run as they are (the unfused program's values, bit for
     bit); on ``gpu`` one generated kernel (:mod:`.fused_gemv_codegen`): every block computes the
-    normalized row into shared memory, then its columns of the GEMV, then the epilogue.  Attribute
-    ``constants``: the indices of the inputs that are literals (set by ``fuse_gemv``; the kernel
-    reads them before it waits on the kernel ahead of it under programmatic launch)."""
+    normalized row into shared memory, then its columns of the GEMV, then the epilogue."""
 
     name = "fused_gemv"
     kind = "gemv"
@@ -229,7 +227,7 @@ class FusedGemv(FusedOp):
         from .fused_gemv_codegen import fused_gemv_kernel
 
         try:
-            return fused_gemv_kernel(self.module, inputs, output, self.attrs.get("constants") or ())
+            return fused_gemv_kernel(self.module, inputs, output)
         except (ValueError, RecursionError) as e:
             import warnings
 

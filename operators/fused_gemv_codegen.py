@@ -13,9 +13,7 @@ threads per block:
    ``gemv_gpu.PREFETCH`` per row and ``PREFETCH_REGS`` in all).  The weight is a constant (fuse_gemv
    takes literal weights only), so nothing orders these loads after an earlier kernel; then
    ``MGX_GRID_DEPENDENCY();`` (the wait of :mod:`.programmatic_launch` unless ``MIGRAPHX_PDL=0``,
-   empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before; the
-   lines of the other literal inputs (the RMSNorm weight: ``FusedGemv``'s ``constants``) are
-   prefetched into L1 before that wait too;
+   empty otherwise), so the weight's DRAM latency overlaps the prologue and the kernel before;
 1. prologue (``mgx_prologue``, the row function of :mod:`.fused_reduce_codegen` over one row, with an
    xor-shuffle block reduction of two barriers, :func:`_warp_helper`): every
    block computes the row statistics itself and writes x, rounded to the dot's element type as the
@@ -55,12 +53,6 @@ MGX_HD float mgx_gemv_f(float v) { return v; }
 MGX_HD float mgx_gemv_f(__half v) { return __half2float(v); }
 #ifndef MGX_GRID_DEPENDENCY  // defined by programmatic_launch.PRELUDE when the source is built for PDL
 #define MGX_GRID_DEPENDENCY()
-#endif
-// a hint that brings the line holding p into the SM's L1 (no value, no ordering); nothing on HIP / host
-#if defined(__CUDA_ARCH__) && !defined(__HIPCC_RTC__) && !defined(__HIPCC__)
-#define MGX_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
-#else
-#define MGX_PREFETCH_L1(p)
 #endif
 """
 
@@ -161,21 +153,6 @@ def _warp_helper(kind: str, acc: str) -> str:
             f"    v = sm[tid & ({NT // 32} - 1)];\n"
             f"    for (int o = {NT // 64}; o > 0; o >>= 1) {{ {acc} a = v, b = MGX_SHFL_XOR(v, o); v = {op}; }}\n"
             f"    MGX_SYNC();\n    return v;\n}}\n")
-
-
-def _constant_prefetch(parts, in_shapes, constants) -> str:
-    """Statements, before the grid-dependency wait, that bring the bytes of each constant input of
-    the prologue / epilogue (``constants``: parameter indices of literals, the weight excepted) into
-    L1: the RMSNorm weight's DRAM round trip then overlaps the kernel before instead of following
-    the row's reduction.  A hint only: the loads that use the values stay where they are."""
-    lines = []
-    for k in sorted(set(constants) - {parts.weight}):
-        sh = in_shapes[k]
-        extent = 1 + sum((n - 1) * st for n, st in zip(sh.lens, sh.strides) if n > 0)
-        nbytes = extent * np.dtype(sh.dtype).itemsize
-        lines.append(f"    for (int b = tid * 128; b < {nbytes}; b += {NT} * 128) "
-                     f"MGX_PREFETCH_L1(reinterpret_cast<const char*>(x{k}) + b);\n")
-    return "".join(lines)
 
 
 PROLOGUE_GRID = 528  # most blocks of a kernel with a prologue: 4 resident blocks on each of 132 SMs (H100 / H200)
@@ -306,12 +283,11 @@ def _gemv_body(parts, plan, vector: bool) -> str:
 """
 
 
-def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: int = PREFETCH, constants=()):
+def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: int = PREFETCH):
     """``(KernelSource, plan, parts)`` of a ``fused_gemv`` instruction over ``sub`` (see the module
     docstring); ``vector``: the 16-byte-load variant; ``prefetch``: the most weight loads per thread
-    and row issued before the prologue (:func:`prefetch_depth`); ``constants``: indices of the
-    inputs that are literals (their lines are prefetched into L1 before the wait,
-    :func:`_constant_prefetch`).  ValueError when the module is not of the fused form."""
+    and row issued before the prologue (:func:`prefetch_depth`).  ValueError when the module is not
+    of the fused form."""
     parts = GemvParts(sub, in_shapes)
     plan = make_plan(parts.dtype, 1, parts.K, parts.N, prefetch=prefetch)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
@@ -339,7 +315,6 @@ def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: 
               f"    __shared__ {acc} mgx_sm[{NT}];\n"
               f"    __shared__ __align__(16) {item_t} xs[{parts.K}];\n"
               f"    const int tid = (int)threadIdx.x;\n" + _gemv_head(parts, plan, vector) +
-              _constant_prefetch(parts, in_shapes, constants) +
               "    MGX_GRID_DEPENDENCY(); // every input but the weight is read, and every output written, after it\n"
               f"    mgx_prologue(tid, {NT}, mgx_sm, xs, blockIdx.x == 0, {call});\n"
               f"    __syncthreads();\n" + _gemv_body(parts, plan, vector) + "}")
@@ -350,13 +325,12 @@ def fused_gemv_source(sub, in_shapes, out_shape, vector: bool = True, prefetch: 
     return ks, plan, parts
 
 
-def fused_gemv_kernel(sub, in_shapes, out_shape, constants=()) -> GpuKernel:
+def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
     """The :class:`GpuKernel` of a ``fused_gemv`` instruction: one launch; both variants compiled now
     when CuPy is importable (ValueError when the module has no generated form or does not compile).
     Each launch checks the arrays' strides against the ones compiled in, and takes the 16-byte-load
     variant when the weight's rows and data pointer are 16-byte aligned."""
-    (vks, plan, parts), (sks, _, _) = (fused_gemv_source(sub, in_shapes, out_shape, v, constants=constants)
-                                            for v in (True, False))
+    (vks, plan, parts), (sks, _, _) = (fused_gemv_source(sub, in_shapes, out_shape, v) for v in (True, False))
     ready = [precompile(k.source, k.name) for k in (vks, sks)]
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]

@@ -19,8 +19,7 @@ shared-memory row, ``MIGRAPHX_GEMV`` not 0), and with it
 
 At least one of the two must be present.  The ``fused_gemv`` instruction stands where the group's last
 instruction stood; its submodule returns the epilogue's (or the dot's) result, then the prologue's
-further outputs, read through ``get_tuple_elem`` as ``fused_reduce`` does; its ``constants`` attribute
-lists the inputs that are literals (or views of one).  On ``ref`` the values are
+further outputs, read through ``get_tuple_elem`` as ``fused_reduce`` does.  On ``ref`` the values are
 those of the unfused instructions (the submodule runs their kernels); on ``gpu`` one kernel
 (:mod:`mgx_graph.operators.fused_gemv_codegen`).  ``exclude``: op names never fused (host ops).  Runs
 after ``gemv_layout`` on gpu, after the kernel fusions on ref; ``MIGRAPHX_DISABLE_PASSES=fuse_gemv``
@@ -29,7 +28,6 @@ leaves the program as it was.
 from __future__ import annotations
 
 from ..operators.fused import FusedGemv
-from ..operators.gemv_gpu import _constant
 from ..shape import Shape
 from . import fusion
 
@@ -40,7 +38,7 @@ def gemv_dot(d, target: str, exclude=()):
     """``(plan, sx, sw)`` of the gemv kernel for ``dot`` instruction ``d`` (see the module docstring),
     None when it would not run it; on a target other than ``gpu`` a weight stored with N contiguous is
     judged as ``gemv_layout`` would store it (transposed)."""
-    from ..operators.gemv_gpu import gemv_enabled, gemv_plan_for, weight_layout
+    from ..operators.gemv_gpu import _constant, gemv_enabled, gemv_plan_for, weight_layout
     from .gemv_layout import transposed_shape
 
     if d.op.name != "dot" or len(d.inputs) != 2 or not fusion.plain(d, exclude) or not gemv_enabled():
@@ -177,8 +175,7 @@ class FuseGemv(fusion.FusionPass):
             members += slices
             body, _ = fusion.inline_fused(m, e)
             members += [i for i in body if i.op.name != "@literal"]
-        fused = fusion.outline(m, members, lambda sub: FusedGemv(module=sub), "fused_gemv", extra)
-        fused.op.attrs["constants"] = tuple(k for k, v in enumerate(fused.inputs) if _constant(v))
+        fusion.outline(m, members, lambda sub: FusedGemv(module=sub), "fused_gemv", extra)
         for lit in (placed if pro is not None else []) + body:
             if lit.op.name == "@literal" and not lit.outputs:  # copied into the submodule by outline
                 m.remove_instruction(lit)

@@ -105,8 +105,7 @@ def test_norm_dot_and_silu_mul_are_one_fused_gemv_returning_the_residual_too():
         return [s.add_instruction(op("mul"), [silu, up]), h]
 
     sub = want_module(m, [x, r, g, w], body, "fused_gemv")
-    # constants: the inputs that are literals (g and w), the ones the gpu kernel reads before its wait
-    f = m.add_instruction(op("fused_gemv", module=sub, constants=(2, 3)), [x, r, g, w], [sub])
+    f = m.add_instruction(op("fused_gemv", module=sub), [x, r, g, w], [sub])
     out, h = (m.add_instruction(op("get_tuple_elem", index=k), [f]) for k in (0, 1))
     m.add_return([out, m.add_instruction(op("neg"), [h])])
     assert_same_ir(got, want)
@@ -449,26 +448,6 @@ def test_generated_kernel_waits_after_its_weight_prefetch(vector):
     after = ks.source[ks.source.index("MGX_GRID_DEPENDENCY();"):]
     assert after.index("mgx_prologue(tid") < after.index("__syncthreads();")
     assert with_grid_dependency(ks.source).count("MGX_GRID_DEPENDENCY();") == 1
-
-
-def test_literal_inputs_are_prefetched_into_l1_before_the_wait():
-    """fuse_gemv records the literal inputs (the RMSNorm weight g and W, views of literals, not x or
-    r); the kernel prefetches the lines of g, every byte of it and nothing else, before its wait."""
-    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
-
-    f, _ = _gpu_fused("float16", 576, 40, True, 1)
-    lits = [k for k, v in enumerate(f.inputs) if v.op.name == "@literal" or
-            (v.inputs and v.inputs[0].op.name == "@literal")]
-    assert f.op.attrs["constants"] == tuple(lits) and len(lits) == 2
-    shapes = [i.shape for i in f.inputs]
-    ks, _, parts = fused_gemv_source(f.module_inputs[0], shapes, f.shape, True, constants=f.op.attrs["constants"])
-    before = gemv_host.body_before_point(ks.source)
-    (g,) = [k for k in lits if k != parts.weight]
-    hints = re.findall(r"for \(int b = tid \* 128; b < (\d+); b \+= 256 \* 128\) "
-                       r"MGX_PREFETCH_L1\(reinterpret_cast<const char\*>\(x(\d+)\) \+ b\)", before)
-    assert hints == [(str(shapes[g].elements() * 2), str(g))], before
-    plain, _, _ = fused_gemv_source(f.module_inputs[0], shapes, f.shape, True)
-    assert "MGX_PREFETCH_L1(reinterpret" not in plain.source
 
 
 @pytest.mark.skipif(gemv_host.NVCC is None, reason="nvcc (CUDA toolkit) not found")
