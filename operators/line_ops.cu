@@ -154,7 +154,8 @@ extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n
     constexpr int V = 16 / sizeof(T);
     if (vec && V > 1) {
         const long long chunks = n / V;
-        for (long long c = t; c < chunks; c += nt) {
+#pragma unroll 4
+        for (long long c = t; c < chunks; c += nt) {  // unrolled: several 16-byte loads in flight per thread
             const uint4 w = reinterpret_cast<const uint4*>(base)[c];
             const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
