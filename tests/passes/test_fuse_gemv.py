@@ -271,18 +271,6 @@ def test_generated_kernel_on_the_host_matches_numpy(dtype, K, L, epilogue, rng):
         assert ks.grid * plan.cols >= want.shape[-1] and plan.N == vals["w"].shape[1]
 
 
-def test_a_long_row_with_a_prologue_takes_at_most_the_prologue_grid():
-    """1000 column groups (L = 8000, 8 columns per block): 528 blocks, each computing the row once and
-    then its groups; without a prologue the grid stays one block per group (gemv.cu's rule)."""
-    from mgx_graph.operators.fused_gemv_codegen import PROLOGUE_GRID, _grid, fused_gemv_source
-
-    f, _ = _gpu_fused("float16", 64, 8000, True, 2)
-    ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, True)
-    assert plan.cols == 8 and -(-8000 // plan.cols) > PROLOGUE_GRID and ks.grid == PROLOGUE_GRID
-    parts.reduction = None
-    assert _grid(parts, plan) == 1000
-
-
 # -- epilogues reading the dot's columns at other offsets ------------------------------------------------------
 def _offset_layer(case, dtype, K=64, N=48):
     """``n = rms_norm(x + r, g); y = n @ W [K, N]`` and an epilogue over last-axis slices of y that the
