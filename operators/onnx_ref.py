@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import ShapeError
+from ..errors import ExecutionError, ShapeError
 from ..shape import NUMPY_TO_ONNX, Shape, onnx_dtype
 from .base import Operation, register_op
 from .dynamic import SpecializationMiss
@@ -100,6 +100,7 @@ class OnnxOp(Operation):
         host = [np.asarray(a) for a in args]
         names = [n for n in node.input if n]
         feeds = dict(zip(names, host))
+        _check_ignored_inputs(node, feeds)
         res = self._session(host).run(None, feeds)
         outs = out if isinstance(out, tuple) else (out,)
         got = [np.asarray(r) for r in res]
@@ -115,6 +116,20 @@ class OnnxOp(Operation):
 
     def attr_string(self):
         return f"[op_type={self.attrs['op_type']}]"
+
+
+def _check_ignored_inputs(node, feeds) -> None:
+    """ExecutionError (naming the node, the expected and the given values) for the values of an input
+    that onnx.reference ignores but that change the result: an LSTM's ``sequence_lens`` other than the
+    sequence length everywhere (the frontend rejects constant ones; this checks fed ones per run)."""
+    if node.op_type != "LSTM" or len(node.input) < 5 or not node.input[4]:
+        return
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    T = feeds[node.input[0]].shape[1 if layout else 0]
+    lens = np.asarray(feeds[node.input[4]]).reshape(-1)
+    if np.any(lens != T):
+        raise ExecutionError(f"node '{node.name or node.op_type}' (LSTM): sequence_lens {lens.tolist()}, expected "
+                             f"{T} (the sequence length) in every row: shorter sequences are not supported")
 
 
 def encode_shapes(shapes) -> np.ndarray:

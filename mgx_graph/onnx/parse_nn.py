@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .op_parser import attr, decode, parser
+from .op_parser import attr, decode, parser, unsupported
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
 
@@ -120,19 +120,49 @@ def _parse_conv(p, m, node, ins):
     return p.add(m, "convolution", args, padding=pads, stride=strides, dilation=dil, group=attr(node, "group", 1))
 
 
-def _lstm_on_host(node, ins) -> bool:
-    """LSTM variants the device kernel does not cover: layout 1, activations other than the default,
-    clip, input_forget, sequence_lens or peepholes."""
+LSTM_ACTIVATIONS = ["Sigmoid", "Tanh", "Tanh"]  # f, g, h of one direction (ONNX defaults)
+
+
+def _lstm_unsupported(p, node, ins) -> None:
+    """UnsupportedOpError for the LSTM attributes that neither the ``lstm`` op nor the host fallback
+    (onnx.reference, whose LSTM ignores them) computes: activations other than the defaults in any
+    direction, ``clip``, ``input_forget``, and a constant ``sequence_lens`` other than T everywhere
+    (one of T everywhere is the same as none; one fed at run time goes to the host, whose op checks
+    each run's values: :mod:`mgx_graph.operators.onnx_ref`)."""
     acts = [decode(a) for a in (attr(node, "activations") or [])]
-    return attr(node, "layout", 0) != 0 or (acts and acts[:3] != ["Sigmoid", "Tanh", "Tanh"]) \
-        or attr(node, "clip") is not None or bool(attr(node, "input_forget", 0)) \
-        or (len(ins) > 4 and ins[4] is not None) or (len(ins) > 7 and ins[7] is not None)
+    D = 2 if decode(attr(node, "direction", b"forward")) == "bidirectional" else 1
+    if acts and acts != LSTM_ACTIVATIONS * D:
+        raise unsupported(p, node, f"activations {acts} (only {LSTM_ACTIVATIONS * D})")
+    if attr(node, "clip") is not None:
+        raise unsupported(p, node, f"clip={attr(node, 'clip')}")
+    if attr(node, "input_forget", 0):
+        raise unsupported(p, node, f"input_forget={attr(node, 'input_forget')}")
+    seq = _sequence_lens(ins)
+    if seq is not None and seq.op.name == "@literal":
+        T = ins[0].shape.lens[1 if attr(node, "layout", 0) else 0]
+        if np.any(np.asarray(seq.op.value) != T):
+            raise unsupported(p, node, f"sequence_lens {np.asarray(seq.op.value).tolist()} (only {T}, the "
+                                       f"sequence length, in every row)")
+
+
+def _sequence_lens(ins):
+    return ins[4] if len(ins) > 4 else None
+
+
+def _lstm_on_host(node, ins) -> bool:
+    """LSTM variants the device kernel does not cover: layout 1, peepholes (onnx.reference computes
+    them) or a sequence_lens fed at run time (its op checks that each run's values are T)."""
+    seq = _sequence_lens(ins)
+    return attr(node, "layout", 0) != 0 or (len(ins) > 7 and ins[7] is not None) \
+        or (seq is not None and seq.op.name != "@literal")
 
 
 @parser("LSTM")
 def _parse_lstm(p, m, node, ins):
     """LSTM (inputs X, W, R, B, sequence_lens, initial_h, initial_c, P) as one ``lstm`` instruction
-    with zero bias / initial states where omitted; outputs Y, Y_h, Y_c."""
+    with zero bias / initial states where omitted; outputs Y, Y_h, Y_c.  Layout 1 and peepholes run on
+    the host; raises UnsupportedOpError (see :func:`_lstm_unsupported`) for what nothing computes."""
+    _lstm_unsupported(p, node, ins)
     if _lstm_on_host(node, ins):
         return parse_generic(p, m, node, ins)
     H = attr(node, "hidden_size")
