@@ -235,7 +235,8 @@ class LSTM(Operation):
     (ONNX); per step: gates = x W^T + h R^T + Wb + Rb, c = f*c + i*tanh(g), h = o*tanh(c).
     ``compute`` (the ref target) runs this with the array library; the gpu target runs
     :func:`.lstm_gpu.lstm_gpu_kernel` (one GEMM of the input projection per direction, then per step
-    one GEMM and one fused gate kernel).
+    one GEMM and one fused gate kernel).  ``compute_shape`` raises ShapeError naming the input whose
+    lens differ from these.
     """
     uses_blas = True  # its kernel calls ctx.matmul: the queue's BLAS handle must exist before a capture
 
@@ -247,11 +248,19 @@ class LSTM(Operation):
 
     def compute_shape(self, inputs, mods=()):
         x, w = inputs[0], inputs[1]
+        if x.ndim != 3 or w.ndim != 3:
+            raise ShapeError(f"lstm: X {list(x.lens)} and W {list(w.lens)}, expected X [T, B, I] and W [D, 4H, I]")
         T, B = x.lens[0], x.lens[1]
         D = 2 if self.direction == "bidirectional" else 1
         H = self.hidden_size
         if w.lens[0] != D or w.lens[1] != 4 * H:
             raise ShapeError(f"lstm: W {list(w.lens)} does not match hidden_size {H} / direction {self.direction}")
+        want = [("X", [T, B, w.lens[2]]), ("W", list(w.lens)), ("R", [D, 4 * H, H]), ("B", [D, 8 * H]),
+                ("initial_h", [D, B, H]), ("initial_c", [D, B, H])]
+        for (name, lens), s in zip(want, inputs):
+            if list(s.lens) != lens:
+                raise ShapeError(f"lstm: {name} {list(s.lens)}, expected {lens} (hidden_size {H}, direction "
+                                 f"{self.direction}, X {list(x.lens)})")
         return (Shape(x.dtype, [T, D, B, H]), Shape(x.dtype, [D, B, H]), Shape(x.dtype, [D, B, H]))
 
     def workspace(self, inputs, output):

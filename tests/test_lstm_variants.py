@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 import mgx_graph
-from mgx_graph.errors import ExecutionError, UnsupportedOpError
+from mgx_graph.errors import ExecutionError, ShapeError, UnsupportedOpError
 from native_util import check_outputs
 from util import make_model, ort_run
 
@@ -98,3 +98,20 @@ def test_fed_sequence_lens_runs_when_full_and_raises_otherwise(target):
     with pytest.raises(ExecutionError, match=r"lstm0.*sequence_lens \[5, 4, 3\], expected 5"):
         prog.run(feeds)
     check_outputs(prog.run(full), ort_run(model, full), tol=(1e-5, 1e-5))
+
+
+@pytest.mark.parametrize("name, index, lens", [("R", 2, (1, 4 * H, H + 1)), ("B", 3, (1, 8 * H - 2)),
+                                               ("initial_h", 5, (1, B, H + 1)), ("initial_c", 6, (1, B + 1, H))])
+def test_input_of_other_lens_is_a_shape_error_at_compile(name, index, lens):
+    """An input of other lens than X, W and hidden_size give (onnx's checker does not look): a ShapeError
+    naming it with the expected lens, where the gpu kernel would read past the bias or the cell state."""
+    model, feeds = _model("forward", seed=5)
+    tensor = model.graph.node[0].input[index]
+    for init in model.graph.initializer:
+        if init.name == tensor:
+            init.CopyFrom(helper.make_tensor(tensor, init.data_type, lens, np.zeros(lens, np.float32).reshape(-1)))
+    for inp in model.graph.input:
+        if inp.name == tensor:
+            inp.CopyFrom(helper.make_tensor_value_info(tensor, inp.type.tensor_type.elem_type, list(lens)))
+    with pytest.raises(ShapeError, match=rf"{name} \[{', '.join(map(str, lens))}\], expected"):
+        mgx_graph.compile(model, target="ref")
