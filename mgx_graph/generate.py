@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import MgxError, ParameterError
+from .operators.index_ops import FLOATS, argmax_rows
 from .sampling import SamplingConfig, TokenSampler
 from .streaming import RowText, check_stop_strings
 
@@ -314,8 +315,6 @@ class Decoder:
         """``out`` (int64 [B]) = the argmax of each row of the last logits, on the current queue: one
         kernel of the target (:func:`~mgx_graph.operators.index_ops.argmax_rows`) for float rows in
         standard layout, else the array library's argmax."""
-        from .operators.index_ops import FLOATS, argmax_rows
-
         rows = self.last_logits.reshape(out.shape[0], -1)
         if rows.dtype.name in FLOATS and rows.flags.c_contiguous and out.flags.c_contiguous:
             argmax_rows(self.ctx, rows, out)

@@ -41,6 +41,12 @@ def line_module(dtype: str):
     return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\ntypedef {acc} ACC;\n" + src)
 
 
+@functools.lru_cache(maxsize=None)
+def line_function(dtype: str, name: str):
+    """Kernel ``name`` of :func:`line_module` for ``dtype``, looked up once (launch paths call it per run)."""
+    return line_module(dtype).get_function(name)
+
+
 _HALF_HEADER = """#if defined(__HIPCC_RTC__) || defined(__HIPCC__)
 #include <hip/hip_fp16.h>
 #else
@@ -105,7 +111,7 @@ def argext_gpu_kernel(op, in_shapes, out_shape):
 
     def run(ctx, out, args, wsa):
         src = _staged(ctx, args[0], wsa)
-        k = line_module(x.dtype).get_function("mgx_argext")
+        k = line_function(x.dtype, "mgx_argext")
         k((outer * inner,), (BLOCK,), (src, out, np.int64(n), np.int64(inner), np.int32(is_min), np.int32(last)))
 
     return run, 1 + len(ws), ws, True, "line_ops.cu argext"
@@ -134,7 +140,7 @@ def argmax_rows(ctx, x, out) -> None:
     stride = x.strides[0] // x.itemsize if rows > 1 else n
     vec = ctx.data_ptr(x) % 16 == 0 and (rows == 1 or (stride * x.itemsize) % 16 == 0)
     block = min(ROW_BLOCK, 1 << max(5, (n - 1).bit_length()))
-    k = line_module(x.dtype.name).get_function("mgx_argmax_rows")
+    k = line_function(x.dtype.name, "mgx_argmax_rows")
     k((rows,), (block,), (x, out, np.int64(n), np.int64(stride), np.int32(vec)))
 
 
@@ -210,7 +216,7 @@ class Hardmax(Operation):
 
         def run(ctx, out, args, wsa):
             src = _staged(ctx, args[0], wsa)
-            line_module(x.dtype).get_function("mgx_hardmax")((outer * inner,), (BLOCK,),
+            line_function(x.dtype, "mgx_hardmax")((outer * inner,), (BLOCK,),
                                                              (src, out, np.int64(n), np.int64(inner)))
 
         return run, 1 + len(ws), ws, True, "line_ops.cu hardmax"
@@ -267,7 +273,7 @@ class CumSum(Operation):
 
         def run(ctx, out, args, wsa):
             src = _staged(ctx, args[0], wsa)
-            line_module(x.dtype).get_function(f"mgx_{self.name}")(
+            line_function(x.dtype, f"mgx_{self.name}")(
                 (grid,), (BLOCK,), (src, out, np.int64(lines), np.int64(n), np.int64(inner),
                                     np.int32(self.exclusive), np.int32(self.reverse)))
 
@@ -449,7 +455,7 @@ class Compress(Operation):
             if self.count == 0:
                 return
             idx = wsa[0]
-            line_module("int64").get_function("mgx_compress_index")((1,), (1,), (args[1], np.int64(n), idx))
+            line_function("int64", "mgx_compress_index")((1,), (1,), (args[1], np.int64(n), idx))
             ctx.xp.take(args[0], idx, axis=a, out=out)
 
         return run, 2, ws, True, "line_ops.cu compress"

@@ -77,3 +77,25 @@ def test_argmax_rows_rejects_what_it_does_not_take():
                            (np.zeros((2, 0), np.float32), np.zeros(2, np.int64))]:
         with pytest.raises(ShapeError, match="argmax_rows"):
             argmax_rows(ctx, bad_x, bad_out)
+
+
+def test_line_kernels_are_looked_up_once_per_dtype_and_name(monkeypatch):
+    """``line_function`` asks the compiled module for a kernel once; later launches reuse it."""
+    from mgx_graph.operators import index_ops
+
+    calls = []
+
+    class Module:
+        def get_function(self, name):
+            calls.append(name)
+            return object()
+
+    monkeypatch.setattr(index_ops, "line_module", lambda dtype: Module())
+    index_ops.line_function.cache_clear()
+    try:
+        a = index_ops.line_function("float32", "mgx_argmax_rows")
+        assert index_ops.line_function("float32", "mgx_argmax_rows") is a
+        assert index_ops.line_function("float16", "mgx_argmax_rows") is not a
+        assert calls == ["mgx_argmax_rows", "mgx_argmax_rows"]
+    finally:
+        index_ops.line_function.cache_clear()
