@@ -7,7 +7,9 @@ intermediate has a fixed address.  A run converts (:mod:`mgx_graph.interop`), va
 parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.staging`), then
 issues the steps of ``main`` on the queue.  A ``run_async`` that repeats the previous one (the same
 array objects, unchanged, on the same queue: :mod:`mgx_graph.call_record`) reuses its bindings and
-only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).  Parameters bound once as
+only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).  When the program is one graph region
+and such a call replays its graph, the eval loop is skipped too (:mod:`mgx_graph.replay_plan`,
+``stats()["replay_plan_hits"]``).  Parameters bound once as
 *state* (:meth:`Executor.bind_state`: a decode step's KV cache) are held as the executor's own views
 and left out of what a ``run_async`` call brings and what its record compares.
 :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
@@ -28,6 +30,7 @@ from .graph_cache import GraphBudget, GraphOptions
 from .interop import expected, to_target, type_name
 from .passes.hip_graph import movable_values
 from .program_buffers import ProgramBuffers
+from .replay_plan import ReplayPlan
 from .staging import InputStaging
 from .written_parameters import WrittenParameters
 from .steps import step_kind
@@ -55,6 +58,8 @@ class Executor:
         self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program))
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
+        self.replay_plan_hits = 0
+        self._replay_plan = ReplayPlan.for_executor(self)  # a repeated call replayed without the eval loop
         # library handles and workspaces exist before any capture (never created inside one)
         self._uses_blas = any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions)
         if self._uses_blas:
@@ -209,7 +214,8 @@ class Executor:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
             rec = self._record
-            if rec is not None and rec.matches(params, q, copy):
+            repeat = rec is not None and rec.matches(params, q, copy)
+            if repeat:
                 rec.repeat(self, q)
                 if self._rebind_per_run:
                     self._bind_written_parameters()
@@ -217,7 +223,8 @@ class Executor:
             else:
                 self._bind_call(params, q, copy)
             try:
-                return self._run(q)
+                outs = self._replay_plan.run(self, q) if repeat and self._replay_plan is not None else None
+                return self._run(q) if outs is None else outs
             except BaseException:
                 self._record = None
                 raise
@@ -304,7 +311,8 @@ class Executor:
     def stats(self) -> dict:
         regions = [r.stats() for r in self.regions]
         eager_launches = self.loop.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
-        return {"target": self.ctx.name, "runs": self.runs, "fast_path_hits": self.fast_path_hits, "regions": regions,
+        return {"target": self.ctx.name, "runs": self.runs, "fast_path_hits": self.fast_path_hits,
+                "replay_plan_hits": self.replay_plan_hits, "regions": regions,
                 **self.counters().program_dict(),
                 "launches_per_run": self.loop.launches, "launches_per_run_eager": eager_launches,
                 "graph_bytes": self.budget.live_bytes,

@@ -227,6 +227,20 @@ class GraphLaunchState(ValidatedReplay):
                                                            f"this region; MIGRAPHX_HIP_GRAPH_MAX)", key)
             return self._capture(key, queue, run_body, run_body_capture, read_outputs, f)
 
+    def replay_again(self, key, queue):
+        """:meth:`execute` for a call whose key is ``key`` (the key object of the region's last call,
+        :mod:`mgx_graph.replay_plan`) when that call takes the replay branch without validation: the
+        same steps, the same result; None, with nothing changed, when it would take another branch
+        (no exec cached under ``key``, eager mode, a validation due, a capture open on ``queue``)."""
+        with self.lock:
+            e = self.entries.get(key)
+            if e is None or self.force_eager or self._validation_due(e) or \
+                    self.rt.hipStreamIsCapturing(queue) != hipStreamCaptureStatusNone:
+                return None
+            self.calls += 1
+            self.entries.move_to_end(key)
+            return self._replay(e, key, queue)
+
     def _replay(self, e, key, queue):
         if self.options.gate_slower and len(e.times) < 3:
             e.times.append(_timed(self.rt, lambda: self.rt.hipGraphLaunch(e.exec, queue), queue))
