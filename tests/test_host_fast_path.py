@@ -108,6 +108,7 @@ def test_trace_and_counters_are_those_of_the_full_path(target, capfd):
     events = re.findall(r"\[mgx_graph\] (\w+)", capfd.readouterr().err)
     assert events == ["WARMUP", "WARMUP", "CAPTURE"] + ["REPLAY"] * 4
     assert _hits(s.prog) == 6
+    assert s.prog.stats()["replay_plan_hits"] == 4  # the replays took the replay plan, with the same trace
     s.prog.release()
 
 
