@@ -115,6 +115,7 @@ def test_kernel_error_in_a_replay_is_that_of_the_full_path(target):
         assert got[1] == full[1] and "graph_launch" in got[1] and "out of range" in got[1]
     else:  # a device gather does not: both paths ran
         assert got[0] == full[0] == "ok"
+    _agree(a, b)  # launches_per_run of the call that raised too
     for n in range(6):
         ih = [3 - n % 4, n % 4]
         for kind, outs in call(ih):
@@ -377,3 +378,36 @@ def test_dynamic_program_reports_plan_hits(target):
         assert prog.stats()["replay_plan_hits"] == seen
     assert seen > 0 and prog.stats()["specialization_evictions"] >= 2
     prog.release()
+
+
+def test_one_lone_view_after_the_region_gets_no_plan(target):
+    """A region followed by one view step of its own (hand-built IR: a reshape of the region's result
+    returned): the eval loop makes that view again on every run, a new object each call, so the program
+    gets no plan and returns what the full path returns; values of numpy."""
+    from mgx_graph.executor import Executor
+    from mgx_graph.operators import make_op
+    from mgx_graph.passes import HipGraph, Lowering, MemoryColoring, PassContext, validate_program
+    from mgx_graph.targets import make_context
+    from test_graph_launch_op import _chain_program, _graph_launch, _want
+
+    prog = _chain_program()
+    pctx = PassContext(target)
+    for p in (Lowering(), HipGraph()):
+        p.apply(prog, pctx)
+    m = prog.get_main_module()
+    ret = m.get_return()
+    m.set_inputs(ret, [m.insert_instruction(ret, make_op("reshape", dims=[12]), [_graph_launch(prog)])])
+    MemoryColoring().apply(prog, pctx)
+    validate_program(prog)
+    ex = Executor(prog, pctx.result, make_context(target))
+    assert ex._replay_plan is None
+    xh = R.normal(size=(3, 4)).astype(np.float32)
+    x, prev = ex.ctx.xp.asarray(xh), None
+    for _ in range(7):
+        (y,) = ex.run_async({"x": x})
+        assert y is not prev  # a new view every call
+        np.testing.assert_allclose(np.asarray(ex.ctx.to_host(y, ex.ctx.queue)), _want(xh).reshape(12), rtol=1e-5)
+        prev = y
+    st = ex.stats()
+    assert st["replays"] == 4 and st["replay_plan_hits"] == 0
+    ex.close()
