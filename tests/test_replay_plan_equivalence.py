@@ -411,3 +411,44 @@ def test_one_lone_view_after_the_region_gets_no_plan(target):
     st = ex.stats()
     assert st["replays"] == 4 and st["replay_plan_hits"] == 0
     ex.close()
+
+
+def test_threads_on_their_own_queues(target):
+    """Three threads, each with its own queue, input and state arrays, interleave their calls on one
+    program (the record and the regions' last calls switch between them; a thread's run of calls
+    replays through the plan): every thread's state is the sum of its own inputs, as numpy adds them."""
+    import threading
+
+    prog = _compile(step_model(), target, alias=ALIAS)
+    ctx = prog.context
+    with ctx.on_device():
+        queues = [ctx.runtime.hipStreamCreate() for _ in range(3)]
+    errors, calls = [], 30
+
+    def worker(q, seed):
+        rng = np.random.default_rng(seed)
+        x, state = ctx.xp.zeros((2, 3), np.float32), ctx.xp.zeros((2, 3), np.float32)
+        want = np.zeros((2, 3), np.float32)
+        try:
+            for _ in range(calls):
+                xh = rng.normal(size=(2, 3)).astype(np.float32)
+                ctx.copy_from_host(x, xh, q)
+                prog.run_async({"x": x, "state_in": state}, q)
+                want = want + xh
+                got = np.asarray(ctx.to_host(state, q))
+                if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+                    errors.append(f"queue {q:#x}: state {got.tolist()} != {want.tolist()}")
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(q, 100 + k)) for k, q in enumerate(queues)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    st = prog.stats()
+    assert st["runs"] == 3 * calls and st["replay_plan_hits"] <= st["replays"]
+    prog.release()
+    for q in queues:
+        ctx.runtime.hipStreamDestroy(q)
