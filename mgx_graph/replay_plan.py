@@ -83,8 +83,9 @@ class ReplayPlan:
         """The outputs of a repeated call replayed on ``queue`` (the executor's lock held, its record
         matched and repeated), or None when the eval loop would do more than replay the last call's key
         (or another device is current: the eval loop then makes the program's current for the run),
-        with nothing changed but the context's current queue (which the eval loop's run sets so too).  Raises what the eval loop's run would raise (an error of a
-        kernel the replay runs on the host: ExecutionError naming the region)."""
+        with nothing changed but the context's current queue (which the eval loop's run sets so too).
+        Raises what the eval loop's run would raise (an error of a kernel the replay runs on the host:
+        ExecutionError naming the region)."""
         state = self.region.op.state
         last = state.last_call
         if last is None or last[0] != queue or last[1] != ex.loop.epoch or \
@@ -102,11 +103,10 @@ class ReplayPlan:
         ex.ctx.current_queue = queue
         try:
             outs = state.replay_again(key, queue)
-        except (MgxError, SpecializationMiss, KeyboardInterrupt):
-            loop.launches = 0
-            raise
-        except Exception as e:
-            loop.launches = 0
+        except BaseException as e:
+            loop.launches = 0  # as a run of the eval loop that raised at its first step
+            if not isinstance(e, Exception) or isinstance(e, (MgxError, SpecializationMiss)):
+                raise
             raise ExecutionError(f"instruction {self.label}: {type(e).__name__}: {e}") from e
         if outs is None:
             return None

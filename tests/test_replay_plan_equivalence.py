@@ -132,7 +132,8 @@ def _transposed_state_model():
     """s = transpose(state_in) + x, state_out = transpose(s) written in place onto state_in (3, 2),
     y = tanh(s * W): the region returns a view of its own (the transpose of a value written in place),
     made anew by every eager run of the region."""
-    nodes = [helper.make_node("Transpose", ["state_in"], ["r"], perm=[1, 0]), helper.make_node("Add", ["r", "x"], ["s"]),
+    nodes = [helper.make_node("Transpose", ["state_in"], ["r"], perm=[1, 0]),
+             helper.make_node("Add", ["r", "x"], ["s"]),
              helper.make_node("Transpose", ["s"], ["state_out"], perm=[1, 0]),
              helper.make_node("Mul", ["s", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])]
     return make_model(nodes, {"x": np.zeros((2, 3), np.float32), "state_in": np.zeros((3, 2), np.float32)},
