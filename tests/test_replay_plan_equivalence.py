@@ -110,11 +110,11 @@ def test_kernel_error_in_a_replay_is_that_of_the_full_path(target):
             np.testing.assert_allclose(outs[0], data[ih] * data[ih] + data[ih], rtol=1e-6)
     assert a.stats()["replay_plan_hits"] == 2
     got, full = call([0, 9])
+    assert got[0] == full[0]  # the same outcome (a device gather need not check its indices)
+    if got[0] != "ok":
+        assert got[1] == full[1]
     if target == "ref":  # the host gather checks its indices
-        assert got[0] == full[0] == "ExecutionError"
-        assert got[1] == full[1] and "graph_launch" in got[1] and "out of range" in got[1]
-    else:  # a device gather does not: both paths ran
-        assert got[0] == full[0] == "ok"
+        assert got[0] == "ExecutionError" and "graph_launch" in got[1] and "out of range" in got[1]
     _agree(a, b)  # launches_per_run of the call that raised too
     for n in range(6):
         ih = [3 - n % 4, n % 4]
@@ -210,8 +210,9 @@ def _call_both(steppers, x=None):
 
 
 def test_updates_between_two_keys_agree(target):
-    """One exec per region (``max_graphs=1``) and two input arrays in turns of four calls: each turn's
-    first call updates the exec in place for its key, the rest replay it (through the plan)."""
+    """One exec per region (``max_graphs=1``) and two input arrays in turns of four calls: the first
+    turn warms up twice, captures and replays once; each later turn's first call updates the exec in
+    place for its key and its other three replay it through the plan."""
     steppers = _step_twins(target, max_graphs=1)
     other = [s.prog.context.xp.zeros((2, 3), np.float32) for s in steppers]
     for turn in range(6):
@@ -219,7 +220,7 @@ def test_updates_between_two_keys_agree(target):
             _call_both(steppers, other if turn % 2 else None)
     a, b = steppers[0].prog, steppers[1].prog
     st = a.stats()
-    assert st["captures"] == 1 and st["updates"] == 5 and st["replay_plan_hits"] == 2 + 5 * 3 - 1
+    assert st["captures"] == 1 and st["updates"] == 5 and st["replay_plan_hits"] == 1 + 5 * 3
     _agree(a, b)
     a.release()
     b.release()
