@@ -134,6 +134,7 @@ class Dispatcher:
         self.budget = compile_kw.get("budget")
         self.retired = GraphCounters()  # graph counters of the specializations released so far
         self.retired_fast_path_hits = 0  # repeated run_async calls of those (see mgx_graph.call_record)
+        self.retired_replay_plan_hits = 0  # those of them replayed without the eval loop (mgx_graph.replay_plan)
 
     @property
     def evictions(self) -> int:
@@ -265,10 +266,12 @@ class Dispatcher:
         for prog in progs:
             if fold:
                 counts = prog.counters()
-                hits = prog.executor.fast_path_hits if prog.executor is not None else 0
+                ex = prog.executor
+                hits, plan_hits = (ex.fast_path_hits, ex.replay_plan_hits) if ex is not None else (0, 0)
                 with self.lock:
                     self.retired.add(counts)
                     self.retired_fast_path_hits += hits
+                    self.retired_replay_plan_hits += plan_hits
             prog.release()
 
     def _select(self, shapes, known, params) -> _Entry:
@@ -362,17 +365,19 @@ class Dispatcher:
     def stats(self) -> dict:
         """The counters of :meth:`counters`, the regions of the kept specializations, the last one's
         launches and bytes, the repeated ``run_async`` calls of every specialization
-        (``fast_path_hits``), and the specialization / prefix-program / hint counts."""
+        (``fast_path_hits``) and those of them replayed without the eval loop (``replay_plan_hits``),
+        and the specialization / prefix-program / hint counts."""
         with self.lock:
             retired, progs = self.retired.copy(), self.specs.programs()
             n_prefixes, n_hints = len(self.prefixes), len(self.hints)
-            hits = self.retired_fast_path_hits
+            hits, plan_hits = self.retired_fast_path_hits, self.retired_replay_plan_hits
         stats = [prog.stats() for prog in progs]
         agg = GraphCounters.total([retired] + [p.counters() for p in progs])
         regions = [r for st in stats for r in st["regions"]]
         last = stats[-1] if stats else None
         return {"target": self.target, "regions": regions, **agg.program_dict(),
                 "fast_path_hits": hits + sum(st["fast_path_hits"] for st in stats),
+                "replay_plan_hits": plan_hits + sum(st["replay_plan_hits"] for st in stats),
                 "launches_per_run": last["launches_per_run"] if last else 0,
                 "launches_per_run_eager": last["launches_per_run_eager"] if last else 0,
                 "host_fallback_instructions": last["host_fallback_instructions"] if last else 0,

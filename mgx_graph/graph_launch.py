@@ -125,8 +125,15 @@ class GraphLaunch(Operation):
         key, body, body_capture, read = self.call_key(ctx, queue, args, mods[0], run)
         outs = state.execute(key, queue, body, body_capture, read)
         run.add_launches(state.last_launches)
+        return self.result_of(outs)
+
+    def result_of(self, outs):
+        """The instruction's value for the result list ``outs`` a call of its state returned: ``outs[0]``
+        for one result, else a tuple of them (the same tuple object while the state returns the same
+        list)."""
         if self._single:
             return outs[0]
+        state = self.state
         last = state.last_result
         if last[0] is outs:
             return last[1]
