@@ -157,9 +157,9 @@ class CompiledProgram:
 
     def active_executor(self):
         """The executor ``queue``, ``context`` and ``param_buffer`` refer to: the program's own (static,
-        or spec 0), else the most recently used specialization's.  Raises MgxError when a dynamic
-        program has run no specialization yet, or was released."""
-        if self.executor is not None:
+        or spec 0 while the dispatcher keeps it), else the most recently used specialization's.  Raises
+        MgxError when a dynamic program has run no specialization yet, or was released."""
+        if self.executor is not None and (self.dispatcher is None or not self.executor.released):
             return self.executor
         last = self.dispatcher.last()
         if last is not None:

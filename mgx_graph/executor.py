@@ -300,6 +300,11 @@ class Executor:
             return [self.env[s] for s in self.out_slots]
 
     # -- stats and teardown ----------------------------------------------------------------------
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` ran (its memory, queue and graphs are gone)."""
+        return self._closed
+
     def _check_open(self):
         if self._closed:
             raise MgxError("the program was released")

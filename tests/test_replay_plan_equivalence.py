@@ -169,7 +169,10 @@ def test_outputs_after_an_eager_call_are_those_of_the_full_path(target, eager_ca
                 same[k].append(tuple(o is p for o, p in zip(outs, prev[k])))
             prev[k] = outs
     assert same[0] == same[1]
-    assert a.stats()["replay_plan_hits"] > 0
+    # on ref the program is one region and views (the plan runs); a target may keep a step outside the
+    # region for the transposed state (gpu), and then has no plan: the comparison above holds either way
+    assert (a.executor._replay_plan is not None) == (a.stats()["replay_plan_hits"] > 0)
+    assert target != "ref" or a.stats()["replay_plan_hits"] > 0
     _agree(a, b)
     a.release()
     b.release()
@@ -454,3 +457,24 @@ def test_threads_on_their_own_queues(target):
     prog.release()
     for q in queues:
         ctx.runtime.hipStreamDestroy(q)
+
+
+def test_queue_and_context_follow_the_live_specialization_once_spec_0_is_evicted(target):
+    """With one specialization kept, a new batch size evicts spec 0 (compiled with the program): the
+    program's ``queue`` / ``context`` then belong to the specialization in use, not to the released one
+    (whose queue is destroyed on gpu); values of numpy through them."""
+    wt = R.normal(size=(8, 4)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])],
+                       {"x": np.zeros((1, 8), np.float32)}, ["y"], {"w": wt})
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    model.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_value")
+    prog = mgx_graph.compile(model, target=target, hip_graph=True, min_partition_size=1, max_specializations=1)
+    spec0 = prog.executor
+    xh = R.normal(size=(3, 8)).astype(np.float32)
+    (y,) = prog.run_async({"x": _device_array(target, xh)})
+    assert spec0.released and prog.active_executor() is prog.dispatcher.last().executor
+    assert not prog.active_executor().released
+    np.testing.assert_allclose(_host(prog, y), np.tanh(xh @ wt), rtol=1e-5, atol=1e-5)
+    prog.release()
+    with pytest.raises(mgx_graph.errors.MgxError, match="released"):
+        prog.queue
