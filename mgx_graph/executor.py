@@ -53,7 +53,7 @@ class Executor:
         self.runs = 0
         self.fast_path_hits = 0
         self._record: CallRecord | None = None  # the last run_async, while a repeat may reuse it
-        self._closed = False
+        self.released = False  # True once closed: its memory, queue and graphs are gone
         self.queues: set[int] = set()  # queues given to run_async (released with the context)
         self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program))
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
@@ -300,13 +300,8 @@ class Executor:
             return [self.env[s] for s in self.out_slots]
 
     # -- stats and teardown ----------------------------------------------------------------------
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` ran (its memory, queue and graphs are gone)."""
-        return self._closed
-
     def _check_open(self):
-        if self._closed:
+        if self.released:
             raise MgxError("the program was released")
 
     def counters(self) -> GraphCounters:
@@ -326,9 +321,9 @@ class Executor:
 
     def close(self) -> None:
         with self.lock:
-            if self._closed:
+            if self.released:
                 return
-            self._closed = True
+            self.released = True
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
             # eval loop), the last call's record, the view memos, the bound-parameter views
             self._record = None
