@@ -170,7 +170,9 @@ class CompiledProgram:
 
     @property
     def queue(self) -> int:
-        """The queue (stream handle) runs use by default."""
+        """The queue (stream handle) runs use by default.  A dynamic-shape program: the queue of the
+        specialization last used (spec 0 before any run), destroyed with it when another call's shapes
+        evict it (``max_specializations``); a ``run_async`` given a destroyed queue raises ParameterError."""
         return self.active_executor().ctx.queue
 
     @property

@@ -323,8 +323,10 @@ class Dispatcher:
         """Run the specialization for ``params``' shapes (and run-time values); see :mod:`mgx_graph.dynamic`.
         ``device``: as ``run_async`` (with ``copy``), else as ``run``.
 
-        Raises ParameterError (before anything runs), MgxError once released, and what compiling a new
-        specialization or running it raises; the dispatcher stays usable after any of them."""
+        Raises ParameterError (before anything runs; for a ``queue`` destroyed, as the queue of an evicted
+        specialization is, once the specialization is selected, before it runs), MgxError once released,
+        and what compiling a new specialization or running it raises; the dispatcher stays usable after
+        any of them."""
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
         self._check_open()
@@ -336,6 +338,8 @@ class Dispatcher:
             entry = self._select(shapes, known, params)
             try:
                 exe = entry.prog.executor
+                if queue is not None and not exe.ctx.runtime.queue_alive(queue):
+                    raise ParameterError(_dead_queue(queue))
                 return exe.run_async(params, queue, copy) if device else exe.run(params)
             except SpecializationMiss as miss:
                 with self.lock:
@@ -397,6 +401,12 @@ class Dispatcher:
             self.hints.clear()
         self._retire(specs)
         self._retire(prefixes, fold=False)
+
+
+def _dead_queue(queue) -> str:
+    return (f"queue {int(queue):#x} was destroyed: the queue of a specialization (what ``queue`` gave while it "
+            f"was the one last used) goes when another call's shapes evict it (max_specializations); pass "
+            f"queue=None for the current specialization's queue, or a queue created and kept by the caller")
 
 
 def _fmt_shapes(shapes) -> str:

@@ -122,7 +122,7 @@ class Executor:
                 values.append((s, a))
                 continue
             if device and not copy:
-                self._refuse_copy(name, a, on_device)
+                _refuse_copy(self.ctx, name, a, on_device)
             buf = self.param_buffers[name]
             copies.append((buf, a, on_device))
             values.append((s, buf))
@@ -152,13 +152,6 @@ class Executor:
                 raise ParameterError(f"parameter '{name}': expected shape {list(lens)}, got {list(a.shape)}")
             raise ParameterError(f"parameter '{name}': expected dtype {shape.dtype}, got {a.dtype}")
         return a, on_device
-
-    def _refuse_copy(self, name, a, on_device) -> None:
-        if not on_device:
-            raise ParameterError(f"parameter '{name}': expected {expected(self.ctx)}, got {type_name(a)} in host "
-                                 f"memory (run_async(..., copy=True) copies it to the device)")
-        raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides}; "
-                             f"run_async(..., copy=True) copies it)")
 
     def _check_writable(self, values) -> None:
         """A parameter written in place (``alias``) must be given writable memory (a read-only numpy
@@ -335,3 +328,13 @@ class Executor:
             self.staging.clear()
             # the context synchronizes, then graph execs go, then memory: later if a capture is open
             self.ctx.close(self.queues, before=lambda: [r.release() for r in regions])
+
+
+def _refuse_copy(ctx, name, a, on_device) -> None:
+    """The ParameterError of a ``run_async`` value of parameter ``name`` that would need a copy (host
+    memory on a device target, or not C-contiguous) without ``copy=True``."""
+    if not on_device:
+        raise ParameterError(f"parameter '{name}': expected {expected(ctx)}, got {type_name(a)} in host "
+                             f"memory (run_async(..., copy=True) copies it to the device)")
+    raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides}; "
+                         f"run_async(..., copy=True) copies it)")
