@@ -31,6 +31,12 @@ strides are kernel arguments.  A :class:`Spec` says what one instruction compute
   cache rows) runs it as grid (3, 1) of 256 threads, 8 value columns per lane, 8 V rows held per lane
   and step (7.4 µs per call on the H200 before ``V_EARLY``, as the block kernel).
 
+With ``MIGRAPHX_ATTN_LANES=1`` (off by default until measured in the decode step) specs whose key and value
+head sizes are equal and a power of two of 16-byte loads run ``mgx_attn_lanes``: one block per query row,
+each key's dot product and value sum split over ``H / (16 / itemsize)`` lanes that hold their query columns in
+registers, so a lane's work per key is one 16-byte load's worth of columns instead of the whole head (a bench
+prototype of it took 2.68 µs per launch against ``mgx_attn_warp``'s 6.58 on SmolLM2's shape, H200).
+
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
 of reading wrong elements), as the fused kernels do.
 """
@@ -56,6 +62,8 @@ MAX_WARPS = 32  # 1024 threads
 WARP_ACC = 64  # value accumulators per lane of the warp kernel (rows * value columns per lane)
 EARLY_K_ROWS = 2048  # up to this cache length the warp kernel loads K rows before their mask values
 V_EARLY_ELEMS = 64  # V elements a lane of the warp kernel may hold in registers for V_EARLY (else V_EARLY 0)
+LANES_WARPS = 8  # warps per block of mgx_attn_lanes (one block per query row)
+LANES_STEPS = 4  # steps of 32 / LC keys a warp of mgx_attn_lanes takes per chunk
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -158,10 +166,12 @@ class Plan:
 
     @property
     def block(self) -> tuple:
-        return (32 * self.warps if self.kernel == "mgx_attn_warp" else NT,)
+        return (32 * self.warps if self.kernel in ("mgx_attn_warp", "mgx_attn_lanes") else NT,)
 
     @property
     def grid(self) -> tuple:
+        if self.kernel == "mgx_attn_lanes":  # one block per query row
+            return (self.spec.B * self.spec.N * self.spec.S, self.splits)
         return (self.spec.B * self.spec.NKV * self.groups, self.splits)
 
     @property
@@ -184,6 +194,11 @@ class Plan:
              "CAUSAL": int(s.causal), "WINDOW": int(s.window > 0), "KEY_MASK": int(s.key_mask is not None),
              "SINK": 1 if s.sink_dtype else 2 if s.smooth else 0, "SOFTCAP": int(s.softcap > 0),
              "EMPTY": s.empty, "NAN_ZERO": int(s.nan_zero)}
+        if self.kernel == "mgx_attn_lanes":
+            vk = self.vk
+            d.update(ROWS=1, NT=32 * self.warps, NW=self.warps, VK=vk, KC=self.kc if vector else 0,
+                     LC=s.H // vk, LU=LANES_STEPS, MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=0, MGX_ATTN_LANES=1)
+            return d
         if self.kernel == "mgx_attn_warp":
             vk, kc, vw, vc = (self.vk, self.kc, self.vw, self.vc) if vector else (1, 0, 1, 0)
             one = s.mask[1] == 0 and (s.S == 1 or s.mask[2] == 0)  # every row of a block reads one mask row
@@ -201,6 +216,8 @@ class Plan:
 
     def shared_bytes(self, vector: bool = True) -> int:
         d = self.defines(vector)
+        if self.kernel == "mgx_attn_lanes":
+            return 4 * d["NW"] * (d["HV"] + 3)
         if self.kernel == "mgx_attn_warp":
             return 4 * d["ROWS"] * (d["H"] + d["NW"] * (d["HV"] + 2)) + 24 * d["ROWS"] + 4 * d["NW"]
         return 4 * (d["ROWS"] * (d["H"] + NT + 4) + d["RED"]) + 40 * d["ROWS"] + NT + 16
@@ -272,6 +289,33 @@ def warps_setting() -> int:
     from ..env import value_of
 
     return _pow2_floor(min(max(value_of("MIGRAPHX_ATTN_WARPS", WARPS), 1), MAX_WARPS))
+
+
+def lanes_setting() -> bool:
+    """``MIGRAPHX_ATTN_LANES`` (read once): ``mgx_attn_lanes`` for the specs it takes (:func:`lanes_unsupported`),
+    when set to ``1`` / ``enable`` / ``yes`` / ``true``; off by default until measured in the decode step."""
+    from ..env import enabled
+
+    return enabled("MIGRAPHX_ATTN_LANES", default=False)
+
+
+def lanes_unsupported(spec: Spec) -> str:
+    """Why ``mgx_attn_lanes`` does not take ``spec`` ('' when it does): key and value head sizes must be equal
+    and split into a power of two of 16-byte loads (``H / (16 / itemsize)`` lanes per key, at most 32)."""
+    vk = 16 // np.dtype(spec.dtype).itemsize
+    lc = spec.H // vk if spec.H % vk == 0 else 0
+    if spec.H != spec.HV or lc < 1 or lc > 32 or lc & (lc - 1):
+        return f"head sizes {spec.H} / {spec.HV} (equal, {vk} times a power of two up to 32)"
+    return ""
+
+
+def _lanes_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
+    """The ``mgx_attn_lanes`` launch: one block per query row of ``LANES_WARPS`` warps, 16-byte loads
+    (``kc``: the vector variant's K and V rows are contiguous and aligned for them)."""
+    vk = 16 // np.dtype(spec.dtype).itemsize
+    kc = int(wk == vk and wv == vk)
+    return Plan(spec, 1, spec.N // spec.NKV * spec.S, splits, kps, vk, vk, kc, kc, "mgx_attn_lanes", LANES_WARPS,
+                vk)
 
 
 def v_early_setting() -> bool:
@@ -349,7 +393,9 @@ def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
         raise ValueError(f"decode attention kernel: unsupported {why}")
     wk, wv = _row_width(spec.dtype, spec.H, spec.k), _row_width(spec.dtype, spec.HV, spec.v)
     splits, kps = _splits(spec.P, max_splits)
-    if warp_kernel_setting() and not warp_unsupported(spec):
+    if lanes_setting() and not lanes_unsupported(spec):
+        p = _lanes_plan(spec, splits, kps, wk, wv)
+    elif warp_kernel_setting() and not warp_unsupported(spec):
         p = _warp_plan(spec, splits, kps, wk, wv)
     else:
         vk, vv = max(wk, 1), max(wv, 1)

@@ -79,8 +79,17 @@
 #define K_EARLY 1
 #define V_EARLY 1
 #define VE 8
+#define MGX_ATTN_LANES 1
+#define LC 8
+#define LU 4
 #endif
 
+#ifndef MGX_ATTN_LANES
+#define MGX_ATTN_LANES 0
+#endif
+#ifndef MGX_GRID_DEPENDENCY  // defined by programmatic_launch.PRELUDE when the source is built for PDL
+#define MGX_GRID_DEPENDENCY()
+#endif
 #define MGX_INF __int_as_float(0x7f800000)
 #define MGX_NAN __int_as_float(0x7fc00000)
 
@@ -415,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_split(
 
 #endif  // MGX_ATTN_BLOCK
 
-#if MGX_ATTN_WARP
+#if MGX_ATTN_WARP || MGX_ATTN_LANES
 // mgx_attn_warp: the same attention for a block that holds every query row of its KV head (ROWS = G * S,
 // at most 16), with 32-lane groups ("warps"; on AMD a 64-wide wavefront is two of them: every shuffle
 // has width 32) owning the keys.  Block (b, KV head, split) has NW warps; warp w takes a contiguous
@@ -461,6 +470,9 @@ __device__ __forceinline__ int mgx_warp_or(int x) {
     for (int o = 16; o > 0; o >>= 1) x |= MGX_SHFL_XOR(x, o);
     return x;
 }
+#endif  // MGX_ATTN_WARP || MGX_ATTN_LANES
+
+#if MGX_ATTN_WARP
 
 // d[r] = q[r] . k over the H columns of one K row (VK-element loads)
 __device__ __forceinline__ void mgx_warp_dot(const T* kp, long long ksh, const float (*qs)[H], float* d) {
@@ -778,6 +790,155 @@ extern "C" __global__ void MGX_WARP_BOUNDS mgx_attn_warp(
     }
 }
 #endif  // MGX_ATTN_WARP
+
+#if MGX_ATTN_LANES
+// mgx_attn_lanes: one block per query row (b, n, s) and split, NW warps, each walking a contiguous share of the
+// split's visible keys.  A warp takes 32 / LC keys at a time: lane (g, c) = (lane / LC, lane % LC) holds VK of the
+// row's H query columns (c * VK ..) in registers, forms the partial dot product with those columns of key
+// c0 + g's K row, and the LC lanes of a key add their parts by xor shuffles; then it adds p * V for the same
+// columns of that key's V row.  LU such steps make a chunk whose logits are held together: the chunk's max over the
+// warp joins the running max m (warp-uniform), the lane's sum l and its VK accumulated values are rescaled once per
+// chunk.  At the end the key groups' sums are added across the warp, the warps' (m, l, bad, acc) rows are merged in
+// shared memory as mgx_attn_warp does, and the block writes the output row or its split's partial row.  Each
+// lane's work per key is VK multiply-adds for the scores and VK for the values, instead of H and HV.
+// Reads LC (lanes per key, a power of two: H = HV = LC * VK), LU, NW, NT, VK, KC (K / V rows contiguous, loads of VK
+// elements), and the options of the other kernels (mask, lengths, causal, window, key mask, sink, softcap, empty /
+// bad rows).
+extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
+    const unsigned char* __restrict__ key_mask, const long long* __restrict__ pos,
+    const long long* __restrict__ kv_len, const ST* __restrict__ sink, T* __restrict__ out, float* __restrict__ part,
+    long long N, long long NKV, long long S, long long P, long long TB, long long NRG, long long KPS, long long W,
+    long long qsb, long long qsn, long long qss, long long qsh, long long ksb, long long ksk, long long kst,
+    long long ksh, long long vsb, long long vsk, long long vst, long long vsh, long long msb, long long msn,
+    long long mss, long long mst, long long kmsb, long long kmss, long long kmst, long long psb, long long pss,
+    long long osb, long long osn, long long oss, long long osh, float scale, float softcap) {
+    constexpr int KPI = 32 / LC;  // keys per warp step
+    __shared__ float lm[NW], ll[NW];
+    __shared__ int lb[NW];
+    __shared__ float la[NW][HV];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane / LC, c = lane % LC;
+    const long long row = blockIdx.x, s = row % S, n = (row / S) % N, b = row / (S * N), kvh = n / (N / NKV);
+    const long long nsplit = gridDim.y, sp = blockIdx.y;
+    MGX_GRID_DEPENDENCY();
+    float qr[VK];
+#pragma unroll
+    for (int i = 0; i < VK; ++i) qr[i] = mgx_f(q[b * qsb + n * qsn + s * qss + (c * VK + i) * qsh]);
+    long long lo, hi;
+    mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &lo, &hi);
+    long long t0 = sp * KPS, t1 = t0 + KPS < P ? t0 + KPS : P;
+    t0 = t0 > lo ? t0 : lo;
+    t1 = t1 < hi ? t1 : hi;
+    const long long per = t1 > t0 ? (t1 - t0 + NW - 1) / NW : 0;
+    const long long w0 = t0 + w * per, w1 = w0 + per < t1 ? w0 + per : t1;
+    const long long moff = b * msb + n * msn + s * mss;
+    const T* kb = k + b * ksb + kvh * ksk + c * VK * ksh;
+    const T* vb = v + b * vsb + kvh * vsk + c * VK * vsh;
+    float m = -MGX_INF, l = 0.f, acc[VK];
+#pragma unroll
+    for (int i = 0; i < VK; ++i) acc[i] = 0.f;
+    int bad = 0;
+    for (long long c0 = w0; c0 < w1; c0 += LU * KPI) {  // trip count and branches below uniform in the warp
+        float x[LU], vf[LU][VK], cm = -MGX_INF;
+#pragma unroll
+        for (int u = 0; u < LU; ++u) {
+            const long long t = c0 + u * KPI + g;
+            bool ok = t < w1;
+            const long long tt = ok ? t : w0;  // a key past the share reads the share's first rows (never added)
+            float kf[VK];
+            mgx_load<T, VK, KC>(kb + tt * kst, ksh, kf);
+            mgx_load<T, VK, KC>(vb + tt * vst, vsh, vf[u]);
+#if KEY_MASK
+            if (ok) ok = key_mask[b * kmsb + s * kmss + t * kmst] != 0;
+#endif
+            float add = 0.f;
+#if HAS_MASK
+            if (ok && t < TB) {
+                add = mgx_f(mask[moff + t * mst]);
+#if MASK_ROUND
+                add = mgx_round_to(add, k);
+#endif
+                if (add == -MGX_INF) ok = false;
+            }
+#endif
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < VK; ++i) d += qr[i] * kf[i];
+#pragma unroll
+            for (int o = 1; o < LC; o <<= 1) d += MGX_SHFL_XOR(d, o);
+            float y = -MGX_INF;
+            if (ok) {
+                bool nonfinite = false;
+                y = mgx_logit(d, add, scale, softcap, &nonfinite);
+                if (nonfinite) bad = 1;
+            }
+            x[u] = y;
+            cm = fmaxf(cm, y);
+        }
+#pragma unroll
+        for (int o = LC; o < 32; o <<= 1) cm = fmaxf(cm, MGX_SHFL_XOR(cm, o));
+        if (cm == -MGX_INF) continue;
+        const float mn = fmaxf(m, cm), al = m == -MGX_INF ? 0.f : expf(m - mn);
+        m = mn;
+        l *= al;
+#pragma unroll
+        for (int i = 0; i < VK; ++i) acc[i] *= al;
+#pragma unroll
+        for (int u = 0; u < LU; ++u) {
+            const float p = x[u] == -MGX_INF ? 0.f : expf(x[u] - m);
+            l += p;
+            if (p != 0.f) {  // a zero weight adds nothing: non-finite values of hidden keys never leak
+#pragma unroll
+                for (int i = 0; i < VK; ++i) acc[i] += p * vf[u][i];
+            }
+        }
+    }
+    // the key groups' sums (l is the same in the LC lanes of a key group: counted once per group)
+    bad = mgx_warp_or(bad);
+#pragma unroll
+    for (int o = LC; o < 32; o <<= 1) {
+        l += MGX_SHFL_XOR(l, o);
+#pragma unroll
+        for (int i = 0; i < VK; ++i) acc[i] += MGX_SHFL_XOR(acc[i], o);
+    }
+    if (lane == 0) {
+        lm[w] = m;
+        ll[w] = l;
+        lb[w] = bad;
+    }
+    if (g == 0) {
+#pragma unroll
+        for (int i = 0; i < VK; ++i) la[w][c * VK + i] = acc[i];
+    }
+    __syncthreads();
+    for (int h = tid; h < HV; h += NT) {
+        float M = -MGX_INF, L = 0.f, A = 0.f;
+        int bd = 0;
+        for (int i = 0; i < NW; ++i) {
+            M = fmaxf(M, lm[i]);
+            bd |= lb[i];
+        }
+        for (int i = 0; i < NW; ++i)
+            if (lm[i] != -MGX_INF) {
+                const float f = expf(lm[i] - M);
+                L += ll[i] * f;
+                A += la[i][h] * f;
+            }
+        if (nsplit > 1) {
+            float* pr = part + (((b * N + n) * S + s) * nsplit + sp) * (HV + 3);
+            if (h == 0) {
+                pr[0] = M;
+                pr[1] = L;
+                pr[2] = (float)bd;
+            }
+            pr[3 + h] = A;
+        } else {
+            mgx_put(out + b * osb + n * osn + s * oss + h * osh,
+                    mgx_finish(M, L, bd, A, n, sink, v + b * vsb + kvh * vsk + h * vsh, P, vst));
+        }
+    }
+}
+#endif  // MGX_ATTN_LANES
 
 // Merge the splits of one output row (blockIdx.x = (b * N + n) * S + s): m = max m_i, the sums and
 // the accumulated values rescaled by exp(m_i - m); a row is bad when any split saw a bad logit.

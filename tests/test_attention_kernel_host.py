@@ -21,7 +21,7 @@ TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
 
 
 KERNELS = {"warp-v_early": ("mgx_attn_warp", True), "warp-v_late": ("mgx_attn_warp", False),
-           "split": ("mgx_attn_split", False)}
+           "split": ("mgx_attn_split", False), "lanes": ("mgx_attn_lanes", True)}
 
 
 @pytest.fixture(params=list(KERNELS))
@@ -32,6 +32,8 @@ def kernel(request, monkeypatch):
     name, early = KERNELS[request.param]
     if name == "mgx_attn_split":
         monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
+    elif name == "mgx_attn_lanes":
+        monkeypatch.setattr(attention_gpu, "lanes_setting", lambda: True)
     else:
         monkeypatch.setattr(attention_gpu, "v_early_setting", lambda: early)
     return request.param
@@ -49,6 +51,11 @@ def _check_v_early(plan, early):
 
 def _check_kernel(plan, kernel):
     name, early = KERNELS[kernel]
+    if name == "mgx_attn_lanes":
+        if not attention_gpu.lanes_unsupported(plan.spec):
+            assert plan.kernel == name, (plan.kernel, kernel)
+            return
+        name = "mgx_attn_warp"
     takes = not attention_gpu.warp_unsupported(plan.spec)
     assert plan.kernel == (name if takes else "mgx_attn_split"), (plan.kernel, kernel)
     if plan.kernel == "mgx_attn_warp":
