@@ -193,6 +193,9 @@ class GraphLaunchState(ValidatedReplay):
         ``run_body()`` runs the body eagerly on ``queue``, ``run_body_capture()`` issues it for a
         capture, ``read_outputs()`` gives the body's results after either."""
         with self.lock:
+            outs = self.replay_again(key, queue)  # the plain replay of a cached exec
+            if outs is not None:
+                return outs
             self.calls += 1
             if self.force_eager:
                 return self._eager(run_body, read_outputs, "MIGRAPHX_TRACE_EVAL is set", key, quiet=True)
@@ -200,11 +203,9 @@ class GraphLaunchState(ValidatedReplay):
                 return self._eager(run_body, read_outputs, "the caller is capturing the queue: the kernels go "
                                                            "into the caller's graph", key)
             e = self.entries.get(key)
-            if e is not None:
+            if e is not None:  # cached, not replayed above: a validation is due
                 self.entries.move_to_end(key)
-                if self._validation_due(e):
-                    return self._replay_validated(e, key, queue, run_body, read_outputs)
-                return self._replay(e, key, queue)
+                return self._replay_validated(e, key, queue, run_body, read_outputs)
             f = self.failed.get(key)
             if f is not None:
                 if self.calls < f.retry_at:
@@ -228,10 +229,10 @@ class GraphLaunchState(ValidatedReplay):
             return self._capture(key, queue, run_body, run_body_capture, read_outputs, f)
 
     def replay_again(self, key, queue):
-        """:meth:`execute` for a call whose key is ``key`` (the key object of the region's last call,
-        :mod:`mgx_graph.replay_plan`) when that call takes the replay branch without validation: the
-        same steps, the same result; None, with nothing changed, when it would take another branch
-        (no exec cached under ``key``, eager mode, a validation due, a capture open on ``queue``)."""
+        """The replay branch of :meth:`execute` (which tries it first), also called directly by
+        :mod:`mgx_graph.replay_plan` for the key object of the region's last call: replays the exec cached
+        under ``key`` and returns its outputs; None, with nothing changed, when the call takes another
+        branch (no exec cached under ``key``, eager mode, a validation due, a capture open on ``queue``)."""
         with self.lock:
             e = self.entries.get(key)
             if e is None or self.force_eager or self._validation_due(e) or \
