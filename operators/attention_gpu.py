@@ -4,7 +4,7 @@ and the one-row steps of ``grouped_attention``.
 ``decode_attention.cu`` is compiled at run time through CuPy (``cupy.RawModule``: NVRTC on CUDA, hipRTC
 on ROCm, the path of the fused kernels, :func:`.fused_gpu.compiled_function`), once per configuration
 (element types, head sizes, rows per block, load widths, mask / length / sink options): the sizes and
-strides are kernel arguments.  A :class:`Spec` says what one instruction computes in the kernel's terms;
+strides are kernel arguments (``mgx_attn_lanes`` also compiles them in, below).  A :class:`Spec` says what one instruction computes in the kernel's terms;
 :func:`make_plan` picks the launch:
 
 * one block per (batch entry, KV head, group of up to ``ROWS`` query rows, split of the cache rows),
@@ -31,11 +31,15 @@ strides are kernel arguments.  A :class:`Spec` says what one instruction compute
   cache rows) runs it as grid (3, 1) of 256 threads, 8 value columns per lane, 8 V rows held per lane
   and step (7.4 µs per call on the H200 before ``V_EARLY``, as the block kernel).
 
-With ``MIGRAPHX_ATTN_LANES=1`` (off by default until measured in the decode step) specs whose key and value
-head sizes are equal and a power of two of 16-byte loads run ``mgx_attn_lanes``: one block per query row,
-each key's dot product and value sum split over ``H / (16 / itemsize)`` lanes that hold their query columns in
-registers, so a lane's work per key is one 16-byte load's worth of columns instead of the whole head (a bench
-prototype of it took 2.68 µs per launch against ``mgx_attn_warp``'s 6.58 on SmolLM2's shape, H200).
+Specs whose key and value head sizes are equal and a power of two of 16-byte loads run ``mgx_attn_lanes``
+(unless ``MIGRAPHX_ATTN_LANES=0``): one block per query row, each key's dot product and value sum split over
+``H / (16 / itemsize)`` lanes that hold their query columns in registers, so a lane's work per key is one
+16-byte load's worth of columns instead of the whole head.  A warp reads the K / V rows and mask values of
+``LANES_STEPS`` key steps before any arithmetic, its offsets are 32-bit where they fit, and the sizes
+and the K / V / mask strides are compiled in (the launch checks the runtime strides against them): what a
+warp issues before its loads are in flight is most of its time at this size.  On SmolLM2's shape (H200,
+2026-12-01, the kernel alone in a graph of 200 launches, ``bench/attention_kernel.py``,
+``bench/results/h200_logs/47_*``) it takes 3.57 µs per launch against ``mgx_attn_warp``'s 6.58.
 
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
 of reading wrong elements), as the fused kernels do.
@@ -63,7 +67,7 @@ WARP_ACC = 64  # value accumulators per lane of the warp kernel (rows * value co
 EARLY_K_ROWS = 2048  # up to this cache length the warp kernel loads K rows before their mask values
 V_EARLY_ELEMS = 64  # V elements a lane of the warp kernel may hold in registers for V_EARLY (else V_EARLY 0)
 LANES_WARPS = 8  # warps per block of mgx_attn_lanes (one block per query row)
-LANES_STEPS = 4  # steps of 32 / LC keys a warp of mgx_attn_lanes takes per chunk
+LANES_STEPS = 8  # steps of 32 / LC keys a warp of mgx_attn_lanes reads at once (one chunk)
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -197,7 +201,10 @@ class Plan:
         if self.kernel == "mgx_attn_lanes":
             vk = self.vk
             d.update(ROWS=1, NT=32 * self.warps, NW=self.warps, VK=vk, KC=self.kc if vector else 0,
-                     LC=s.H // vk, LU=LANES_STEPS, MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=0, MGX_ATTN_LANES=1)
+                     LC=s.H // vk, LU=LANES_STEPS, QS=s.S, QN=s.N, QG=s.N // s.NKV,
+                     IDX="int" if _offsets_fit_int(self) else "long long", KST=s.k[2], VST=s.v[2], KSH=s.k[3],
+                     VSH=s.v[3], QSH=s.q[3], MST=s.mask[3], MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=0,
+                     MGX_ATTN_LANES=1)
             return d
         if self.kernel == "mgx_attn_warp":
             vk, kc, vw, vc = (self.vk, self.kc, self.vw, self.vc) if vector else (1, 0, 1, 0)
@@ -241,6 +248,23 @@ class Plan:
         """Arguments of ``mgx_attn_combine``."""
         sink = arrays.get("sink")
         return (part, arrays["v"], arrays["q"] if sink is None else sink, out) + self.scalars[1]
+
+
+def _offsets_fit_int(p: Plan) -> bool:
+    """Whether every element offset ``mgx_attn_lanes`` forms for ``p`` (the last element of each input and
+    output through its strides, a key row up to 64 past the cache, the workspace) is below 2^31: then the
+    kernel computes them in 32 bits (``IDX int``)."""
+    s = p.spec
+    km, pos = s.key_mask or (0, 0, 0), s.pos or (0, 0)
+
+    def last(lens, strides):
+        return sum((n - 1) * abs(st) for n, st in zip(lens, strides))
+
+    P = s.P + 64
+    ends = [last((s.B, s.N, s.S, s.H), s.q), last((s.B, s.NKV, P, s.H), s.k), last((s.B, s.NKV, P, s.HV), s.v),
+            last((s.B, s.N, s.S, P), s.mask), last((s.B, s.S, P), km), last((s.B, s.S), pos),
+            last((s.B, s.N, s.S, s.HV), s.out), s.B * s.N * s.S * p.splits * (s.HV + 3), P * p.splits]
+    return max(ends) < 2 ** 31 - 1
 
 
 def _scalars(p: Plan) -> tuple:
@@ -293,10 +317,11 @@ def warps_setting() -> int:
 
 def lanes_setting() -> bool:
     """``MIGRAPHX_ATTN_LANES`` (read once): ``mgx_attn_lanes`` for the specs it takes (:func:`lanes_unsupported`),
-    when set to ``1`` / ``enable`` / ``yes`` / ``true``; off by default until measured in the decode step."""
+    unless set to another value than ``1`` / ``enable`` / ``yes`` / ``true`` (``0``: ``mgx_attn_warp`` /
+    ``mgx_attn_split`` as before)."""
     from ..env import enabled
 
-    return enabled("MIGRAPHX_ATTN_LANES", default=False)
+    return enabled("MIGRAPHX_ATTN_LANES", default=True)
 
 
 def lanes_unsupported(spec: Spec) -> str:
@@ -385,8 +410,9 @@ def _warp_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
 
 def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
     """The launch of ``spec`` (see the module docstring; ``max_splits``: the most splits of a long cache,
-    each then walking several chunks): ``mgx_attn_warp`` when :func:`warp_unsupported` has no reason
-    against it and :func:`warp_kernel_setting` is on, else ``mgx_attn_split``; ValueError naming the
+    each then walking several chunks): ``mgx_attn_lanes`` when :func:`lanes_setting` is on and
+    :func:`lanes_unsupported` has no reason against it, else ``mgx_attn_warp`` when :func:`warp_unsupported`
+    has no reason against it and :func:`warp_kernel_setting` is on, else ``mgx_attn_split``; ValueError naming the
     reason when neither can run it (see :func:`unsupported`)."""
     why = unsupported(spec)
     if why:

@@ -81,7 +81,17 @@
 #define VE 8
 #define MGX_ATTN_LANES 1
 #define LC 8
-#define LU 4
+#define LU 8
+#define QS 1
+#define QN 9
+#define QG 3
+#define IDX int
+#define KST 64
+#define VST 64
+#define KSH 1
+#define VSH 1
+#define QSH 1
+#define MST 1
 #endif
 
 #ifndef MGX_ATTN_LANES
@@ -802,8 +812,9 @@ extern "C" __global__ void MGX_WARP_BOUNDS mgx_attn_warp(
 // shared memory as mgx_attn_warp does, and the block writes the output row or its split's partial row.  Each
 // lane's work per key is VK multiply-adds for the scores and VK for the values, instead of H and HV.
 // Reads LC (lanes per key, a power of two: H = HV = LC * VK), LU, NW, NT, VK, KC (K / V rows contiguous, loads of VK
-// elements), and the options of the other kernels (mask, lengths, causal, window, key mask, sink, softcap, empty /
-// bad rows).
+// elements), QS / QN / QG (the planned S, N and N / NKV), IDX (the offsets' type), KST / VST / KSH / VSH / QSH / MST
+// (the planned row and column strides of K, V, q and the mask: the runtime ones are checked equal), and the options
+// of the other kernels (mask, lengths, causal, window, key mask, sink, softcap, empty / bad rows).
 extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
     const unsigned char* __restrict__ key_mask, const long long* __restrict__ pos,
@@ -818,58 +829,74 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
     __shared__ int lb[NW];
     __shared__ float la[NW][HV];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane / LC, c = lane % LC;
-    const long long row = blockIdx.x, s = row % S, n = (row / S) % N, b = row / (S * N), kvh = n / (N / NKV);
-    const long long nsplit = gridDim.y, sp = blockIdx.y;
+    // Offsets in IDX (int where the planner found every offset below 2^31) and the row's indices from the
+    // planned sizes QS, QN, QG (constants: no divisions): the fewer instructions a warp issues before its loads,
+    // the sooner they are in flight.
+    const unsigned row = blockIdx.x, s = row % QS, n = row / QS % QN, b = row / (QS * QN), kvh = n / QG;
+    const int nsplit = gridDim.y, sp = blockIdx.y;
+    const IDX Kst = KST, Vst = VST, Ksh = KSH, Vsh = VSH, Qsh = QSH, Mst = MST;  // planned strides: immediates
     MGX_GRID_DEPENDENCY();
+    const T* qp = q + (IDX)(b * (IDX)qsb + n * (IDX)qsn + s * (IDX)qss + c * VK * Qsh);
     float qr[VK];
 #pragma unroll
-    for (int i = 0; i < VK; ++i) qr[i] = mgx_f(q[b * qsb + n * qsn + s * qss + (c * VK + i) * qsh]);
-    long long lo, hi;
-    mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &lo, &hi);
-    long long t0 = sp * KPS, t1 = t0 + KPS < P ? t0 + KPS : P;
+    for (int i = 0; i < VK; ++i) qr[i] = mgx_f(qp[i * Qsh]);
+    long long lo64, hi64;
+    mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &lo64, &hi64);
+    const IDX lo = (IDX)lo64, hi = (IDX)hi64, Kps = KPS, Pn = P;
+    IDX t0 = sp * Kps, t1 = t0 + Kps < Pn ? t0 + Kps : Pn;
     t0 = t0 > lo ? t0 : lo;
     t1 = t1 < hi ? t1 : hi;
-    const long long per = t1 > t0 ? (t1 - t0 + NW - 1) / NW : 0;
-    const long long w0 = t0 + w * per, w1 = w0 + per < t1 ? w0 + per : t1;
-    const long long moff = b * msb + n * msn + s * mss;
-    const T* kb = k + b * ksb + kvh * ksk + c * VK * ksh;
-    const T* vb = v + b * vsb + kvh * vsk + c * VK * vsh;
+    const IDX per = t1 > t0 ? (t1 - t0 + NW - 1) / NW : 0;
+    const IDX w0 = t0 + w * per, w1 = w0 + per < t1 ? w0 + per : t1, Tb = TB;
+    const T* kb = k + (IDX)(b * (IDX)ksb + kvh * (IDX)ksk + c * VK * Ksh);
+    const T* vb = v + (IDX)(b * (IDX)vsb + kvh * (IDX)vsk + c * VK * Vsh);
     float m = -MGX_INF, l = 0.f, acc[VK];
 #pragma unroll
     for (int i = 0; i < VK; ++i) acc[i] = 0.f;
     int bad = 0;
-    for (long long c0 = w0; c0 < w1; c0 += LU * KPI) {  // trip count and branches below uniform in the warp
-        float x[LU], vf[LU][VK], cm = -MGX_INF;
+    typedef typename mgx_word<VK * sizeof(T)>::type Word;
+    // the lane's K / V rows and mask value of its first key, a step (KPI keys) apart, and the share's first rows
+    // (read for a key past the share, never added)
+    const T *kp = kb + (w0 + g) * Kst, *vp = vb + (w0 + g) * Vst, *k_first = kb + w0 * Kst, *v_first = vb + w0 * Vst;
+    const MT* mp = mask + (IDX)(b * (IDX)msb + n * (IDX)msn + s * (IDX)mss) + (w0 + g) * Mst;  // (HAS_MASK)
+    for (IDX c0 = w0; c0 < w1; c0 += LU * KPI, kp += LU * KPI * Kst, vp += LU * KPI * Vst, mp += LU * KPI * Mst) {
+        // trip count and branches below uniform in the warp.  The chunk's reads first, all in flight together:
+        // K and V rows as stored, mask and key mask values
+        Word kw[LU], vw[LU];
+        float add[LU];
+        bool ok[LU];
 #pragma unroll
         for (int u = 0; u < LU; ++u) {
-            const long long t = c0 + u * KPI + g;
-            bool ok = t < w1;
-            const long long tt = ok ? t : w0;  // a key past the share reads the share's first rows (never added)
-            float kf[VK];
-            mgx_load<T, VK, KC>(kb + tt * kst, ksh, kf);
-            mgx_load<T, VK, KC>(vb + tt * vst, vsh, vf[u]);
+            const IDX t = c0 + u * KPI + g;
+            ok[u] = t < w1;
+            kw[u] = mgx_load_word<T, VK, KC>(ok[u] ? kp + u * KPI * Kst : k_first, Ksh);
+            vw[u] = mgx_load_word<T, VK, KC>(ok[u] ? vp + u * KPI * Vst : v_first, Vsh);
 #if KEY_MASK
-            if (ok) ok = key_mask[b * kmsb + s * kmss + t * kmst] != 0;
+            const bool shown = key_mask[(IDX)(b * (IDX)kmsb + s * (IDX)kmss) + (ok[u] ? t : w0) * (IDX)kmst] != 0;
+            ok[u] = ok[u] && shown;
 #endif
-            float add = 0.f;
+            add[u] = 0.f;
 #if HAS_MASK
-            if (ok && t < TB) {
-                add = mgx_f(mask[moff + t * mst]);
-#if MASK_ROUND
-                add = mgx_round_to(add, k);
+            if (ok[u] && t < Tb) add[u] = mgx_f(mp[u * KPI * Mst]);
 #endif
-                if (add == -MGX_INF) ok = false;
-            }
-#endif
+        }
+        float x[LU], cm = -MGX_INF;
+#pragma unroll
+        for (int u = 0; u < LU; ++u) {
+            const T* ke = reinterpret_cast<const T*>(&kw[u]);
             float d = 0.f;
 #pragma unroll
-            for (int i = 0; i < VK; ++i) d += qr[i] * kf[i];
+            for (int i = 0; i < VK; ++i) d += qr[i] * mgx_f(ke[i]);
 #pragma unroll
             for (int o = 1; o < LC; o <<= 1) d += MGX_SHFL_XOR(d, o);
+            float a = add[u];
+#if HAS_MASK && MASK_ROUND
+            a = mgx_round_to(a, k);
+#endif
             float y = -MGX_INF;
-            if (ok) {
+            if (ok[u] && a != -MGX_INF) {
                 bool nonfinite = false;
-                y = mgx_logit(d, add, scale, softcap, &nonfinite);
+                y = mgx_logit(d, a, scale, softcap, &nonfinite);
                 if (nonfinite) bad = 1;
             }
             x[u] = y;
@@ -887,10 +914,11 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
         for (int u = 0; u < LU; ++u) {
             const float p = x[u] == -MGX_INF ? 0.f : expf(x[u] - m);
             l += p;
-            if (p != 0.f) {  // a zero weight adds nothing: non-finite values of hidden keys never leak
+            // a zero weight adds nothing: non-finite values of hidden keys never leak (a select, not a branch,
+            // so that the V reads stay at the top of the chunk instead of sinking below the scores)
+            const T* ve = reinterpret_cast<const T*>(&vw[u]);
 #pragma unroll
-                for (int i = 0; i < VK; ++i) acc[i] += p * vf[u][i];
-            }
+            for (int i = 0; i < VK; ++i) acc[i] += p != 0.f ? p * mgx_f(ve[i]) : 0.f;
         }
     }
     // the key groups' sums (l is the same in the LC lanes of a key group: counted once per group)
@@ -914,10 +942,12 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
     for (int h = tid; h < HV; h += NT) {
         float M = -MGX_INF, L = 0.f, A = 0.f;
         int bd = 0;
+#pragma unroll
         for (int i = 0; i < NW; ++i) {
             M = fmaxf(M, lm[i]);
             bd |= lb[i];
         }
+#pragma unroll
         for (int i = 0; i < NW; ++i)
             if (lm[i] != -MGX_INF) {
                 const float f = expf(lm[i] - M);
@@ -925,7 +955,7 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
                 A += la[i][h] * f;
             }
         if (nsplit > 1) {
-            float* pr = part + (((b * N + n) * S + s) * nsplit + sp) * (HV + 3);
+            float* pr = part + (IDX)((((IDX)b * QN + n) * QS + s) * nsplit + sp) * (HV + 3);
             if (h == 0) {
                 pr[0] = M;
                 pr[1] = L;
@@ -933,8 +963,8 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
             }
             pr[3 + h] = A;
         } else {
-            mgx_put(out + b * osb + n * osn + s * oss + h * osh,
-                    mgx_finish(M, L, bd, A, n, sink, v + b * vsb + kvh * vsk + h * vsh, P, vst));
+            mgx_put(out + (IDX)(b * (IDX)osb + n * (IDX)osn + s * (IDX)oss + h * (IDX)osh),
+                    mgx_finish(M, L, bd, A, n, sink, v + (IDX)(b * (IDX)vsb + kvh * (IDX)vsk + h * Vsh), P, vst));
         }
     }
 }

@@ -24,6 +24,13 @@ KERNELS = {"warp-v_early": ("mgx_attn_warp", True), "warp-v_late": ("mgx_attn_wa
            "split": ("mgx_attn_split", False), "lanes": ("mgx_attn_lanes", True)}
 
 
+@pytest.fixture(autouse=True)
+def _warp_kernel_unless_asked(monkeypatch):
+    """mgx_attn_lanes off (``MIGRAPHX_ATTN_LANES=0``) unless a test asks for it through ``kernel``: the tests
+    named after the warp kernel check its plans, which the lanes kernel would otherwise take."""
+    monkeypatch.setattr(attention_gpu, "lanes_setting", lambda: False)
+
+
 @pytest.fixture(params=list(KERNELS))
 def kernel(request, monkeypatch):
     """The kernel the planner is asked for: the warp kernel where it applies, with V rows loaded together with

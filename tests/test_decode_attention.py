@@ -184,10 +184,36 @@ def test_grouped_one_row_steps_match_numpy(target, dtype, B, N, Nkv, P, H, kv_le
 # -- the warp kernel (mgx_attn_warp): few query rows per KV head ----------------------------------------------------
 def _decode_kernel() -> str:
     """The kernel the planner gives these decode shapes (equal head sizes of 64 / 128): ``mgx_attn_lanes``
-    while ``MIGRAPHX_ATTN_LANES`` is on, else ``mgx_attn_warp``."""
+    while ``MIGRAPHX_ATTN_LANES`` is on (the default), else ``mgx_attn_warp``."""
     from mgx_graph.operators.attention_gpu import lanes_setting
 
     return "mgx_attn_lanes" if lanes_setting() else "mgx_attn_warp"
+
+
+@pytest.fixture(params=["lanes", "warp"])
+def decode_kernel_setting(request, monkeypatch, target):
+    """Both decode kernels on the gpu target: ``MIGRAPHX_ATTN_LANES`` unset (``mgx_attn_lanes``) and ``0``
+    (``mgx_attn_warp``); other targets run once."""
+    from mgx_graph import env
+
+    if request.param == "warp":
+        if target != "gpu":
+            pytest.skip("the kernel setting is the gpu planner's")
+        monkeypatch.setenv("MIGRAPHX_ATTN_LANES", "0")
+    env._reset_for_tests()
+    yield request.param
+    env._reset_for_tests()
+
+
+@pytest.fixture
+def warp_planner(monkeypatch):
+    """``MIGRAPHX_ATTN_LANES=0``: the planner as it is for specs ``mgx_attn_lanes`` does not take."""
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_LANES", "0")
+    env._reset_for_tests()
+    yield
+    env._reset_for_tests()
 
 
 def _tail_mask(rng, B, S, P, visible):
@@ -204,7 +230,7 @@ WARP_DECODE = [(G, S, H, dtype) for G in (1, 3, 4, 8) for S in (1, 2) for H in (
 
 
 @pytest.mark.parametrize("G,S,H,dtype", WARP_DECODE)
-def test_decode_shapes_take_the_warp_kernel(target, G, S, H, dtype):
+def test_decode_shapes_take_the_warp_kernel(target, decode_kernel_setting, G, S, H, dtype):
     """decode_attention with the exports' float32 mask (-inf tail, one row masked whole), a NaN in a
     visible key of entry 1's KV head 0 (its rows give 0: nan_zero) and unwritten (NaN / inf) rows past the
     visible keys; softcap on every other shape; 256 cache rows (one split) or 300 (two, merged)."""
@@ -231,7 +257,7 @@ def test_decode_shapes_take_the_warp_kernel(target, G, S, H, dtype):
 
 @pytest.mark.parametrize("G,H,dtype", [(G, H, d) for G in (1, 3, 4, 8) for H in (64, 128)
                                        for d in ("float16", "float32")])
-def test_grouped_decode_steps_take_the_warp_kernel(target, G, H, dtype):
+def test_grouped_decode_steps_take_the_warp_kernel(target, decode_kernel_setting, G, H, dtype):
     """grouped_attention's one-row steps (kv_len, causal) with unwritten key rows past an entry's length
     (NaN: never used), an entry without keys (the mean of all values) and softcap on half the shapes."""
     rng = np.random.default_rng(G * 10 + H)
@@ -267,7 +293,7 @@ def _gpu_plan(op, arrays):
     return kern, kern.fn.plan
 
 
-def test_the_planner_picks_the_warp_kernel_for_smollm2s_decode_step():
+def test_the_planner_picks_the_warp_kernel_for_smollm2s_decode_step(warp_planner):
     """SmolLM2-135M's fp16 decode step (9 query heads over 3 KV heads, 64-wide heads, a float32 mask over
     256 cache rows): one launch of mgx_attn_warp, a block of 8 warps per KV head, 8 value columns per lane
     (16-byte K and V loads), the mask read once per key; no GPU needed (the plan only)."""
@@ -290,7 +316,7 @@ def test_the_planner_picks_the_warp_kernel_for_smollm2s_decode_step():
     (6, 2, 1, 64, 48, 64, "float16", ("mgx_attn_split", (2, 1), (256,), 1)),  # Hv not a power of two
     (16, 1, 1, 256, 256, 64, "float16", ("mgx_attn_split", (2, 1), (256,), 1)),  # 16 rows of 256 values: 2 groups
 ])
-def test_the_planners_choice_of_kernel_grid_and_block(N, Nkv, S, H, Hv, P, dtype, want):
+def test_the_planners_choice_of_kernel_grid_and_block(warp_planner, N, Nkv, S, H, Hv, P, dtype, want):
     q = np.zeros((1, N, S, H), dtype)
     k, v = np.zeros((1, Nkv, P, H), dtype), np.zeros((1, Nkv, P, Hv), dtype)
     kern, plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, v])
@@ -298,7 +324,7 @@ def test_the_planners_choice_of_kernel_grid_and_block(N, Nkv, S, H, Hv, P, dtype
     assert kern.launches == 1 + (plan.splits > 1) and plan.kernel in kern.label
 
 
-def test_migraphx_attn_warp_0_selects_the_block_kernel(monkeypatch):
+def test_migraphx_attn_warp_0_selects_the_block_kernel(warp_planner, monkeypatch):
     from mgx_graph import env
 
     monkeypatch.setenv("MIGRAPHX_ATTN_WARP", "0")
@@ -316,7 +342,7 @@ def _smollm2_plan():
     return _gpu_plan(make_op("decode_attention", scale=0.125, mask=1, nan_zero=1), [q, k, k, mask])[1]
 
 
-def test_v_early_is_planned_for_smollm2s_decode_step_unless_turned_off(monkeypatch):
+def test_v_early_is_planned_for_smollm2s_decode_step_unless_turned_off(warp_planner, monkeypatch):
     """V_EARLY by default: each lane holds its 8 V rows of a 32-key step (8 lanes per 64-wide V row, so every
     4th key), 64 halves; ``MIGRAPHX_ATTN_V_EARLY=0`` plans the V loads after the weights."""
     from mgx_graph import env
@@ -339,7 +365,7 @@ def test_v_early_is_planned_for_smollm2s_decode_step_unless_turned_off(monkeypat
     (1, 1, 1, 128, 128, 64, "float32", 8, 8),  # 32 lanes per V row, 8 keys per warp: 8 rows of 4 floats
     (1, 1, 1, 128, 128, 256, "float32", 8, 0),  # 32 rows of 4 floats
 ])
-def test_the_v_rows_a_lane_holds(monkeypatch, N, Nkv, S, H, Hv, P, dtype, warps, want):
+def test_the_v_rows_a_lane_holds(warp_planner, monkeypatch, N, Nkv, S, H, Hv, P, dtype, warps, want):
     """``VE``: the V rows a lane holds for one step (the keys of a step it adds), 0 (V_EARLY off) where
     they are more than ``V_EARLY_ELEMS`` elements."""
     from mgx_graph import env
@@ -356,7 +382,7 @@ def test_the_v_rows_a_lane_holds(monkeypatch, N, Nkv, S, H, Hv, P, dtype, warps,
 
 @pytest.mark.parametrize("setting,want", [("2", 2), ("4", 4), ("16", 16), ("32", 32), ("3", 2), ("12", 8),
                                           ("64", 32), ("0", 1), ("-4", 1), ("many", 8)])
-def test_migraphx_attn_warps_sets_the_warps_per_block(monkeypatch, setting, want):
+def test_migraphx_attn_warps_sets_the_warps_per_block(warp_planner, monkeypatch, setting, want):
     """``MIGRAPHX_ATTN_WARPS``: a power of two in 1 .. 32 (rounded down, clamped; not a number: the default 8)."""
     from mgx_graph import env
 
@@ -367,7 +393,7 @@ def test_migraphx_attn_warps_sets_the_warps_per_block(monkeypatch, setting, want
         ("mgx_attn_warp", want, (32 * want,), want, 32 * want)
 
 
-def test_migraphx_attn_warps_is_cut_to_the_shared_memory(monkeypatch):
+def test_migraphx_attn_warps_is_cut_to_the_shared_memory(warp_planner, monkeypatch):
     """16 query rows of 128 float32 values: 32 warps' partial rows would need about 275 KB of shared memory,
     4 fit in 48 KiB."""
     from mgx_graph import env
@@ -379,3 +405,45 @@ def test_migraphx_attn_warps_is_cut_to_the_shared_memory(monkeypatch):
     plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, k])[1]
     assert plan.kernel == "mgx_attn_warp" and plan.warps == 4 and plan.block == (128,)
     assert plan.shared_bytes() <= SMEM_LIMIT < 2 * plan.shared_bytes()
+
+
+def test_the_planner_picks_the_lanes_kernel_for_smollm2s_decode_step():
+    """By default SmolLM2's fp16 decode step runs mgx_attn_lanes: one block of 8 warps per query head (grid 9),
+    8 lanes per key (64 columns in 16-byte loads), 8 key steps read at once, the planned sizes and strides
+    compiled in, 32-bit offsets."""
+    q = np.zeros((1, 9, 1, 64), np.float16)
+    k = v = np.zeros((1, 3, 256, 64), np.float16)
+    mask = np.zeros((1, 1, 1, 256), np.float32)
+    kern, plan = _gpu_plan(make_op("decode_attention", scale=0.125, mask=1, nan_zero=1), [q, k, v, mask])
+    assert (plan.kernel, plan.grid, plan.block, plan.splits, kern.launches) == ("mgx_attn_lanes", (9, 1), (256,), 1, 1)
+    d = plan.defines()
+    assert (d["NW"], d["VK"], d["LC"], d["LU"], d["QS"], d["QN"], d["QG"], d["IDX"]) == (8, 8, 8, 8, 1, 9, 3, "int")
+    assert (d["KST"], d["VST"], d["KSH"], d["VSH"], d["QSH"], d["MST"]) == (64, 64, 1, 1, 1, 1)
+    assert kern.label == "decode_attention (decode_attention.cu mgx_attn_lanes, 1 split)"
+
+
+@pytest.mark.parametrize("N,Nkv,S,H,Hv,P,dtype,want", [
+    (8, 1, 2, 128, 128, 256, "float32", ("mgx_attn_lanes", (16, 1), (256,), 1)),  # 32 lanes per key
+    (9, 3, 1, 64, 64, 1000, "float16", ("mgx_attn_lanes", (9, 4), (256,), 4)),  # 4 splits, then the merge
+    (32, 1, 1, 64, 64, 64, "float16", ("mgx_attn_lanes", (32, 1), (256,), 1)),  # many rows: one block each
+    (6, 2, 1, 64, 48, 64, "float16", ("mgx_attn_split", (2, 1), (256,), 1)),  # H != Hv: not lanes
+    (4, 2, 1, 4, 4, 64, "float16", ("mgx_attn_warp", (2, 1), (256,), 1)),  # under one 16-byte load: not lanes
+])
+def test_the_lanes_kernels_plans(N, Nkv, S, H, Hv, P, dtype, want):
+    q = np.zeros((1, N, S, H), dtype)
+    k, v = np.zeros((1, Nkv, P, H), dtype), np.zeros((1, Nkv, P, Hv), dtype)
+    kern, plan = _gpu_plan(make_op("decode_attention", scale=0.1), [q, k, v])
+    assert (plan.kernel, plan.grid, plan.block, plan.splits) == want
+    assert kern.launches == 1 + (plan.splits > 1) and plan.kernel in kern.label
+
+
+def test_the_lanes_kernel_takes_64_bit_offsets_where_int_would_overflow():
+    """A K row stride of 2^23 elements over 300 rows passes 2^31: ``IDX`` is ``long long`` (offsets in 64 bits)."""
+    from mgx_graph.operators import attention_gpu as ag
+
+    base = dict(dtype="float16", B=1, N=2, NKV=1, S=1, P=300, H=64, HV=64, q=(128, 64, 0, 1), out=(128, 64, 0, 1),
+                scale=0.125)
+    small = ag.make_plan(ag.Spec(k=(300 * 64, 300 * 64, 64, 1), v=(300 * 64, 300 * 64, 64, 1), **base))
+    big = ag.make_plan(ag.Spec(k=(300 << 23, 300 << 23, 1 << 23, 1), v=(300 * 64, 300 * 64, 64, 1), **base))
+    assert small.kernel == big.kernel == "mgx_attn_lanes"
+    assert (small.defines()["IDX"], big.defines()["IDX"]) == ("int", "long long")
