@@ -151,7 +151,8 @@ class Plan:
     ``kernel``: ``mgx_attn_split`` or ``mgx_attn_warp``; for the latter ``warps`` 32-lane groups per
     block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector variant, and ``v_early``
     the V rows a lane loads per 32-key step before the scores (the kernel's ``VE``; 0: ``V_EARLY`` off,
-    V rows loaded once their weights are known)."""
+    V rows loaded once their weights are known); ``branchless``: ``mgx_attn_lanes`` without the branches
+    that skip keyless chunks (:func:`lanes_branchless_setting`)."""
 
     spec: Spec
     rows: int
@@ -166,6 +167,7 @@ class Plan:
     warps: int = 0
     vw: int = 0
     v_early: int = 0
+    branchless: int = 0
     scalars: tuple = field(default=(), compare=False)
 
     @property
@@ -203,7 +205,8 @@ class Plan:
             d.update(ROWS=1, NT=32 * self.warps, NW=self.warps, VK=vk, KC=self.kc if vector else 0,
                      LC=s.H // vk, LU=LANES_STEPS, QS=s.S, QN=s.N, QG=s.N // s.NKV,
                      IDX="int" if _offsets_fit_int(self) else "long long", KST=s.k[2], VST=s.v[2], KSH=s.k[3],
-                     VSH=s.v[3], QSH=s.q[3], MST=s.mask[3], MGX_ATTN_BLOCK=0, MGX_ATTN_WARP=0,
+                     VSH=s.v[3], QSH=s.q[3], MST=s.mask[3], BRANCHLESS=self.branchless, MGX_ATTN_BLOCK=0,
+                     MGX_ATTN_WARP=0,
                      MGX_ATTN_LANES=1)
             return d
         if self.kernel == "mgx_attn_warp":
@@ -334,13 +337,22 @@ def lanes_unsupported(spec: Spec) -> str:
     return ""
 
 
+def lanes_branchless_setting() -> bool:
+    """``MIGRAPHX_ATTN_LANES_BRANCHLESS`` (read once): ``mgx_attn_lanes`` compiled without the branches that skip
+    a chunk or a warp without a visible key (``BRANCHLESS``), when set to ``1`` / ``enable`` / ``yes`` /
+    ``true``; off by default until measured on a GPU (same values: the skipped work has zero weight)."""
+    from ..env import enabled
+
+    return enabled("MIGRAPHX_ATTN_LANES_BRANCHLESS", default=False)
+
+
 def _lanes_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
     """The ``mgx_attn_lanes`` launch: one block per query row of ``LANES_WARPS`` warps, 16-byte loads
     (``kc``: the vector variant's K and V rows are contiguous and aligned for them)."""
     vk = 16 // np.dtype(spec.dtype).itemsize
     kc = int(wk == vk and wv == vk)
     return Plan(spec, 1, spec.N // spec.NKV * spec.S, splits, kps, vk, vk, kc, kc, "mgx_attn_lanes", LANES_WARPS,
-                vk)
+                vk, branchless=int(lanes_branchless_setting()))
 
 
 def v_early_setting() -> bool:

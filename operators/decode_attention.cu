@@ -92,10 +92,14 @@
 #define VSH 1
 #define QSH 1
 #define MST 1
+#define BRANCHLESS 0
 #endif
 
 #ifndef MGX_ATTN_LANES
 #define MGX_ATTN_LANES 0
+#endif
+#ifndef BRANCHLESS
+#define BRANCHLESS 0
 #endif
 #ifndef MGX_GRID_DEPENDENCY  // defined by programmatic_launch.PRELUDE when the source is built for PDL
 #define MGX_GRID_DEPENDENCY()
@@ -813,8 +817,10 @@ extern "C" __global__ void MGX_WARP_BOUNDS mgx_attn_warp(
 // lane's work per key is VK multiply-adds for the scores and VK for the values, instead of H and HV.
 // Reads LC (lanes per key, a power of two: H = HV = LC * VK), LU, NW, NT, VK, KC (K / V rows contiguous, loads of VK
 // elements), QS / QN / QG (the planned S, N and N / NKV), IDX (the offsets' type), KST / VST / KSH / VSH / QSH / MST
-// (the planned row and column strides of K, V, q and the mask: the runtime ones are checked equal), and the options
-// of the other kernels (mask, lengths, causal, window, key mask, sink, softcap, empty / bad rows).
+// (the planned row and column strides of K, V, q and the mask: the runtime ones are checked equal), BRANCHLESS (1: no
+// branch skips a chunk or a warp without a visible key; exp(-inf) = 0 gives them zero weight instead, so that nothing
+// keeps the compiler from issuing the V reads with the K reads), and the options of the other kernels (mask,
+// lengths, causal, window, key mask, sink, softcap, empty / bad rows).
 extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const MT* __restrict__ mask,
     const unsigned char* __restrict__ key_mask, const long long* __restrict__ pos,
@@ -904,15 +910,23 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
         }
 #pragma unroll
         for (int o = LC; o < 32; o <<= 1) cm = fmaxf(cm, MGX_SHFL_XOR(cm, o));
+#if BRANCHLESS  // a chunk without a visible key is not skipped: m stays -inf, its weights are exp(-inf) = 0
+        const float mn = fmaxf(m, cm), al = m == -MGX_INF ? 0.f : expf(m - mn), ms = mn == -MGX_INF ? 0.f : mn;
+#else
         if (cm == -MGX_INF) continue;
         const float mn = fmaxf(m, cm), al = m == -MGX_INF ? 0.f : expf(m - mn);
+#endif
         m = mn;
         l *= al;
 #pragma unroll
         for (int i = 0; i < VK; ++i) acc[i] *= al;
 #pragma unroll
         for (int u = 0; u < LU; ++u) {
+#if BRANCHLESS
+            const float p = expf(x[u] - ms);
+#else
             const float p = x[u] == -MGX_INF ? 0.f : expf(x[u] - m);
+#endif
             l += p;
             // a zero weight adds nothing: non-finite values of hidden keys never leak (a select, not a branch,
             // so that the V reads stay at the top of the chunk instead of sinking below the scores)
@@ -947,6 +961,15 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
             M = fmaxf(M, lm[i]);
             bd |= lb[i];
         }
+#if BRANCHLESS  // a warp that saw no key has m = -inf, l = 0 and zero values: its weight exp(-inf) = 0
+        const float Ms = M == -MGX_INF ? 0.f : M;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) {
+            const float f = expf(lm[i] - Ms);
+            L += ll[i] * f;
+            A += la[i][h] * f;
+        }
+#else
 #pragma unroll
         for (int i = 0; i < NW; ++i)
             if (lm[i] != -MGX_INF) {
@@ -954,6 +977,7 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
                 L += ll[i] * f;
                 A += la[i][h] * f;
             }
+#endif
         if (nsplit > 1) {
             float* pr = part + (IDX)((((IDX)b * QN + n) * QS + s) * nsplit + sp) * (HV + 3);
             if (h == 0) {

@@ -21,7 +21,8 @@ TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3)}
 
 
 KERNELS = {"warp-v_early": ("mgx_attn_warp", True), "warp-v_late": ("mgx_attn_warp", False),
-           "split": ("mgx_attn_split", False), "lanes": ("mgx_attn_lanes", True)}
+           "split": ("mgx_attn_split", False), "lanes": ("mgx_attn_lanes", True),
+           "lanes-branchless": ("mgx_attn_lanes", True)}
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +35,15 @@ def _warp_kernel_unless_asked(monkeypatch):
 @pytest.fixture(params=list(KERNELS))
 def kernel(request, monkeypatch):
     """The kernel the planner is asked for: the warp kernel where it applies, with V rows loaded together with
-    the K rows where the registers allow (V_EARLY) or after the weights (``MIGRAPHX_ATTN_V_EARLY=0``), or the
-    block kernel for every spec (what ``MIGRAPHX_ATTN_WARP=0`` selects)."""
+    the K rows where the registers allow (V_EARLY) or after the weights (``MIGRAPHX_ATTN_V_EARLY=0``), the
+    block kernel for every spec (what ``MIGRAPHX_ATTN_WARP=0`` selects), or the lanes kernel where it applies
+    (the default; with ``MIGRAPHX_ATTN_LANES_BRANCHLESS`` or without)."""
     name, early = KERNELS[request.param]
     if name == "mgx_attn_split":
         monkeypatch.setattr(attention_gpu, "warp_kernel_setting", lambda: False)
     elif name == "mgx_attn_lanes":
         monkeypatch.setattr(attention_gpu, "lanes_setting", lambda: True)
+        monkeypatch.setattr(attention_gpu, "lanes_branchless_setting", lambda: request.param == "lanes-branchless")
     else:
         monkeypatch.setattr(attention_gpu, "v_early_setting", lambda: early)
     return request.param
@@ -61,6 +64,7 @@ def _check_kernel(plan, kernel):
     if name == "mgx_attn_lanes":
         if not attention_gpu.lanes_unsupported(plan.spec):
             assert plan.kernel == name, (plan.kernel, kernel)
+            assert plan.defines()["BRANCHLESS"] == int(kernel == "lanes-branchless")
             return
         name = "mgx_attn_warp"
     takes = not attention_gpu.warp_unsupported(plan.spec)
