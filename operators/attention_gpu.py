@@ -38,7 +38,7 @@ Specs whose key and value head sizes are equal and a power of two of 16-byte loa
 ``LANES_STEPS`` key steps before any arithmetic, its offsets are 32-bit where they fit, and the sizes
 and the K / V / mask strides are compiled in (the launch checks the runtime strides against them): what a
 warp issues before its loads are in flight is most of its time at this size.  On SmolLM2's shape (H200,
-2026-12-01, the kernel alone in a graph of 200 launches, ``bench/attention_kernel.py``,
+2026-12-01, the kernel alone in a graph of 200 launches, the harness at the end of
 ``bench/results/h200_logs/47_*``) it takes 3.57 µs per launch against ``mgx_attn_warp``'s 6.58.
 
 The launch checks the arrays' strides against the planned ones (a mismatch raises ValueError instead
@@ -148,11 +148,12 @@ class Plan:
     """The launch of one :class:`Spec`: ``rows`` query rows per block in ``groups`` groups, ``splits``
     ranges of ``keys_per_split`` cache rows; ``vk`` / ``vv`` the K / V load widths of the vector variant
     (``kc`` / ``vc``: contiguous loads); the element-wise variant loads one element at a time.
-    ``kernel``: ``mgx_attn_split`` or ``mgx_attn_warp``; for the latter ``warps`` 32-lane groups per
-    block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector variant, and ``v_early``
-    the V rows a lane loads per 32-key step before the scores (the kernel's ``VE``; 0: ``V_EARLY`` off,
-    V rows loaded once their weights are known); ``branchless``: ``mgx_attn_lanes`` without the branches
-    that skip keyless chunks (:func:`lanes_branchless_setting`)."""
+    ``kernel``: ``mgx_attn_split``, ``mgx_attn_warp`` or ``mgx_attn_lanes``; for ``mgx_attn_warp``
+    ``warps`` 32-lane groups per block, ``vv`` value columns per lane, loaded ``vw`` at a time by the vector
+    variant, and ``v_early`` the V rows a lane loads per 32-key step before the scores (the kernel's ``VE``;
+    0: ``V_EARLY`` off, V rows loaded once their weights are known); for ``mgx_attn_lanes`` ``warps`` warps
+    per block, ``vk`` = ``vv`` the columns a lane holds (one 16-byte load) and ``branchless``: built without
+    the branches that skip keyless chunks (:func:`lanes_branchless_setting`)."""
 
     spec: Spec
     rows: int
@@ -255,10 +256,11 @@ class Plan:
 
 def _offsets_fit_int(p: Plan) -> bool:
     """Whether every element offset ``mgx_attn_lanes`` forms for ``p`` (the last element of each input and
-    output through its strides, a key row up to 64 past the cache, the workspace) is below 2^31: then the
-    kernel computes them in 32 bits (``IDX int``)."""
+    output through its strides, a key row up to 64 past the cache, a chunk's step of the K / V / mask pointers,
+    the workspace) is below 2^31: then the kernel computes them in 32 bits (``IDX int``)."""
     s = p.spec
     km, pos = s.key_mask or (0, 0, 0), s.pos or (0, 0)
+    step = LANES_STEPS * (32 // (s.H // p.vk))  # keys a chunk moves the pointers by (LU * KPI)
 
     def last(lens, strides):
         return sum((n - 1) * abs(st) for n, st in zip(lens, strides))
@@ -266,7 +268,8 @@ def _offsets_fit_int(p: Plan) -> bool:
     P = s.P + 64
     ends = [last((s.B, s.N, s.S, s.H), s.q), last((s.B, s.NKV, P, s.H), s.k), last((s.B, s.NKV, P, s.HV), s.v),
             last((s.B, s.N, s.S, P), s.mask), last((s.B, s.S, P), km), last((s.B, s.S), pos),
-            last((s.B, s.N, s.S, s.HV), s.out), s.B * s.N * s.S * p.splits * (s.HV + 3), P * p.splits]
+            last((s.B, s.N, s.S, s.HV), s.out), s.B * s.N * s.S * p.splits * (s.HV + 3), P * p.splits,
+            step * max(abs(s.k[2]), abs(s.v[2]), abs(s.mask[3]))]
     return max(ends) < 2 ** 31 - 1
 
 

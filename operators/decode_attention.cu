@@ -848,7 +848,9 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_attn_lanes(
     for (int i = 0; i < VK; ++i) qr[i] = mgx_f(qp[i * Qsh]);
     long long lo64, hi64;
     mgx_visible(b, s, P, kv_len, pos, psb, pss, W, &lo64, &hi64);
-    const IDX lo = (IDX)lo64, hi = (IDX)hi64, Kps = KPS, Pn = P;
+    // the visible range cut to [0, P] in 64 bits before it is narrowed to IDX: a position or length past 32 bits
+    // then hides keys as it does in 64 bits instead of showing those its low bits name
+    const IDX lo = (IDX)(lo64 < P ? lo64 : P), hi = (IDX)(hi64 > 0 ? hi64 : 0), Kps = KPS, Pn = P;
     IDX t0 = sp * Kps, t1 = t0 + Kps < Pn ? t0 + Kps : Pn;
     t0 = t0 > lo ? t0 : lo;
     t1 = t1 < hi ? t1 : hi;

@@ -21,6 +21,8 @@ import tempfile
 
 import numpy as np
 
+from mgx_graph.shape import Shape
+
 
 _SHIM = r"""
 #define MGX_HOST_EMULATION 1
@@ -185,3 +187,18 @@ def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:
     if part is not None:
         launch(lib, sigs, "mgx_attn_combine", plan.combine_grid, plan.defines(vector)["CT"],
                 plan.combine_args(arrays, out, part))
+
+
+def shape_of(a: np.ndarray) -> Shape:
+    """The :class:`~mgx_graph.shape.Shape` of a numpy array: its dtype, dims and strides in elements."""
+    return Shape(a.dtype.name, a.shape, tuple(s // a.itemsize for s in a.strides))
+
+
+def kv_cache(rng, dtype, B, Nkv, P, D, layout):
+    """A random K or V cache [B, Nkv, P, D]: ``standard``; ``cache``: a transpose of a [P, B, Nkv, D] buffer (the
+    exports' scatternd layout); ``strided``: the head dim not contiguous (element-wise loads)."""
+    if layout == "cache":
+        return rng.normal(size=(P, B, Nkv, D)).astype(dtype).transpose(1, 2, 0, 3)
+    if layout == "strided":
+        return rng.normal(size=(B, Nkv, D, P)).astype(dtype).transpose(0, 1, 3, 2)
+    return rng.normal(size=(B, Nkv, P, D)).astype(dtype)

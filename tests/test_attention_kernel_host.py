@@ -11,9 +11,9 @@ import pytest
 
 from mgx_graph.operators import attention_gpu
 from mgx_graph.operators.attention_gpu import Spec, broadcast_strides, head_strides, make_plan
-from mgx_graph.shape import Shape
 
 import attn_host
+from attn_host import kv_cache as _kv, shape_of as _shape
 import attn_oracle
 
 pytestmark = pytest.mark.skipif(not attn_host.available(), reason="needs g++ (C++20)")
@@ -71,20 +71,6 @@ def _check_kernel(plan, kernel):
     assert plan.kernel == (name if takes else "mgx_attn_split"), (plan.kernel, kernel)
     if plan.kernel == "mgx_attn_warp":
         _check_v_early(plan, early)
-
-
-def _shape(a) -> Shape:
-    return Shape(a.dtype.name, a.shape, tuple(s // a.itemsize for s in a.strides))
-
-
-def _kv(rng, dtype, B, Nkv, P, D, layout):
-    """A K or V cache [B, Nkv, P, D]: ``standard``; ``cache``: a transpose of a [P, B, Nkv, D] buffer (the
-    exports' scatternd layout); ``strided``: the head dim not contiguous (element-wise loads)."""
-    if layout == "cache":
-        return rng.normal(size=(P, B, Nkv, D)).astype(dtype).transpose(1, 2, 0, 3)
-    if layout == "strided":
-        return rng.normal(size=(B, Nkv, D, P)).astype(dtype).transpose(0, 1, 3, 2)
-    return rng.normal(size=(B, Nkv, P, D)).astype(dtype)
 
 
 def _decode(rng, dtype, B, N, Nkv, S, P, H, Hv, layout="standard", nan_zero=True, max_splits=64):
