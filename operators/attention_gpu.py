@@ -47,6 +47,7 @@ of reading wrong elements), as the fused kernels do.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -449,9 +450,18 @@ def make_plan(spec: Spec, max_splits: int = MAX_SPLITS) -> Plan:
     return replace(p, scalars=_scalars(p))
 
 
+_PART = re.compile(r'^#include "(decode_attention_\w+\.cuh)"\n', re.M)
+
+
 def kernel_file() -> str:
-    with open(os.path.join(_HERE, "decode_attention.cu")) as f:
-        return f.read()
+    """``decode_attention.cu`` with its kernel parts (``#include "decode_attention_*.cuh"``: the block, warp and
+    lanes kernels) inlined, one source for NVRTC / hipRTC and the host emulator (nvcc / hipcc resolve the
+    includes themselves when CMake's ``check_kernels`` compiles the file alone)."""
+    def read(name):
+        with open(os.path.join(_HERE, name)) as f:
+            return f.read()
+
+    return _PART.sub(lambda m: read(m.group(1)), read("decode_attention.cu"))
 
 
 def _byte_strides(lens, strides, item) -> tuple:
