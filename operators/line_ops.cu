@@ -3,6 +3,15 @@
 // Compiled once per element type by operators/index_ops.py, which prepends
 //   typedef <element type> T; typedef <accumulation type> ACC;
 // (ACC is float for __half, T otherwise).  Nothing here allocates: the kernels can be captured.
+#ifdef MGX_KERNEL_CHECK  // CMake's check_kernels compiles this file alone: the types the Python side prepends
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+typedef __half T;
+typedef float ACC;
+#endif
 
 #define MGX_BLOCK 256
 

@@ -2,6 +2,16 @@
 // skip_layer_norm (operators/llm_gpu.py builds and launches them).  T is the element type (float or
 // __half), given by the including source; arithmetic runs in float.  Every loop is grid-stride (blocks
 // over rows for the normalization), so the file also builds as host C++ for tests.
+
+#ifdef MGX_KERNEL_CHECK  // CMake's check_kernels compiles this file alone: the types the Python side prepends
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+typedef __half T;
+#endif
+
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
 #define MGX_SHARED __shared__
 #define MGX_SYNC() __syncthreads()

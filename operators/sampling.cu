@@ -3,6 +3,15 @@
 //   typedef <element type> T; typedef <compute type> ACC;
 // (ACC is float for __half and float, double for double).  Inputs are standard layout.  Nothing here
 // allocates: the kernels can be captured.
+#ifdef MGX_KERNEL_CHECK  // CMake's check_kernels compiles this file alone: the types the Python side prepends
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#endif
+typedef float T;
+typedef float ACC;
+#endif
 
 // ---------------------------------------------------------------------------------------------------
 // GridSample: one thread per (n, output position), looping over the channels.  2-D inputs run as 3-D
