@@ -292,7 +292,7 @@ def unsupported(spec: Spec) -> str:
         return f"types {s.dtype} / {s.mask_dtype} / {s.sink_dtype} (float16 and float32 only)"
     if not (1 <= s.H <= MAX_HEAD and 1 <= s.HV <= MAX_HEAD):
         return f"head sizes {s.H} / {s.HV} (1 .. {MAX_HEAD})"
-    if s.P < 1 or s.B < 1 or s.S < 1 or s.NKV < 1 or s.N % s.NKV:
+    if s.P < 1 or s.B < 1 or s.S < 1 or s.N < 1 or s.NKV < 1 or s.N % s.NKV:
         return f"sizes B={s.B} N={s.N} Nkv={s.NKV} S={s.S} P={s.P}"
     return ""
 

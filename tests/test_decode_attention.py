@@ -447,3 +447,14 @@ def test_the_lanes_kernel_takes_64_bit_offsets_where_int_would_overflow():
     big = ag.make_plan(ag.Spec(k=(300 << 23, 300 << 23, 1 << 23, 1), v=(300 * 64, 300 * 64, 64, 1), **base))
     assert small.kernel == big.kernel == "mgx_attn_lanes"
     assert (small.defines()["IDX"], big.defines()["IDX"]) == ("int", "long long")
+
+
+def test_a_query_without_heads_gets_no_kernel():
+    """N = 0 query heads: the planner names the sizes (ValueError) instead of compiling a lanes kernel that
+    divides by N / NKV = 0; the op then runs the array-library evaluation (a warning says so)."""
+    from mgx_graph.operators import attention_gpu as ag
+
+    spec = ag.Spec(dtype="float16", B=1, N=0, NKV=1, S=1, P=8, H=64, HV=64, q=(0, 64, 0, 1), k=(512, 512, 64, 1),
+                   v=(512, 512, 64, 1), out=(0, 64, 0, 1), scale=0.125)
+    with pytest.raises(ValueError, match="N=0"):
+        ag.make_plan(spec)
