@@ -23,29 +23,24 @@ B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and 
 B argmax ids (greedy) or the B logits rows (sampling or a repetition penalty: B * vocab float32).
 One greedy row runs pipelined (:meth:`Decoder.greedy_tokens`): the argmax is written on the device
 into the next step's ``input_ids``, the next step is queued, and only then is the id read back
-(through page-locked memory on ``gpu``), so the host's work overlaps the device's.
+(through page-locked memory on ``gpu``), so the host's work overlaps the device's.  On ``gpu`` one
+kernel after the program does the whole tail of a greedy step (the argmax into ``input_ids``, into
+the page-locked read-back buffer and the next slot into ``cache_position``), so nothing else is
+queued between two steps' programs.
 """
 from __future__ import annotations
 
-import contextlib
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import MgxError, ParameterError
-from .operators.index_ops import FLOATS, argmax_rows
+from .decoder import ONE_ROW_INPUTS, ROWS_INPUTS, Decoder, describe_host_ops, program_alias  # noqa: F401
+from .errors import ParameterError
 from .sampling import SamplingConfig, TokenSampler
 from .streaming import RowText, check_stop_strings
 
-ONE_ROW_INPUTS = ("input_ids", "cache_position")
-ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
-
-
-def program_alias(program) -> dict:
-    """``{output name: parameter name}`` that ``program`` writes in place (its KV cache binding)."""
-    return dict(program.alias)
+# the decode step runner lives in mgx_graph.decoder; its names stay importable from here
 
 
 @dataclass
@@ -85,272 +80,6 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return 1e3 / self.ms_per_token if self.ms_per_token else 0.0
-
-
-class Decoder:
-    """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) one slot at a time.
-
-    ``program`` has the parameters of one of the two interfaces of the module docstring and an
-    output ``logits`` ([B, 1, vocab]); every other parameter is cache state, which must be bound in
-    place to an output (the program's alias). Every array lives in a buffer allocated once
-    (``params``: the step inputs, rewritten in place each step, and the cache), so graph capture and
-    replay see fixed pointers. A static program gets the cache arrays bound once as its state
-    (:meth:`~mgx_graph.compiled.CompiledProgram.bind_state`; the program reads and writes their
-    memory) and each step passes only the step inputs (``step_params``); a dynamic one is passed every
-    array each step.
-
-    Attributes: ``batch`` (rows B), ``vocab_size``, ``max_len`` (cache slots), ``position`` (slots
-    written so far), ``last_logits`` (the device array of the last step's logits), ``last_host_s``.
-    Raises MgxError when the program does not have that interface.
-    """
-
-    def __init__(self, program):
-        self.program = program
-        shapes = program.get_parameter_shapes()
-        self.rows_interface = "attention_mask" in shapes or "position_ids" in shapes
-        inputs = ROWS_INPUTS if self.rows_interface else ONE_ROW_INPUTS
-        for name in inputs:
-            if name not in shapes:
-                raise MgxError(f"decode step has no '{name}' parameter (parameters: {sorted(shapes)})")
-        names = program.get_output_names()
-        if "logits" not in names:
-            raise MgxError(f"decode step has no 'logits' output (outputs: {names})")
-        self.logits_index = names.index("logits")
-        self.batch = int(shapes["input_ids"].lens[0])
-        if self.batch != 1 and not self.rows_interface:
-            raise MgxError(f"decode step input_ids has {self.batch} rows but no 'attention_mask' / 'position_ids' "
-                           f"parameters (a step of several rows takes both)")
-        self.vocab_size = int(program.get_output_shapes()[self.logits_index].lens[-1])
-        bound = set(program_alias(program).values())
-        state = [n for n in shapes if n not in inputs]
-        unbound = [n for n in state if n not in bound]
-        if unbound:
-            raise MgxError(f"decode step state {unbound} is not bound in place to an output; compile with "
-                           f"alias={{output: parameter}}")
-        self.inputs = inputs
-        ctx = program.context
-        self.xp, self.ctx = ctx.xp, ctx
-        self.queue = program.queue
-        with ctx.on_queue(self.queue):
-            self.params = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype) for n in shapes}
-        ctx.synchronize(self.queue)
-        self._state = {n: self.params[n] for n in state}
-        self._serial = None  # the program's state_serial of the cache bound here (None: every array passed)
-        self.step_params = self.params
-        self._state_lock = contextlib.nullcontext()  # held across a step's rebind and run (bind_state)
-        self._bind_cache()
-        self.max_len = min(shapes[n].lens[2] for n in state) if state else 1 << 30
-        if self.rows_interface:
-            self.max_len = min(self.max_len, int(shapes["attention_mask"].lens[1]))
-        self.position = 0
-        self.last_logits = None
-        self.last_host_s = 0.0
-        self._chain = None  # weak reference to the open greedy_tokens generator
-
-    def _bind_cache(self) -> None:
-        """A static program gets the cache arrays bound once as its state (``bind_state``) and each
-        step passes only :attr:`step_params`; a dynamic one keeps taking every array."""
-        bind = getattr(self.program, "bind_state", None)
-        if bind is None or getattr(self.program, "dispatcher", None) is not None or not self._state:
-            return
-        self._serial = bind(self._state)
-        self.step_params = {n: self.params[n] for n in self.inputs}
-        lock = getattr(getattr(self.program, "executor", None), "lock", None)
-        if lock is not None:  # the executor's lock: no other bind between this step's rebind and its run
-            self._state_lock = lock
-
-    def _step_params(self) -> dict:
-        """What a step passes to ``run_async``: the step inputs, with the cache bound again when
-        something else (another Decoder of the same program) bound other state since.  Called with
-        the program's lock held (:meth:`_run_at_position`), so no other thread binds before the run."""
-        if self._serial is not None and self.program.state_serial != self._serial:
-            self._serial = self.program.bind_state(self._state)
-        return self.step_params
-
-    @property
-    def host_op_parts(self) -> tuple:
-        """The launches per step outside the program, as ``((count, what), ...)``: B rows: three
-        host-to-device copies and one fill; one row: two fills (the next token's read is not included)."""
-        return ((3, "copies"), (1, "fill")) if self.rows_interface else ((2, "fills"),)
-
-    @property
-    def greedy_op_parts(self) -> tuple:
-        """:attr:`host_op_parts` of a greedy one-row generation (:meth:`greedy_tokens`): one fill
-        (the slot) and the id's read-back copy; the id itself is written on the device."""
-        return self.host_op_parts if self.rows_interface else ((1, "fill"), (1, "read-back copy"))
-
-    @property
-    def host_ops(self) -> str:
-        """:attr:`host_op_parts` as text (what the CLI reports next to launches/token)."""
-        return describe_host_ops(self.host_op_parts)
-
-    def reset(self) -> None:
-        self._end_chain()
-        with self.ctx.on_queue(self.queue):
-            for n, a in self.params.items():
-                a.fill(0)
-        self.position = 0
-
-    def step(self, token: int, want_next: bool = True):
-        """Feed ``token`` at the current position of a one-row step; returns the greedy next token
-        id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
-        if self.rows_interface:
-            raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
-        self.feed(np.array([token], np.int64))
-        return int(self.greedy_next()[0]) if want_next else None
-
-    def feed(self, tokens, positions=None, mask=None) -> None:
-        """Run the step at slot :attr:`position` (then advanced by one).
-
-        ``tokens`` int [B]; for a step of several rows also ``positions`` int [B] (each row's
-        position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
-        step ignores them (its position is the slot). Raises MgxError when the cache is full.
-        """
-        self._end_chain()
-        if self.position >= self.max_len:
-            raise MgxError(f"the KV cache is full ({self.max_len} positions)")
-        p, ctx, q = self.params, self.ctx, self.queue
-        with ctx.on_queue(q):
-            if self.rows_interface:
-                ctx.copy_from_host(p["input_ids"], np.ascontiguousarray(tokens, np.int64).reshape(self.batch, 1), q)
-                ctx.copy_from_host(p["position_ids"], np.ascontiguousarray(positions, np.int64).reshape(self.batch, 1),
-                                   q)
-                ctx.copy_from_host(p["attention_mask"], np.ascontiguousarray(mask, np.int64), q)
-            else:
-                p["input_ids"].fill(int(np.asarray(tokens).reshape(-1)[0]))
-            self._run_at_position(q)
-        self.position += 1
-
-    def _run_at_position(self, q) -> None:
-        """Write the slot into ``cache_position``, run the program on ``q`` (the call timed into
-        :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``."""
-        self.params["cache_position"].fill(self.position)
-        with self._state_lock:
-            step = self._step_params()
-            h0 = time.perf_counter()
-            outs = self.program.run_async(step, q)
-            self.last_host_s = time.perf_counter() - h0
-        self.last_logits = outs[self.logits_index]
-
-    def greedy_tokens(self, token: int, count: int):
-        """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a
-        one-row step, pipelined: each step's argmax is written on the device into ``input_ids`` (the
-        next step's input) and read back through page-locked memory
-        (:class:`~mgx_graph.targets.host_reader.HostReader`) while the next step is already queued,
-        so the host's work for a step overlaps the device's run of the step before it.
-
-        A generator of ints.  Closing it early (``close()``, leaving a ``for`` loop) waits for the
-        step queued ahead, which wrote the slot after the last id yielded; :attr:`position` then
-        counts the slots of the ids consumed (the next feed writes that slot again), unless it was
-        set in the meantime.  Another ``greedy_tokens`` call, :meth:`feed`, :meth:`step` and
-        :meth:`reset` close an open generator first (it then yields nothing more), so two never
-        share the read-back buffers.  It ends early when the cache is full.  :attr:`last_logits`
-        belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
-        of several rows."""
-        if self.rows_interface:
-            raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
-        self._end_chain()
-        chain = self._greedy_chain(int(token), int(count))
-        self._chain = weakref.ref(chain)
-        return chain
-
-    def _end_chain(self) -> None:
-        """Close the open :meth:`greedy_tokens` generator, if any."""
-        chain = self._chain() if self._chain is not None else None
-        self._chain = None
-        if chain is not None:
-            chain.close()
-
-    def _greedy_chain(self, token: int, count: int):
-        reader = self._id_reader()
-        start, queued, yielded = self.position, 0, 0
-        try:
-            self._queue_greedy_step(token, reader)
-            queued = 1
-            while yielded < queued:
-                if queued < count and self.position < self.max_len:
-                    self._queue_greedy_step(None, reader)
-                    queued += 1
-                tok = int(reader.wait().reshape(-1)[0])
-                yielded += 1
-                yield tok
-        finally:
-            while reader.pending:
-                reader.wait()
-            if self.position == start + queued:  # not set by the caller since
-                self.position = start + yielded
-
-    def _id_reader(self):
-        r = getattr(self, "_reader", None)
-        if r is None:
-            make = getattr(self.ctx, "host_reader", None)
-            shape = self.params["input_ids"].shape
-            r = self._reader = make(shape, np.int64) if make is not None else _CopyReader(self.ctx)
-        return r
-
-    def _queue_greedy_step(self, token, reader) -> None:
-        """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax into
-        ``input_ids`` and the read-back of that id."""
-        if self.position >= self.max_len:
-            raise MgxError(f"the KV cache is full ({self.max_len} positions)")
-        p, ctx, q = self.params, self.ctx, self.queue
-        ids = p["input_ids"]
-        with ctx.on_queue(q):
-            if token is not None:
-                ids.fill(int(token))
-            self._run_at_position(q)
-            self._argmax_into(ids.reshape(1))
-            reader.start(ids, q)
-        self.position += 1
-
-    def greedy_next(self) -> np.ndarray:
-        """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
-        B ids (it waits for the step)."""
-        with self.ctx.on_queue(self.queue):
-            ids = self.xp.empty((self.batch,), np.int64)
-            self._argmax_into(ids)
-            return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1)
-
-    def _argmax_into(self, out) -> None:
-        """``out`` (int64 [B]) = the argmax of each row of the last logits, on the current queue: one
-        kernel of the target (:func:`~mgx_graph.operators.index_ops.argmax_rows`) for float rows in
-        standard layout, else the array library's argmax."""
-        rows = self.last_logits.reshape(out.shape[0], -1)
-        if rows.dtype.name in FLOATS and rows.flags.c_contiguous and out.flags.c_contiguous:
-            argmax_rows(self.ctx, rows, out)
-        else:
-            self.xp.argmax(rows, axis=1, out=out)
-
-    def logits_rows(self) -> np.ndarray:
-        """The last step's logits as host float32 [B, vocab] (one read-back of B * vocab values; it
-        waits for the step)."""
-        host = self.ctx.to_host(self.last_logits, self.queue)
-        return np.asarray(host, np.float32).reshape(self.batch, -1)
-
-    def cache(self) -> dict:
-        """Host copies of the cache state (for tests)."""
-        self.ctx.synchronize(self.queue)
-        return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
-
-
-
-class _CopyReader:
-    """:class:`~mgx_graph.targets.host_reader.HostReader`'s interface on a context without page-locked
-    read-back (``ref``): the copy is made at ``start``."""
-
-    def __init__(self, ctx):
-        self.ctx, self.pending = ctx, []
-
-    def start(self, arr, queue) -> None:
-        self.pending.append(np.asarray(self.ctx.to_host(arr, queue)).copy())
-
-    def wait(self) -> np.ndarray:
-        return self.pending.pop(0)
-
-
-def describe_host_ops(parts) -> str:
-    """``((3, "copies"), (1, "fill"))`` -> ``"3 copies, 1 fill"``."""
-    return ", ".join(f"{n} {what}" for n, what in parts)
 
 
 # -- generation ---------------------------------------------------------------------------------------

@@ -144,6 +144,60 @@ def argmax_rows(ctx, x, out) -> None:
     k((rows,), (block,), (x, out, np.int64(n), np.int64(stride), np.int32(vec)))
 
 
+ADVANCE_MAX_BLOCKS = 4 * BLOCK  # most blocks of mgx_argmax_advance (its last block merges one candidate each)
+
+
+def advance_plan(n: int, itemsize: int) -> tuple[int, int]:
+    """``(blocks, chunk)`` of ``mgx_argmax_advance`` over ``n`` values of ``itemsize`` bytes: one 16-byte
+    load per thread of a block (at most :data:`ADVANCE_MAX_BLOCKS` blocks, then more per thread), each
+    block's ``chunk`` a whole number of 16-byte vectors."""
+    v = 16 // itemsize
+    blocks = min(ADVANCE_MAX_BLOCKS, -(-n // (BLOCK * v)))
+    chunk = -(-(-(-n // blocks)) // v) * v  # ceil(n / blocks), rounded up to whole vectors
+    return -(-n // chunk), chunk
+
+
+class ArgmaxAdvance:
+    """The greedy decode loop's step tail on the gpu target, one launch (``line_ops.cu``'s
+    ``mgx_argmax_advance``) for a logits row of ``n`` values of ``dtype`` (float16 / float32 / float64):
+    ``numpy.argmax`` of the row (the first largest value, or the first NaN) written to the next step's
+    input id, to page-locked host memory through its device address (the read-back needs no copy) and,
+    optionally, the next step's slot to ``cache_position``.  The row is split over several blocks (one
+    16-byte load per thread where the row start is aligned; the row of one block of ``mgx_argmax_rows``
+    takes about 10 us at SmolLM2's 49152 on an H200); the last block to finish merges their candidates.
+    Holds its workspace (a candidate per block and the blocks' counter), made here once: a launch
+    allocates nothing.  Raises ShapeError for an empty row or another dtype."""
+
+    def __init__(self, ctx, n: int, dtype):
+        dtype = np.dtype(dtype)
+        if dtype.name not in FLOATS or int(n) < 1:
+            raise ShapeError(f"ArgmaxAdvance: a row of {n} {dtype} values: expected n >= 1 float16 / float32 / "
+                             f"float64")
+        self.ctx, self.n, self.dtype = ctx, int(n), dtype
+        self.blocks, self.chunk = advance_plan(self.n, dtype.itemsize)
+        xp = ctx.xp
+        acc = np.float32 if dtype == np.float16 else dtype
+        self.part_v = xp.empty((self.blocks,), acc)
+        self.part_i = xp.empty((self.blocks,), np.int64)
+        self.count = xp.zeros((1,), np.uint32)  # the kernel's last block sets it back to 0
+
+    def __call__(self, x, ids, host_ptr: int, pos=None, next_pos: int = 0) -> None:
+        """Queue the step tail on the current queue: ``x`` the logits (``n`` values of ``dtype``,
+        contiguous), ``ids`` int64 (its first element gets the id), ``host_ptr`` the device address of
+        page-locked host memory for one int64 (:meth:`~mgx_graph.targets.host_reader.HostReader.start_written`),
+        ``pos`` int64 (its first element gets ``next_pos``; None: not written)."""
+        if x.size != self.n or x.dtype != self.dtype or not x.flags.c_contiguous or ids.dtype != np.int64:
+            raise ShapeError(f"ArgmaxAdvance: logits {x.dtype}{list(x.shape)} and ids {ids.dtype}: expected "
+                             f"{self.n} contiguous {self.dtype} values and int64 ids")
+        ctx = self.ctx
+        vec = int(ctx.data_ptr(x) % 16 == 0)
+        k = line_function(self.dtype.name, "mgx_argmax_advance")
+        pos_ptr = np.uint64(ctx.data_ptr(pos)) if pos is not None else np.uint64(0)
+        k((self.blocks,), (BLOCK,), (x, np.int64(self.n), np.int64(self.chunk), np.int32(vec), ids,
+                                     np.uint64(host_ptr), pos_ptr, np.int64(next_pos), self.part_v, self.part_i,
+                                     self.count))
+
+
 # ---------------------------------------------------------------------------------------------------
 # TopK's order (the op is in shape_ops.py)
 # ---------------------------------------------------------------------------------------------------

@@ -147,25 +147,19 @@ __device__ __forceinline__ bool mgx_first_max_beats(ACC v, long long i, ACC b, l
 
 #define MGX_ROW_BLOCK 1024  // most threads per block of mgx_argmax_rows
 
-// One block per row of a [rows, n] array with rows `stride` elements apart: y[row] = numpy.argmax(row).
-// Each thread scans its elements (16-byte loads when `vec` and the row start is 16-byte aligned, on the
-// device), then the block merges the threads' candidates in shared memory.  blockDim.x is a power of two
-// of at most MGX_ROW_BLOCK threads.  The greedy decode loop runs it on the logits of each step.
-extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n, long long stride, int vec) {
-    __shared__ ACC sv[MGX_ROW_BLOCK];
-    __shared__ long long si[MGX_ROW_BLOCK];
-    const int t = threadIdx.x, nt = blockDim.x;
-    const T* base = x + (long long)blockIdx.x * stride;
-    ACC best = (ACC)0;
-    long long bi = MGX_NO_INDEX;
-    long long done = 0;
+// The first-max candidate (mgx_first_max_beats) of this thread over x[lo:hi]: 16-byte loads from x when
+// `vec` (x 16-byte aligned, lo a multiple of the vector width), the elements after the last whole vector
+// one by one; threads t, t + nt, ... take the vectors (or elements) in turn.
+__device__ __forceinline__ void mgx_scan_first_max(const T* x, long long lo, long long hi, int vec, int t, int nt,
+                                                   ACC& best, long long& bi) {
+    long long done = lo;
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
     constexpr int V = 16 / sizeof(T);
     if (vec && V > 1) {
-        const long long chunks = n / V;
+        const long long c1 = hi / V;
 #pragma unroll 4
-        for (long long c = t; c < chunks; c += nt) {  // unrolled: several 16-byte loads in flight per thread
-            const uint4 w = reinterpret_cast<const uint4*>(base)[c];
+        for (long long c = lo / V + t; c < c1; c += nt) {  // unrolled: several 16-byte loads in flight per thread
+            const uint4 w = reinterpret_cast<const uint4*>(x)[c];
             const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
@@ -176,16 +170,21 @@ extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n
                 }
             }
         }
-        done = chunks * V;
+        done = c1 * V > lo ? c1 * V : lo;
     }
 #endif
-    for (long long i = done + t; i < n; i += nt) {
-        const ACC v = (ACC)base[i];
+    for (long long i = done + t; i < hi; i += nt) {
+        const ACC v = (ACC)x[i];
         if (mgx_first_max_beats(v, i, best, bi)) {
             best = v;
             bi = i;
         }
     }
+}
+
+// The block's first-max candidate from each thread's (best, bi), in sv[0] / si[0] (blockDim.x a power of two
+// of at most the arrays' length); every thread returns after the merge.
+__device__ __forceinline__ void mgx_block_first_max(ACC* sv, long long* si, int t, int nt, ACC best, long long bi) {
     sv[t] = best;
     si[t] = bi;
     __syncthreads();
@@ -196,5 +195,66 @@ extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n
         }
         __syncthreads();
     }
+}
+
+// One block per row of a [rows, n] array with rows `stride` elements apart: y[row] = numpy.argmax(row).
+// Each thread scans its elements (16-byte loads when `vec` and the row start is 16-byte aligned, on the
+// device), then the block merges the threads' candidates in shared memory.  blockDim.x is a power of two
+// of at most MGX_ROW_BLOCK threads.
+extern "C" __global__ void mgx_argmax_rows(const T* x, long long* y, long long n, long long stride, int vec) {
+    __shared__ ACC sv[MGX_ROW_BLOCK];
+    __shared__ long long si[MGX_ROW_BLOCK];
+    const int t = threadIdx.x, nt = blockDim.x;
+    ACC best = (ACC)0;
+    long long bi = MGX_NO_INDEX;
+    mgx_scan_first_max(x + (long long)blockIdx.x * stride, 0, n, vec, t, nt, best, bi);
+    mgx_block_first_max(sv, si, t, nt, best, bi);
     if (t == 0) y[blockIdx.x] = si[0];
+}
+
+// The greedy decode loop's step tail over one row x[0:n] of logits, in one launch of several blocks of
+// MGX_BLOCK threads: block b scans x[b * chunk : (b + 1) * chunk] (16-byte loads when `vec`; chunk is then a
+// multiple of the vector width) and writes its candidate to part_v[b] / part_i[b]; the block that finishes
+// last (counted in *count, which it sets back to 0 for the next launch) merges the gridDim.x candidates and
+// writes numpy.argmax(x) (the first largest value, or the first NaN) to ids[0] (the next step's input), to
+// host[0] (page-locked host memory written through its device address: no copy follows) and, when pos is not
+// null, next to pos[0] (the next step's slot).  The partial-result pattern is the CUDA samples'
+// threadFenceReduction; gridDim.x <= 4 * MGX_BLOCK.
+extern "C" __global__ void mgx_argmax_advance(const T* x, long long n, long long chunk, int vec, long long* ids,
+                                              long long* host, long long* pos, long long next, ACC* part_v,
+                                              long long* part_i, unsigned int* count) {
+    __shared__ ACC sv[MGX_BLOCK];
+    __shared__ long long si[MGX_BLOCK];
+    __shared__ bool last;
+    const int t = threadIdx.x, nt = blockDim.x;
+    const long long lo = (long long)blockIdx.x * chunk;
+    ACC best = (ACC)0;
+    long long bi = MGX_NO_INDEX;
+    mgx_scan_first_max(x, lo, lo + chunk < n ? lo + chunk : n, vec, t, nt, best, bi);
+    mgx_block_first_max(sv, si, t, nt, best, bi);
+    if (t == 0) {
+        part_v[blockIdx.x] = sv[0];
+        part_i[blockIdx.x] = si[0];
+        __threadfence();  // the candidate is visible before the count says so
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    best = (ACC)0;
+    bi = MGX_NO_INDEX;
+    for (unsigned int b = t; b < gridDim.x; b += nt) {
+        const ACC v = ((volatile ACC*)part_v)[b];
+        const long long i = ((volatile long long*)part_i)[b];
+        if (mgx_first_max_beats(v, i, best, bi)) {
+            best = v;
+            bi = i;
+        }
+    }
+    mgx_block_first_max(sv, si, t, nt, best, bi);
+    if (t == 0) {
+        ids[0] = si[0];
+        host[0] = si[0];
+        if (pos) pos[0] = next;
+        *count = 0u;
+    }
 }

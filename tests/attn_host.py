@@ -29,6 +29,7 @@ _SHIM = r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <atomic>
 #include <barrier>
 #include <memory>
 #include <thread>
@@ -39,6 +40,8 @@ static mgx_dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* mgx_barrier;
 static std::barrier<>* mgx_warp_barrier[32];
 #define __syncthreads() mgx_barrier->arrive_and_wait()
+#define __threadfence() std::atomic_thread_fence(std::memory_order_seq_cst)
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 #define __global__
 #define __device__
 #define __forceinline__ inline

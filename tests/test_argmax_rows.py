@@ -1,8 +1,10 @@
-"""``index_ops.argmax_rows`` (the greedy decode loop's argmax of each logits row) against numpy's
-argmax: the first index of the largest value, or of the first NaN.  The gpu kernel
-(``line_ops.cu``'s ``mgx_argmax_rows``) also runs here on the host (tests/attn_host.py: one thread per
-CUDA thread, ``__syncthreads()`` a barrier), so the threads' scans and the block merge are checked
-without a GPU; on the gpu target its 16-byte-load path runs as well."""
+"""``index_ops.argmax_rows`` and ``index_ops.ArgmaxAdvance`` (the greedy decode loop's argmax of each
+logits row, and its one-kernel step tail) against numpy's argmax: the first index of the largest value,
+or of the first NaN.  The gpu kernels (``line_ops.cu``'s ``mgx_argmax_rows`` and ``mgx_argmax_advance``)
+also run here on the host (tests/attn_host.py: one thread per CUDA thread, ``__syncthreads()`` a
+barrier, the blocks one after another), so the threads' scans, the block merges and the last block's
+merge of the blocks' candidates are checked without a GPU; on the gpu target the 16-byte-load paths run
+as well."""
 import numpy as np
 import pytest
 
@@ -51,6 +53,79 @@ def test_kernel_on_the_host_matches_numpy(dtype, ctype, acc, n, block):
         got = np.full(3, -5, np.int64)
         attn_host.launch(lib, sigs, "mgx_argmax_rows", (3,), block, (x, got, n, n, 0))
         np.testing.assert_array_equal(got, np.argmax(x, axis=1), err_msg=f"{kind} n={n}")
+
+
+def _line_ops_host(ctype, acc):
+    import os
+
+    import mgx_graph.operators as ops
+
+    with open(os.path.join(os.path.dirname(ops.__file__), "line_ops.cu")) as f:
+        return attn_host.build(f"typedef {ctype} T;\ntypedef {acc} ACC;\n" + f.read())
+
+
+@pytest.mark.skipif(not attn_host.available(), reason="needs g++")
+@pytest.mark.parametrize("dtype, ctype, acc", [("float32", "float", "float"), ("float64", "double", "double"),
+                                               ("float16", "__half", "float")])
+@pytest.mark.parametrize("n, chunk", [(1, 8), (7, 8), (1000, 64), (1000, 1000), (4099, 512), (4099, 136)])
+def test_advance_kernel_on_the_host_matches_numpy(dtype, ctype, acc, n, chunk):
+    """Several blocks of 32 threads, ``chunk`` values each: the id goes to ids[0] and host[0], the slot
+    to pos[0] (or nowhere with a null pos), and the counter is back at 0 for the next launch."""
+    lib, sigs = _line_ops_host(ctype, acc)
+    rng = np.random.default_rng(n + chunk)
+    blocks = -(-n // chunk)
+    part_v, part_i = np.full(blocks, np.nan, acc if acc != "float" else "float32"), np.full(blocks, -9, np.int64)
+    count = np.zeros(1, np.uint32)
+    for launch, kind in enumerate(KINDS):
+        x = _rows(kind, dtype, 1, n, rng)[0]
+        ids, host, pos = np.full(1, -5, np.int64), np.full(1, -5, np.int64), np.full(1, -5, np.int64)
+        with_pos = launch % 2 == 0
+        attn_host.launch(lib, sigs, "mgx_argmax_advance", (blocks,), 32,
+                         (x, n, chunk, 0, ids, host, pos if with_pos else None, 40 + launch, part_v, part_i, count))
+        want = np.argmax(x)
+        assert ids[0] == want and host[0] == want, f"{kind} n={n} chunk={chunk}"
+        assert pos[0] == (40 + launch if with_pos else -5)
+        assert count[0] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n", [1, 13, 2049, 49152, 128256 + 3])
+@pytest.mark.gpu
+def test_argmax_advance_matches_numpy(gpu_target, dtype, n):
+    """The step tail on the gpu: the id in input_ids and in the page-locked buffer (through a HostReader,
+    as the greedy loop reads it), the slot in cache_position; repeated launches reuse the workspace."""
+    from mgx_graph.operators.index_ops import ArgmaxAdvance
+
+    ctx = make_context("gpu")
+    xp = ctx.xp
+    tail = ArgmaxAdvance(ctx, n, dtype)
+    reader = ctx.host_reader((1, 1), np.int64)
+    rng = np.random.default_rng(n + len(dtype))
+    ids, slot = xp.full((1, 1), -5, np.int64), xp.full((1,), -5, np.int64)
+    for k, kind in enumerate(KINDS):
+        host = _rows(kind, dtype, 1, n + 1, rng)
+        for x in (xp.asarray(host[0, :n]), xp.asarray(host)[0, 1:]):  # aligned, then one element off
+            reader.start_written(lambda ptr, x=x: tail(x, ids, ptr, slot, 7 + k), ctx.queue)
+            got = int(reader.wait().reshape(-1)[0])
+            want = int(np.argmax(x.get()))
+            assert got == want and int(ids.get()[0, 0]) == want, f"{kind} n={n}"
+            assert int(slot.get()[0]) == 7 + k
+    assert int(tail.count.get()[0]) == 0
+    reader.close()
+
+
+def test_argmax_advance_rejects_what_it_does_not_take():
+    from mgx_graph.operators.index_ops import ArgmaxAdvance
+
+    ctx = make_context("ref")
+    for n, dtype in [(0, np.float32), (4, np.int32)]:
+        with pytest.raises(ShapeError, match="ArgmaxAdvance"):
+            ArgmaxAdvance(ctx, n, dtype)
+    tail = ArgmaxAdvance(ctx, 8, np.float32)
+    for x, ids in [(np.zeros(9, np.float32), np.zeros(1, np.int64)), (np.zeros(8, np.float16), np.zeros(1, np.int64)),
+                   (np.zeros(16, np.float32)[::2], np.zeros(1, np.int64)), (np.zeros(8, np.float32), np.zeros(1))]:
+        with pytest.raises(ShapeError, match="ArgmaxAdvance"):
+            tail(x, ids, 0)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

@@ -27,8 +27,8 @@ def _lanes_on(monkeypatch):
 
 @pytest.fixture(params=[False, True], ids=["branches", "branchless"])
 def branchless(request, monkeypatch):
-    """The lanes kernel as built by default, and with ``MIGRAPHX_ATTN_LANES_BRANCHLESS`` (no branch skips a chunk
-    or a warp without a visible key)."""
+    """The lanes kernel as built by default (no branch skips a chunk or a warp without a visible key), and with
+    ``MIGRAPHX_ATTN_LANES_BRANCHLESS=0`` (the branches kept)."""
     monkeypatch.setattr(attention_gpu, "lanes_branchless_setting", lambda: request.param)
     return request.param
 

@@ -190,16 +190,20 @@ def _decode_kernel() -> str:
     return "mgx_attn_lanes" if lanes_setting() else "mgx_attn_warp"
 
 
-@pytest.fixture(params=["lanes", "warp"])
+@pytest.fixture(params=["lanes", "lanes-branches", "warp"])
 def decode_kernel_setting(request, monkeypatch, target):
-    """Both decode kernels on the gpu target: ``MIGRAPHX_ATTN_LANES`` unset (``mgx_attn_lanes``) and ``0``
-    (``mgx_attn_warp``); other targets run once."""
+    """Both decode kernels on the gpu target: ``MIGRAPHX_ATTN_LANES`` unset (``mgx_attn_lanes``, built without
+    branches by default and with them under ``MIGRAPHX_ATTN_LANES_BRANCHLESS=0``) and ``0`` (``mgx_attn_warp``);
+    other targets run once."""
     from mgx_graph import env
 
-    if request.param == "warp":
+    if request.param != "lanes":
         if target != "gpu":
             pytest.skip("the kernel setting is the gpu planner's")
-        monkeypatch.setenv("MIGRAPHX_ATTN_LANES", "0")
+        if request.param == "warp":
+            monkeypatch.setenv("MIGRAPHX_ATTN_LANES", "0")
+        else:
+            monkeypatch.setenv("MIGRAPHX_ATTN_LANES_BRANCHLESS", "0")
     env._reset_for_tests()
     yield request.param
     env._reset_for_tests()

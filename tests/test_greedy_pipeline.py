@@ -205,3 +205,63 @@ def test_the_w1_runner_gives_transformers_ids_and_a_typed_error_when_the_cache_i
         assert got == want[:3]
     finally:
         runner.close()
+
+
+class _WrittenReader:
+    """A HostReader stand-in taking kernel-written ids (``start_written``) on the ref target: the address
+    handed to the writer is the index of one of its two buffers."""
+
+    def __init__(self):
+        self.bufs, self.pending, self.next = [np.zeros((1, 1), np.int64) for _ in range(2)], [], 0
+
+    def start_written(self, write, queue):
+        write(self.next)
+        self.pending.append(self.next)
+        self.next = 1 - self.next
+
+    def wait(self):
+        return self.bufs[self.pending.pop(0)].copy()
+
+
+class _CountedSlot(np.ndarray):
+    fills: list = []
+
+    def fill(self, value):
+        _CountedSlot.fills.append(int(value))
+        super().fill(value)
+
+
+def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(llama, monkeypatch):
+    """The greedy tail as the gpu target runs it (``_greedy_tail``: the id into input_ids and the reader,
+    the next slot into cache_position), here with numpy standing in for the kernel: the same ids as the
+    step chain, one fill per chain (its first slot), and a later feed at another slot fills it again."""
+    from mgx_graph import decoder as decoder_module
+
+    reader = _WrittenReader()
+
+    class NumpyTail:
+        def __init__(self, ctx, n, dtype):
+            self.dtype = np.dtype(dtype)
+
+        def __call__(self, x, ids, host, pos=None, next_pos=0):
+            ids.reshape(-1)[0] = reader.bufs[host][0, 0] = int(np.argmax(x))
+            if pos is not None:
+                pos[...] = next_pos
+
+    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", NumpyTail)
+    dec = _decoder(llama, "ref", True)
+    want = _stepwise(dec, PROMPT, 8)
+    dec._reader = reader
+    slot = dec.params["cache_position"].view(_CountedSlot)
+    dec.params["cache_position"] = dec.step_params["cache_position"] = slot
+    dec.position = 0
+    for t in PROMPT[:-1]:
+        dec.feed(np.array([t], np.int64))
+    _CountedSlot.fills.clear()
+    chain = dec.greedy_tokens(PROMPT[-1], 8)
+    got = [next(chain) for _ in range(5)]
+    chain.close()
+    assert got == want[:5] and _CountedSlot.fills == [len(PROMPT) - 1]
+    assert dec.position == len(PROMPT) - 1 + 5 and int(slot[0]) == dec.position + 1  # one step queued ahead
+    assert list(dec.greedy_tokens(want[4], 3)) == want[5:8] and _CountedSlot.fills == [len(PROMPT) - 1, dec.position - 3]
+    assert _stepwise(dec, PROMPT, 8) == want  # slot 0 onwards again: every slot filled

@@ -323,7 +323,8 @@ USED = ["hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipDeviceSynchroni
         "hipStreamEndCapture", "hipStreamIsCapturing", "hipStreamGetCaptureInfo", "hipGraphInstantiateWithFlags",
         "hipGraphLaunch", "hipGraphUpload", "hipGraphExecUpdate", "hipGraphExecDestroy", "hipGraphDestroy",
         "hipEventCreate", "hipEventRecord", "hipEventSynchronize", "hipEventElapsedTime", "hipEventDestroy",
-        "hipStreamNonBlocking", "hipStreamCaptureMode", "hipStream_t", "hipThreadExchangeStreamCaptureMode"]
+        "hipStreamNonBlocking", "hipStreamCaptureMode", "hipStream_t", "hipThreadExchangeStreamCaptureMode",
+        "hipHostMalloc", "hipHostFree", "hipHostGetDevicePointer", "hipMemcpyAsync", "hipMemcpyKind"]
 
 
 @pytest.mark.parametrize("name,mod", _real_hip_modules() or [pytest.param(None, None, marks=pytest.mark.skip(
@@ -349,3 +350,57 @@ def test_real_hipblas_has_every_call_we_use():
         assert hasattr(hipblas, n), n
     assert hipblas.hipblasGemmStridedBatchedEx.__doc__.count(",") >= 22
     assert hip.hipDataType.HIP_R_16F is not None and hipblas.hipblasComputeType_t.HIPBLAS_COMPUTE_32F
+
+
+# -- the replay's calls through CuPy's runtime module ----------------------------------------------------
+def test_cupy_call_raises_device_errors_with_the_hip_name():
+    from mgx_graph.runtime import DeviceError, cupy_call
+
+    def failing(*args):
+        raise RuntimeError("cudaErrorInvalidValue: invalid argument")
+
+    with pytest.raises(DeviceError, match="hipGraphLaunch failed with hipErrorInvalidValue") as e:
+        cupy_call("hipGraphLaunch", failing, 1, 2)
+    assert e.value.code == "hipErrorInvalidValue"
+    assert cupy_call("x", lambda a, b: a + b, 1, 2) == 3
+
+
+def test_host_runtime_has_no_cupy_module():
+    from mgx_graph.runtime import host_runtime
+
+    assert host_runtime().cupy_runtime() is None
+
+
+@pytest.mark.gpu
+def test_cuda_capture_status_and_launch_through_cupy_agree_with_cuda_bindings(gpu_target):
+    """On CUDA, hipStreamIsCapturing and hipGraphLaunch go through CuPy's runtime: the status during a capture
+    is the one cuda-bindings reports, the replay computes, and a bad exec is a DeviceError."""
+    import cupy
+
+    from mgx_graph.runtime import DeviceError, device_runtime, hipStreamCaptureStatusActive
+    from mgx_graph.runtime._cuda import _rt, _stream
+
+    rt = device_runtime()
+    if rt.platform != "cuda":
+        pytest.skip("the CuPy path is the CUDA backend's")
+    assert rt.cupy_runtime() is not None
+    s = rt.hipStreamCreate()
+    x = cupy.zeros(4, cupy.float32)
+    with cupy.cuda.ExternalStream(s):
+        x += 1  # the kernel loaded before the capture
+        rt.hipStreamSynchronize(s)
+        rt.hipStreamBeginCapture(s, 1)
+        assert rt.hipStreamIsCapturing(s) == hipStreamCaptureStatusActive == int(_rt.cudaStreamIsCapturing(_stream(s))[1])
+        x += 1
+        graph = rt.hipStreamEndCapture(s)
+    assert rt.hipStreamIsCapturing(s) == 0
+    exe = rt.hipGraphInstantiate(graph)
+    for _ in range(3):
+        rt.hipGraphLaunch(exe, s)
+    rt.hipStreamSynchronize(s)
+    assert x.get().tolist() == [4.0] * 4
+    with pytest.raises(DeviceError, match="hipGraphLaunch"):
+        rt.hipGraphLaunch(0, s)
+    rt.hipGraphExecDestroy(exe)
+    rt.hipGraphDestroy(graph)
+    rt.hipStreamDestroy(s)

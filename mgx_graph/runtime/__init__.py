@@ -53,6 +53,7 @@ class Runtime:
         self._held: list = []
         self._capture_queues: set[int] = set()  # queues with a capture begun through this runtime, maybe open
         self._device_query = None  # what current_device() calls (chosen at its first call)
+        self._cupy_module = None  # cupy_runtime(): None until looked up, then the module or False
 
     def __repr__(self):
         return f"<mgx_graph runtime '{self.platform}'>"
@@ -71,15 +72,29 @@ class Runtime:
         return query()
 
     def _cheapest_device_query(self):
-        if self.platform in ("cuda", "hip"):
-            try:
-                from cupy.cuda import runtime as cupy_runtime
+        fast = self.cupy_runtime()
+        return fast.getDevice if fast is not None else self.hipGetDevice
 
-                if bool(cupy_runtime.is_hip) == (self.platform == "hip"):
-                    return cupy_runtime.getDevice
-            except Exception:  # no CuPy, or one built for the other platform
-                pass
-        return self.hipGetDevice
+    def cupy_runtime(self):
+        """CuPy's runtime module when CuPy is built for this platform, else None (looked up once).  Its
+        functions are one C call each taking and returning plain ints (no result tuple, no error enum to
+        build: a microsecond or more less per call than cuda-bindings / hip-python), so the calls every
+        replay makes go through it: :meth:`current_device` on both platforms, ``hipGraphLaunch`` and
+        ``hipStreamIsCapturing`` on CUDA (HIP keeps hip-python's, whose handles it passes as they are);
+        :func:`cupy_call` turns its errors into DeviceError."""
+        mod = self._cupy_module
+        if mod is None:
+            mod = False
+            if self.platform in ("cuda", "hip"):
+                try:
+                    from cupy.cuda import runtime as cupy_runtime
+
+                    if bool(cupy_runtime.is_hip) == (self.platform == "hip"):
+                        mod = cupy_runtime
+                except Exception:  # no CuPy, or one built for the other platform
+                    pass
+            self._cupy_module = mod
+        return mod or None
 
     # -- books -----------------------------------------------------------------------------------
     def _note_malloc(self, ptr: int, nbytes: int) -> None:
@@ -143,6 +158,12 @@ class Runtime:
 
     def hipHostFree(self, ptr: int) -> None:
         raise DeviceError("hipHostFree", f"{self.platform}: no page-locked host memory")
+
+    def hipHostGetDevicePointer(self, ptr: int) -> int:
+        """The device address of page-locked host memory ``ptr`` from :meth:`hipHostMalloc` (int): a kernel
+        writes the host memory through it (with unified addressing, the same address).  Raises DeviceError
+        where unsupported."""
+        raise DeviceError("hipHostGetDevicePointer", f"{self.platform}: no page-locked host memory")
 
     def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
         """Queue a copy of ``nbytes`` from device address ``src`` to page-locked host address ``dst``
@@ -285,6 +306,17 @@ def gpu_available() -> bool:
         return False
 
 
+def cupy_call(call: str, fn, *args):
+    """``fn(*args)`` (a function of CuPy's runtime module, :meth:`Runtime.cupy_runtime`) with its error raised
+    as DeviceError(``call``) carrying the HIP name of the error (CuPy's message starts with the CUDA / HIP
+    name: ``cudaErrorInvalidValue: invalid argument``)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # CuPy's CUDARuntimeError (HIP builds: the same class)
+        name = str(e).split(":", 1)[0].strip() or type(e).__name__
+        raise DeviceError(call, "hip" + name[4:] if name.startswith("cuda") else name) from e
+
+
 def check(call: str, err, ok_names=("cudaSuccess", "hipSuccess")):
     """Raise DeviceError unless ``err`` (a CUDA/HIP error enum) is success."""
     if int(err) != 0:
@@ -294,6 +326,6 @@ def check(call: str, err, ok_names=("cudaSuccess", "hipSuccess")):
         raise DeviceError(call, name)
 
 
-__all__ = ["Runtime", "host_runtime", "device_runtime", "gpu_available", "DeviceError", "check",
+__all__ = ["Runtime", "host_runtime", "device_runtime", "gpu_available", "DeviceError", "check", "cupy_call",
            "hipStreamCaptureModeGlobal", "hipStreamCaptureModeThreadLocal", "hipStreamCaptureModeRelaxed",
            "hipStreamCaptureStatusNone", "hipStreamCaptureStatusActive", "hipStreamCaptureStatusInvalidated"]

@@ -6,7 +6,7 @@ API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/
 """
 from __future__ import annotations
 
-from . import Runtime, check
+from . import Runtime, check, cupy_call
 
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt
@@ -136,6 +136,9 @@ class CudaRuntime(Runtime):
         return graph
 
     def hipStreamIsCapturing(self, s) -> int:
+        fast = self.cupy_runtime()
+        if fast is not None and hasattr(fast, "streamIsCapturing"):  # once per replay: the cheapest binding
+            return int(cupy_call("hipStreamIsCapturing", fast.streamIsCapturing, int(s)))
         err, status = _rt.cudaStreamIsCapturing(_stream(s))
         check("hipStreamIsCapturing", err)
         return int(status)
@@ -162,6 +165,10 @@ class CudaRuntime(Runtime):
         return int(n)
 
     def hipGraphLaunch(self, exe, s) -> None:
+        fast = self.cupy_runtime()
+        if fast is not None and hasattr(fast, "graphLaunch"):  # once per replay: the cheapest binding
+            cupy_call("hipGraphLaunch", fast.graphLaunch, int(exe), int(s))
+            return
         check("hipGraphLaunch", _rt.cudaGraphLaunch(exe, _stream(s))[0])
 
     def hipGraphUpload(self, exe, s) -> None:
@@ -185,6 +192,11 @@ class CudaRuntime(Runtime):
 
     def hipHostFree(self, ptr: int) -> None:
         check("hipHostFree", _rt.cudaFreeHost(int(ptr))[0])
+
+    def hipHostGetDevicePointer(self, ptr: int) -> int:
+        err, dptr = _rt.cudaHostGetDevicePointer(int(ptr), 0)
+        check("hipHostGetDevicePointer", err)
+        return int(dptr)
 
     def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
         kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost

@@ -164,6 +164,11 @@ class HipRuntime(Runtime):
     def hipHostFree(self, ptr: int) -> None:
         check("hipHostFree", self.hip.hipHostFree(int(ptr))[0])
 
+    def hipHostGetDevicePointer(self, ptr: int) -> int:
+        err, dptr = self.hip.hipHostGetDevicePointer(int(ptr), 0)
+        check("hipHostGetDevicePointer", err)
+        return int(dptr)
+
     def hipMemcpyDtoHAsync(self, dst: int, src: int, nbytes: int, s) -> None:
         kind = self.hip.hipMemcpyKind.hipMemcpyDeviceToHost
         check("hipMemcpyDtoHAsync", self.hip.hipMemcpyAsync(int(dst), int(src), int(nbytes), kind, self._s(s))[0])

@@ -22,9 +22,12 @@ class HostReader:
     """``depth`` page-locked buffers of ``shape`` / ``dtype`` on ``ctx``'s device, used in turn.
 
     ``start(arr, queue)`` queues a copy of device array ``arr`` (C-contiguous, of ``shape`` and
-    ``dtype``) into the next buffer and records an event after it; ``wait()`` waits for the oldest
-    copy started and returns a new numpy array holding it.  At most ``depth`` copies may be pending
-    (a further ``start`` is a ParameterError: the buffer is still being read).  ``close()`` frees the
+    ``dtype``) into the next buffer and records an event after it; ``start_written(write, queue)``
+    queues ``write(address)``, a kernel writing the next buffer through its device address (page-locked
+    memory is mapped into the device's address space: ``hipHostGetDevicePointer``), and the event after
+    it, so no copy is queued at all; ``wait()`` waits for the oldest start and returns a new numpy array
+    holding it.  At most ``depth`` starts may be pending (a further one is a ParameterError: the buffer
+    is still being read).  ``close()`` frees the
     buffers (the context also does when it is released)."""
 
     def __init__(self, ctx, shape, dtype, depth: int = 2):
@@ -32,11 +35,12 @@ class HostReader:
         self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.depth = int(depth)
-        self.ptrs, self.events, self.views = [], [], []
+        self.ptrs, self.events, self.views, self.device_ptrs = [], [], [], []
         with ctx.on_device():
             for _ in range(self.depth):
                 ptr = self.rt.hipHostMalloc(self.nbytes)
                 self.ptrs.append(ptr)
+                self.device_ptrs.append(self.rt.hipHostGetDevicePointer(ptr))
                 self.events.append(self.rt.hipEventCreate())
                 buf = (ctypes.c_byte * max(self.nbytes, 1)).from_address(ptr)
                 self.views.append(np.frombuffer(buf, self.dtype, count=self.nbytes // self.dtype.itemsize)
@@ -44,18 +48,35 @@ class HostReader:
         self.pending: deque = deque()
         self.next = 0
 
-    def start(self, arr, queue) -> None:
+    def _check_free(self) -> None:
         if len(self.pending) >= self.depth:
             raise ParameterError(f"HostReader: {self.depth} copies pending already (wait() first)")
+
+    def _started(self, k: int) -> None:
+        self.next = (k + 1) % self.depth
+        self.pending.append(k)
+
+    def start_written(self, write, queue) -> None:
+        """Queue ``write(address)`` (it queues a kernel on ``queue`` that writes ``shape`` / ``dtype``
+        C-contiguous at device address ``address``) and an event after it.  When ``write`` raises,
+        nothing is pending."""
+        self._check_free()
+        k = self.next
+        with self.ctx.on_device():
+            write(self.device_ptrs[k])
+            self.rt.hipEventRecord(self.events[k], queue)
+        self._started(k)
+
+    def start(self, arr, queue) -> None:
+        self._check_free()
         if tuple(arr.shape) != self.shape or arr.dtype != self.dtype or not arr.flags.c_contiguous:
             raise ParameterError(f"HostReader: array {arr.dtype}{list(arr.shape)} (C-contiguous "
                                  f"{self.dtype}{list(self.shape)} expected)")
         k = self.next
-        self.next = (k + 1) % self.depth
         with self.ctx.on_device():
             self.rt.hipMemcpyDtoHAsync(self.ptrs[k], self.ctx.data_ptr(arr), self.nbytes, queue)
             self.rt.hipEventRecord(self.events[k], queue)
-        self.pending.append(k)
+        self._started(k)
 
     def wait(self) -> np.ndarray:
         if not self.pending:
@@ -67,6 +88,7 @@ class HostReader:
     def close(self) -> None:
         """Free the buffers and events (after the pending copies are done)."""
         ptrs, events, self.ptrs, self.events, self.views = self.ptrs, self.events, [], [], []
+        self.device_ptrs = []
         self.pending.clear()
         with self.ctx.on_device():
             for ev in events:
