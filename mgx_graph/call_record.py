@@ -92,8 +92,9 @@ class CallRecord:
         except KeyError:
             return False
         # the same objects: their current layouts are read from the recorded references
-        return (all(map(is_, values, self.values)) and list(map(_SHAPE, self.device)) == self.shapes
-                and list(map(_LAYOUT, self.host)) == self.layouts and all(map(_WRITEABLE, self.writeable)))
+        if not all(map(is_, values, self.values)) or list(map(_SHAPE, self.device)) != self.shapes:
+            return False
+        return not self.host or (list(map(_LAYOUT, self.host)) == self.layouts and all(map(_WRITEABLE, self.writeable)))
 
     def repeat(self, executor, queue: int) -> None:
         """The per-call work of the recorded call on ``queue``: its copies into parameter buffers and

@@ -257,7 +257,9 @@ class GraphLaunchState(ValidatedReplay):
         e.replays += 1
         self.counters.replays += 1
         self.last_launches = 1
-        self.trace("REPLAY", e.key_str)
+        self.last_event = "REPLAY"  # trace() inlined: called once per replay
+        if self.debug:
+            self.trace("REPLAY", e.key_str)
         return e.outputs
 
     def _eager(self, run_body, read_outputs, reason, key, quiet=False):

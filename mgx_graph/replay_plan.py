@@ -75,7 +75,7 @@ class ReplayPlan:
         device = ctx.device_id if ctx.name == "gpu" else None
         read = slot_getter([slot[id(region.inputs[k])] for k in picks])
         return cls(region, read, main, loop.launch_totals[main.name], device,
-                   ctx.runtime.current_device if device is not None else None,
+                   ctx.runtime.device_query() if device is not None else None,
                    block=ctx.on_queue if device is None else None, out=slot[id(region)],
                    tail=loop.plain[main.name][1:], label=loop.plain_labels[main.name][0])
 

@@ -66,10 +66,15 @@ class Runtime:
         read the same driver state (the context current on the thread), so a device the caller made
         current in any way between two calls is seen.  Raises DeviceError (``hipGetDevice``) or
         CuPy's runtime error when the query fails."""
+        return self.device_query()()
+
+    def device_query(self):
+        """The function :meth:`current_device` calls (chosen at the first call, then the same): what a
+        per-call check holds to skip a layer of calls."""
         query = self._device_query
         if query is None:
             query = self._device_query = self._cheapest_device_query()
-        return query()
+        return query
 
     def _cheapest_device_query(self):
         fast = self.cupy_runtime()

@@ -36,6 +36,16 @@ class CudaRuntime(Runtime):
         super().__init__()
         self.rt = _rt
         self._pdl: dict = {}  # device -> programmatic dependent launch supported (compute capability >= 9.0)
+        self._fast_calls = None  # _replay_calls: looked up at the first replay
+
+    def _replay_calls(self) -> tuple:
+        """``(graphLaunch, streamIsCapturing)`` of CuPy's runtime module where present (:meth:`cupy_runtime`),
+        else ``(None, None)``: the two calls of every replay, through the cheapest binding (kept in
+        ``_fast_calls``)."""
+        fast = self.cupy_runtime()
+        self._fast_calls = tuple(getattr(fast, n, None) if fast is not None else None
+                                 for n in ("graphLaunch", "streamIsCapturing"))
+        return self._fast_calls
 
     # programmatic dependent launch (Hopper and later; CUDA programming guide, "Programmatic Dependent
     # Launch and Synchronization"; driver API cuLaunchKernelEx)
@@ -136,9 +146,12 @@ class CudaRuntime(Runtime):
         return graph
 
     def hipStreamIsCapturing(self, s) -> int:
-        fast = self.cupy_runtime()
-        if fast is not None and hasattr(fast, "streamIsCapturing"):  # once per replay: the cheapest binding
-            return int(cupy_call("hipStreamIsCapturing", fast.streamIsCapturing, int(s)))
+        fast = (self._fast_calls or self._replay_calls())[1]
+        if fast is not None:  # once per replay: the cheapest binding
+            try:
+                return fast(int(s))
+            except Exception:
+                pass  # the error as cuda-bindings reports it, below
         err, status = _rt.cudaStreamIsCapturing(_stream(s))
         check("hipStreamIsCapturing", err)
         return int(status)
@@ -165,9 +178,9 @@ class CudaRuntime(Runtime):
         return int(n)
 
     def hipGraphLaunch(self, exe, s) -> None:
-        fast = self.cupy_runtime()
-        if fast is not None and hasattr(fast, "graphLaunch"):  # once per replay: the cheapest binding
-            cupy_call("hipGraphLaunch", fast.graphLaunch, int(exe), int(s))
+        fast = (self._fast_calls or self._replay_calls())[0]
+        if fast is not None:  # once per replay: the cheapest binding
+            cupy_call("hipGraphLaunch", fast, int(exe), int(s))
             return
         check("hipGraphLaunch", _rt.cudaGraphLaunch(exe, _stream(s))[0])
 
