@@ -30,6 +30,10 @@ KNOWN_FAILURES = {
     r"bernoulli": "random numbers: the expected output cannot be reproduced",
     r"test_loop11": "a Slice whose bounds are computed inside a Loop body (a data-dependent shape in a subgraph)",
     r"test_scan_sum": "Scan-8 (batched, with sequence_lens) is not supported; Scan-9 and later are",
+    r"test_bvlc_alexnet": "light model with constant weights: its logits are all ~3.6e12, equal in exact arithmetic; "
+                          "float32 sums in another order differ in the last bit between columns and the final "
+                          "Softmax turns that into 0 vs 1/992 against the expected uniform 0.001 (the result then "
+                          "depends on the random input drawn per run)",
 }
 
 
