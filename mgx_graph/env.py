@@ -42,6 +42,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_GEMV``                     ``0``: a one-row ``dot`` against a constant weight runs as a BLAS GEMM
                                       on gpu instead of the gemv kernel (on by default), and
                                       ``fuse_gemv`` does not fuse
+``MIGRAPHX_GEMV_NARROW``              ``1``: a GEMV of many columns of short rows gives each column fewer than 32
+                                      threads (down to 4), so each thread holds more of its row and the grid
+                                      has fewer blocks (off by default: not yet measured on a GPU)
 ``MIGRAPHX_PDL``                      ``0``: generated and own kernels launch without programmatic dependent
                                       launch inside captures (on by default on compute capability 9.0+)
 ====================================  ==========================================================

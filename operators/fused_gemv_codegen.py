@@ -22,8 +22,8 @@ threads per block:
 2. GEMV: each block computes ``NT / tpc`` output columns n; the ``tpc`` threads of a column read the
    weight rows ``n + off_s`` in 16-byte loads (element loads where K or the pointers do not allow
    them), the first ``PF`` from the registers of step 0, accumulate in float in the order of
-   ``gemv.cu`` (so the dot values equal the unfused kernel's), reduce by xor shuffles, then across
-   32-thread groups through shared memory;
+   ``gemv.cu`` (so the dot values equal the unfused kernel's), reduce by xor shuffles (within the
+   column's ``tpc`` lanes when ``tpc`` < 32), then across 32-thread groups through shared memory;
 3. epilogue (``mgx_epilogue``): the column's first thread rounds each dot value to the dot's element
    type (as the unfused program stores it) and evaluates the epilogue at column n (its other inputs
    read at their strides), or stores the dot value itself when there is no epilogue.
@@ -254,7 +254,7 @@ def _gemv_body(parts, plan, vector: bool) -> str:
 {rows}{full}    }}
 #pragma unroll
     for (int s = 0; s < S; ++s)
-        for (int o = 16; o > 0; o >>= 1) acc[s] += MGX_SHFL_XOR(acc[s], o);
+        for (int o = {min(plan.tpc, 32) // 2}; o > 0; o >>= 1) acc[s] += MGX_SHFL_XOR(acc[s], o);
 #if {many}
     if ((tid & 31) == 0)
         for (int s = 0; s < S; ++s) red[tid >> 5][s] = acc[s];

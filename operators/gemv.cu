@@ -5,7 +5,8 @@
 //   T        element type (__half or float)          TO_T  float -> T conversion (empty for float)
 //   LT       load type: uint4 (16 bytes) or T        VEC   elements per load (16 / sizeof(T), or 1)
 //   K        reduction length (a multiple of VEC)    M     rows of x and y
-//   NT       threads per block                       TPC   threads per output column (32, 64, .. NT)
+//   NT       threads per block                       TPC   threads per output column (a power of two,
+//                                                          4 .. NT; under 32 a group holds several columns)
 //   XS       1: x is first copied to shared memory (M * K elements)
 //   HAS_BIAS 1: bias [N] (contiguous) is added before the conversion to T
 //   PFMAX    most weight loads per thread held in registers ahead of the x copy (8 unless defined)
@@ -17,7 +18,8 @@
 // (i ascending, then e) either way.
 // Each block computes NT / TPC consecutive columns; the TPC threads of a column read its row of W^T
 // in VEC-element loads (a 32-thread group reads 32 * 16 contiguous bytes at a time), accumulate in
-// float, reduce by xor shuffles within 32-thread groups, then (TPC > 32) through shared memory.
+// float, reduce by xor shuffles within 32-thread groups (within TPC lanes when TPC < 32), then (TPC > 32)
+// through shared memory.
 // Every thread reaches every shuffle and barrier: columns past N only skip their loads and stores.
 
 #ifndef MGX_GEMV_CONFIG  // compiled on its own (CMake's check_kernels): SmolLM2's down projection
@@ -117,9 +119,10 @@ extern "C" __global__ void __launch_bounds__(NT) mgx_gemv(const T* x, const T* w
             if (j < CH) mgx_gemv_chunk(acc, wr[j], xr, xstride, j);
         }
     }
+    constexpr int LANES = TPC < 32 ? TPC : 32; // a column's lanes in one 32-thread group
 #pragma unroll
     for (int m = 0; m < M; ++m)
-        for (int o = 16; o > 0; o >>= 1) acc[m] += MGX_SHFL_XOR(acc[m], o);
+        for (int o = LANES / 2; o > 0; o >>= 1) acc[m] += MGX_SHFL_XOR(acc[m], o);
 #if TPC > 32
     constexpr int GPC = TPC / 32; // 32-thread groups per column
     __shared__ float red[NT / 32][M];

@@ -11,7 +11,8 @@ float32 elements.  The weight is a constant, so each thread first loads its firs
 for programmatic dependent launch, waits on the kernel before it: :mod:`.programmatic_launch`), so
 the weight's DRAM latency overlaps the x copy instead of following it; the float additions keep
 their order (chunk by chunk, element by element), so the values do not depend on the depth.  A block of ``NT`` threads computes ``NT / tpc`` columns, ``tpc`` (threads per
-column, 32 .. ``NT``) chosen so that the grid reaches ``TARGET_BLOCKS`` blocks when N allows it.
+column, 32 .. ``NT``) chosen so that the grid reaches ``TARGET_BLOCKS`` blocks when N allows it; with
+``MIGRAPHX_GEMV_NARROW=1`` a GEMV of many columns takes fewer (down to ``MIN_TPC``, :func:`narrow_setting`).
 
 The lowering of ``dot`` (:func:`dot_gemv_kernel`) takes this kernel unless ``MIGRAPHX_GEMV=0``, the
 product has one row and batch dims of 1, the weight is a literal or a view of one
@@ -34,6 +35,7 @@ TARGET_BLOCKS = 264  # about two blocks per SM of an H100 / H200 (132 SMs)
 MAX_ROWS = 1  # rows of x the kernel takes (M = 2 .. 4 gave wrong results on an H200: not offered)
 SMEM_X = 32 * 1024  # largest x (bytes) copied to shared memory; a longer one is read from global memory
 PREFETCH = 8  # weight loads per thread and row issued before the x copy (gemv.cu's PFMAX): 8 uint4 registers
+MIN_TPC = 4  # fewest threads per column of a narrow plan (MIGRAPHX_GEMV_NARROW)
 CTYPES = {"float16": "__half", "float32": "float"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,6 +60,18 @@ def gemv_enabled() -> bool:
     from ..env import enabled
 
     return enabled("MIGRAPHX_GEMV", default=True)
+
+
+def narrow_setting() -> bool:
+    """``MIGRAPHX_GEMV_NARROW`` (read once): ``1`` / ``enable`` / ``yes`` / ``true`` lets a GEMV of many
+    columns give each column fewer than 32 threads (halved down to ``MIN_TPC`` while every thread's loads
+    of its row still fit the prefetch depth and the grid keeps ``TARGET_BLOCKS`` blocks): more of a row in
+    flight per thread and fewer blocks, so the x copy (the fused RMSNorm prologue of an lm_head: 6144
+    blocks each normalizing the row for SmolLM2's 49152 x 576) is made fewer times.  Off by default: not
+    yet measured on a GPU (checked on the host emulator, tests/passes/test_gemv.py)."""
+    from ..env import enabled
+
+    return enabled("MIGRAPHX_GEMV_NARROW", default=False)
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,9 @@ def make_plan(dtype: str, M: int, K: int, N: int, bias: bool = False, prefetch: 
     tpc = 32
     while tpc < cap and -(-N // (NT // tpc)) < TARGET_BLOCKS:
         tpc *= 2
+    if tpc == 32 and narrow_setting():
+        while tpc > MIN_TPC and -(-chunks // (tpc // 2)) <= prefetch and -(-N // (NT // (tpc // 2))) >= TARGET_BLOCKS:
+            tpc //= 2
     if -(-N // (NT // tpc)) >= 2 ** 31:
         raise ValueError(f"gemv kernel: N={N} needs too many blocks")
     return GemvPlan(dtype, M, K, N, bias, tpc, vec, prefetch)

@@ -162,3 +162,19 @@ def test_gemv_and_cublas_agree_in_a_program(row_major, gpu_target, monkeypatch):
                 np.testing.assert_allclose(results[flag][0], want, rtol=rtol, atol=atol * np.sqrt(K))
             np.testing.assert_allclose(results["1"], results["0"], rtol=2 * TOL[dtype][0],
                                        atol=2 * TOL[dtype][1] * np.sqrt(K))
+
+
+def test_narrow_gemv_kernel_matches_numpy(gpu_target, monkeypatch):
+    """``MIGRAPHX_GEMV_NARROW``: the many-column shapes it narrows (16 or 4 threads a column), every layout."""
+    from mgx_graph.operators import gemv_gpu
+
+    monkeypatch.setattr(gemv_gpu, "narrow_setting", lambda: True)
+    failures, n = [], 0
+    for dtype, K, N in (("float16", 576, 49152), ("float16", 64, 100000), ("float16", 100, 49152)):
+        assert make_plan(dtype, 1, K, N).tpc < 32
+        for bias, layout in ((False, "packed"), (True, "padded"), (False, "misaligned"), (True, "odd_rows")):
+            n += 1
+            err, ok, label = _case(dtype, 1, K, N, bias, layout, n)
+            if not ok:
+                failures.append(f"{dtype} K={K} N={N} bias={bias} {layout} [{label}]: max error {err}")
+    assert not failures, f"{len(failures)} of {n} cases differ:\n" + "\n".join(failures)

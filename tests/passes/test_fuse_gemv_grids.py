@@ -87,3 +87,34 @@ def test_generated_kernel_any_split_and_grid_on_the_host(dtype, K, L, S, tpc):
             assert np.array_equal(outs[1], hs.astype(dtype))  # the residual sum x + r, rounded
             first = outs[0] if first is None else first
             assert np.array_equal(outs[0], first), f"grid {grid} differs from grid {groups}"
+
+
+@pytest.mark.skipif(not gemv_host.available(), reason="needs g++")
+def test_generated_kernel_with_a_narrow_plan_on_the_host(monkeypatch):
+    """``MIGRAPHX_GEMV_NARROW``: 16 threads a column (two columns a 32-thread group) for 4224 columns of a
+    128-element row: the generated kernel's shuffles stay within a column's lanes; values against numpy,
+    the same on a grid of two blocks."""
+    from mgx_graph.operators import gemv_gpu
+    from mgx_graph.operators.fused_gemv_codegen import fused_gemv_source
+
+    monkeypatch.setattr(gemv_gpu, "narrow_setting", lambda: True)
+    dtype, K, L = "float16", 128, 4224
+    prog, vals, oracle = _sliced_layer(dtype, K, L, 1, seed=3)
+    _fuse(prog, "gpu")
+    f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
+    args = []
+    for i in f.inputs:
+        src = i.inputs[0] if i.op.name == "transpose" else i
+        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    want, hs = _want(feeds["x"], feeds["r"], vals, dtype, oracle)
+    ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, True)
+    assert plan.tpc == 16 and ks.grid == L // 16
+    first = None
+    for grid in (ks.grid, 2):
+        outs = [np.full(s.lens, 7, s.np_dtype) for s in f.shape]
+        gemv_host.run_fused(ks, args + outs, (grid,))
+        np.testing.assert_allclose(outs[0].astype(np.float64), want, rtol=1e-2, atol=1e-2, err_msg=f"grid={grid}")
+        first = outs[0] if first is None else first
+        assert np.array_equal(outs[0], first)

@@ -142,6 +142,44 @@ def test_kernel_on_the_host_matches_numpy(dtype, K, N, M, bias, pad, rng):
         assert (y[:, N:] == 7.0).all()
 
 
+def test_narrow_plans_only_for_many_columns_of_short_rows(monkeypatch):
+    """``MIGRAPHX_GEMV_NARROW``: fewer than 32 threads a column (down to MIN_TPC) only while each thread's
+    loads of a row fit the prefetch depth and the grid keeps TARGET_BLOCKS blocks; off, every plan is as
+    before."""
+    from mgx_graph.operators import gemv_gpu
+
+    shapes = [("float16", 576, 49152), ("float32", 576, 49152), ("float16", 64, 100000), ("float16", 576, 3072),
+              ("float16", 2048, 128256), ("float16", 100, 49152)]
+    before = [make_plan(d, 1, K, N) for d, K, N in shapes]
+    monkeypatch.setattr(gemv_gpu, "narrow_setting", lambda: True)
+    after = [make_plan(d, 1, K, N) for d, K, N in shapes]
+    assert [p.tpc for p in before] == [32] * 6
+    assert [p.tpc for p in after] == [16, 32, gemv_gpu.MIN_TPC, 32, 32, 16]  # 100 halves: element loads, 7 each
+    lm = after[0]  # SmolLM2's lm_head: 5 loads a thread (all prefetched), 3072 blocks instead of 6144
+    assert lm.loads_per_thread() == 5 <= lm.prefetch and lm.grid == (3072,) and before[0].grid == (6144,)
+    assert all(p.grid[0] >= TARGET_BLOCKS and p.loads_per_thread() <= p.prefetch for p in after if p.tpc < 32)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype, K, N, tpc", [("float16", 64, 70, 16), ("float16", 576, 40, 16),
+                                              ("float32", 100, 33, 8), ("float16", 128, 130, 4),
+                                              ("float32", 64, 5, 4)])
+def test_narrow_kernel_on_the_host_matches_numpy(dtype, K, N, tpc, rng):
+    """``tpc`` < 32 (several columns in a 32-thread group, the shuffles within the column's lanes): both
+    variants against numpy, with a bias, over a last block with columns past N; the buffer after the
+    results stays untouched."""
+    plan = dataclasses.replace(make_plan(dtype, 1, K, N, True), tpc=tpc)
+    xb = rng.standard_normal((1, K)).astype(dtype)
+    wb = rng.standard_normal((N, K)).astype(dtype)
+    bv = rng.standard_normal(N).astype(dtype)
+    want = _oracle(xb, wb, bv)
+    for vector in ((True, False) if plan.vec > 1 else (False,)):
+        y = np.full((1, N + 3), 7.0, dtype)
+        gemv_host.run(plan, xb, wb, bv, y, K, K, N + 3, vector=vector)
+        _close(y[:, :N], want, dtype, np.sqrt(K))
+        assert (y[:, N:] == 7.0).all()
+
+
 @needs_gxx
 @pytest.mark.parametrize("dtype, K, N, prefetch", [
     ("float16", 8192, 3, PREFETCH),   # element loads: 32 per thread (16-byte loads: 4)
