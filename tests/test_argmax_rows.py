@@ -101,16 +101,17 @@ def test_argmax_advance_matches_numpy(gpu_target, dtype, n):
     tail = ArgmaxAdvance(ctx, n, dtype)
     reader = ctx.host_reader((1, 1), np.int64)
     rng = np.random.default_rng(n + len(dtype))
-    ids, slot = xp.full((1, 1), -5, np.int64), xp.full((1,), -5, np.int64)
-    for k, kind in enumerate(KINDS):
-        host = _rows(kind, dtype, 1, n + 1, rng)
-        for x in (xp.asarray(host[0, :n]), xp.asarray(host)[0, 1:]):  # aligned, then one element off
-            reader.start_written(lambda ptr, x=x: tail(x, ids, ptr, slot, 7 + k), ctx.queue)
-            got = int(reader.wait().reshape(-1)[0])
-            want = int(np.argmax(x.get()))
-            assert got == want and int(ids.get()[0, 0]) == want, f"{kind} n={n}"
-            assert int(slot.get()[0]) == 7 + k
-    assert int(tail.count.get()[0]) == 0
+    with ctx.on_queue(ctx.queue):  # the arrays made on the queue the kernel and the reader's event use
+        ids, slot = xp.full((1, 1), -5, np.int64), xp.full((1,), -5, np.int64)
+        for k, kind in enumerate(KINDS):
+            host = _rows(kind, dtype, 1, n + 1, rng)
+            for x in (xp.asarray(host[0, :n]), xp.asarray(host)[0, 1:]):  # aligned, then one element off
+                reader.start_written(lambda ptr, x=x: tail(x, ids, ptr, slot, 7 + k), ctx.queue)
+                got = int(reader.wait().reshape(-1)[0])
+                want = int(np.argmax(x.get()))
+                assert got == want and int(ids.get()[0, 0]) == want, f"{kind} n={n}"
+                assert int(slot.get()[0]) == 7 + k
+        assert int(tail.count.get()[0]) == 0
     reader.close()
 
 

@@ -27,7 +27,7 @@ class HostReader:
     memory is mapped into the device's address space: ``hipHostGetDevicePointer``), and the event after
     it, so no copy is queued at all; ``wait()`` waits for the oldest start and returns a new numpy array
     holding it.  At most ``depth`` starts may be pending (a further one is a ParameterError: the buffer
-    is still being read).  ``close()`` frees the
+    is still being read); ``wait()`` with none pending is a ParameterError too.  ``close()`` frees the
     buffers (the context also does when it is released)."""
 
     def __init__(self, ctx, shape, dtype, depth: int = 2):
@@ -50,19 +50,21 @@ class HostReader:
 
     def _check_free(self) -> None:
         if len(self.pending) >= self.depth:
-            raise ParameterError(f"HostReader: {self.depth} copies pending already (wait() first)")
+            raise ParameterError(f"HostReader: {self.depth} read-backs pending already (wait() first)")
 
     def _started(self, k: int) -> None:
         self.next = (k + 1) % self.depth
         self.pending.append(k)
 
     def start_written(self, write, queue) -> None:
-        """Queue ``write(address)`` (it queues a kernel on ``queue`` that writes ``shape`` / ``dtype``
-        C-contiguous at device address ``address``) and an event after it.  When ``write`` raises,
-        nothing is pending."""
+        """Queue ``write(address)`` (it queues a kernel on the current queue that writes ``shape`` /
+        ``dtype`` C-contiguous at device address ``address``, an int) and an event after it, both on
+        ``queue``: ``write`` runs with ``queue`` current (``ctx.on_queue``), so its kernel is ordered
+        before the event even when the caller is not inside ``on_queue(queue)``.  When ``write``
+        raises, nothing is pending and the same buffer is used next."""
         self._check_free()
         k = self.next
-        with self.ctx.on_device():
+        with self.ctx.on_queue(queue):
             write(self.device_ptrs[k])
             self.rt.hipEventRecord(self.events[k], queue)
         self._started(k)
@@ -80,7 +82,7 @@ class HostReader:
 
     def wait(self) -> np.ndarray:
         if not self.pending:
-            raise ParameterError("HostReader: no copy pending")
+            raise ParameterError("HostReader: no read-back pending (start() or start_written() first)")
         k = self.pending.popleft()
         self.rt.hipEventSynchronize(self.events[k])
         return self.views[k].copy()
