@@ -356,3 +356,23 @@ def test_the_tail_path_with_positions_set_reset_a_full_cache_and_a_replaced_slot
     dec.params["cache_position"] = dec.step_params["cache_position"] = fresh
     assert list(dec.greedy_tokens(want[2], 3)) == want[3:6]
     _assert_every_run_at_its_slot(runs)
+
+
+def test_steps_by_hand_between_chains_run_at_their_slots(llama, target):
+    """As above on each target's own greedy path (gpu: the ``mgx_argmax_advance`` tail and the page-locked
+    reader; ref: the argmax and a copy): a chain, two steps run by hand on Decoder.params, the position set
+    back, and the next step and chain give the step-by-step ids."""
+    dec = _decoder(llama, target, True)
+    want = _stepwise(dec, PROMPT, 8)
+    p, ctx, q = dec.params, dec.ctx, dec.queue
+    _prefill(dec, PROMPT)
+    got = list(dec.greedy_tokens(PROMPT[-1], 3))
+    mark = dec.position
+    with ctx.on_queue(q):
+        for t in (got[-1], want[3]):
+            p["input_ids"].fill(t)
+            p["cache_position"].fill(dec.position)
+            dec.program.run_async(dec.step_params, q)
+            dec.position += 1
+    dec.position = mark
+    assert got == want[:3] and list(dec.greedy_tokens(got[-1], 5)) == want[3:8]
