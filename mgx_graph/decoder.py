@@ -130,6 +130,8 @@ class Decoder:
         return describe_host_ops(self.host_op_parts)
 
     def reset(self) -> None:
+        """Close an open :meth:`greedy_tokens` generator, zero every array of :attr:`params` (the step
+        inputs and the cache, queued on the program's queue) and set :attr:`position` to 0."""
         self._end_chain()
         with self.ctx.on_queue(self.queue):
             for n, a in self.params.items():

@@ -70,6 +70,9 @@ class HostReader:
         self._started(k)
 
     def start(self, arr, queue) -> None:
+        """Queue a copy of device array ``arr`` (C-contiguous, ``shape`` / ``dtype``) into the next buffer
+        and an event after it, on ``queue``.  Raises ParameterError for another array or when ``depth``
+        read-backs are pending."""
         self._check_free()
         if tuple(arr.shape) != self.shape or arr.dtype != self.dtype or not arr.flags.c_contiguous:
             raise ParameterError(f"HostReader: array {arr.dtype}{list(arr.shape)} (C-contiguous "
@@ -81,6 +84,8 @@ class HostReader:
         self._started(k)
 
     def wait(self) -> np.ndarray:
+        """Wait for the oldest pending read-back (its event only) and return a new numpy array of
+        ``shape`` / ``dtype`` holding it.  Raises ParameterError when none is pending."""
         if not self.pending:
             raise ParameterError("HostReader: no read-back pending (start() or start_written() first)")
         k = self.pending.popleft()
