@@ -197,7 +197,9 @@ class Decoder:
         counts the slots of the ids consumed (the next feed writes that slot again), unless it was
         set in the meantime.  Another ``greedy_tokens`` call, :meth:`feed`, :meth:`step` and
         :meth:`reset` close an open generator first (it then yields nothing more), so two never
-        share the read-back buffers.  It ends early when the cache is full.  :attr:`last_logits`
+        share the read-back buffers; :attr:`params` must not be written while it is open (the step
+        queued next takes its slot from the step before on the device).  It ends early when the cache
+        is full.  :attr:`last_logits`
         belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
         of several rows."""
         if self.rows_interface:
