@@ -130,6 +130,8 @@ class Decoder:
         return describe_host_ops(self.host_op_parts)
 
     def reset(self) -> None:
+        """Close an open :meth:`greedy_tokens` generator, zero every array of :attr:`params` (the step
+        inputs and the cache, queued on the program's queue) and set :attr:`position` to 0."""
         self._end_chain()
         with self.ctx.on_queue(self.queue):
             for n, a in self.params.items():
@@ -170,11 +172,12 @@ class Decoder:
     def _run_at_position(self, q) -> None:
         """Write the slot into ``cache_position``, run the program on ``q`` (the call timed into
         :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``.  The slot is not written
-        again when the greedy tail queued it into the same array already (:meth:`_queue_greedy_step`)."""
+        again when the greedy tail of the step before, in the same open chain, queued it into the same
+        array already (:meth:`_queue_greedy_step`)."""
         slot, done = self.params["cache_position"], self._slot_written
+        self._slot_written = None  # used once: by the step queued right after the tail
         if done is None or done[0] is not slot or done[1] != self.position:
             slot.fill(self.position)
-            self._slot_written = (slot, self.position)
         with self._state_lock:
             step = self._step_params()
             h0 = time.perf_counter()
@@ -194,7 +197,9 @@ class Decoder:
         counts the slots of the ids consumed (the next feed writes that slot again), unless it was
         set in the meantime.  Another ``greedy_tokens`` call, :meth:`feed`, :meth:`step` and
         :meth:`reset` close an open generator first (it then yields nothing more), so two never
-        share the read-back buffers.  It ends early when the cache is full.  :attr:`last_logits`
+        share the read-back buffers; :attr:`params` must not be written while it is open (the step
+        queued next takes its slot from the step before on the device).  It ends early when the cache
+        is full.  :attr:`last_logits`
         belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
         of several rows."""
         if self.rows_interface:
@@ -229,6 +234,7 @@ class Decoder:
                 reader.wait()
             if self.position == start + queued:  # not set by the caller since
                 self.position = start + yielded
+            self._slot_written = None  # the caller may write params between calls: the next step fills
 
     def _id_reader(self):
         r = getattr(self, "_reader", None)
@@ -261,14 +267,16 @@ class Decoder:
 
     def _greedy_tail(self, reader):
         """The :class:`~mgx_graph.operators.index_ops.ArgmaxAdvance` of this step's logits when the
-        reader takes kernel-written results (page-locked memory, gpu) and the logits are one contiguous
-        float row, else None (argmax, then a read-back copy)."""
-        logits = self.last_logits
+        reader takes kernel-written results (page-locked memory, gpu), the logits are one contiguous
+        float row and ``input_ids`` / ``cache_position`` are int64 (the kernel writes one int64 to each),
+        else None (argmax, then a read-back copy)."""
+        logits, p = self.last_logits, self.params
         if not hasattr(reader, "start_written") or logits.dtype.name not in FLOATS or \
-                not logits.flags.c_contiguous:
+                not logits.flags.c_contiguous or p["input_ids"].dtype != np.int64 or \
+                p["cache_position"].dtype != np.int64:
             return None
         tail = self._advance
-        if tail is None or tail.dtype != logits.dtype:
+        if tail is None or tail.dtype != logits.dtype or tail.n != logits.size:
             tail = self._advance = ArgmaxAdvance(self.ctx, logits.size, logits.dtype)
         return tail
 

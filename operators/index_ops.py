@@ -185,10 +185,16 @@ class ArgmaxAdvance:
         """Queue the step tail on the current queue: ``x`` the logits (``n`` values of ``dtype``,
         contiguous), ``ids`` int64 (its first element gets the id), ``host_ptr`` the device address of
         page-locked host memory for one int64 (:meth:`~mgx_graph.targets.host_reader.HostReader.start_written`),
-        ``pos`` int64 (its first element gets ``next_pos``; None: not written)."""
-        if x.size != self.n or x.dtype != self.dtype or not x.flags.c_contiguous or ids.dtype != np.int64:
-            raise ShapeError(f"ArgmaxAdvance: logits {x.dtype}{list(x.shape)} and ids {ids.dtype}: expected "
-                             f"{self.n} contiguous {self.dtype} values and int64 ids")
+        ``pos`` int64 (its first element gets ``next_pos``; None: not written).  Raises ShapeError for other
+        logits, or ids / pos that are not int64 arrays of at least one element (the kernel writes one int64
+        to each)."""
+        if x.size != self.n or x.dtype != self.dtype or not x.flags.c_contiguous or ids.dtype != np.int64 \
+                or ids.size < 1:
+            raise ShapeError(f"ArgmaxAdvance: logits {x.dtype}{list(x.shape)} and ids {ids.dtype}{list(ids.shape)}: "
+                             f"expected {self.n} contiguous {self.dtype} values and int64 ids of at least one element")
+        if pos is not None and (pos.dtype != np.int64 or pos.size < 1):
+            raise ShapeError(f"ArgmaxAdvance: pos {pos.dtype}{list(pos.shape)}: expected int64 of at least one "
+                             f"element (the kernel writes one int64 there)")
         ctx = self.ctx
         vec = int(ctx.data_ptr(x) % 16 == 0)
         k = line_function(self.dtype.name, "mgx_argmax_advance")

@@ -235,8 +235,10 @@ extern "C" __global__ void mgx_argmax_advance(const T* x, long long n, long long
     if (t == 0) {
         part_v[blockIdx.x] = sv[0];
         part_i[blockIdx.x] = si[0];
-        __threadfence();  // the candidate is visible before the count says so
-        last = atomicAdd(count, 1u) == gridDim.x - 1;
+        __threadfence();  // the candidate is visible before the count says so (release)
+        const bool mine = atomicAdd(count, 1u) == gridDim.x - 1;
+        if (mine) __threadfence();  // the other blocks' candidates are read after their counts (acquire)
+        last = mine;
     }
     __syncthreads();
     if (!last) return;

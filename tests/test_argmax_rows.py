@@ -88,6 +88,92 @@ def test_advance_kernel_on_the_host_matches_numpy(dtype, ctype, acc, n, chunk):
         assert count[0] == 0
 
 
+def _aligned(x):
+    """A copy of 1-D ``x`` starting on a 16-byte boundary (what the 16-byte-load paths take)."""
+    buf = np.empty(x.nbytes + 16, np.uint8)
+    off = (-buf.__array_interface__["data"][0]) % 16
+    a = buf[off:off + x.nbytes].view(x.dtype)
+    a[:] = x
+    return a
+
+
+def _edge_rows(dtype, n, rng):
+    """The KINDS of :func:`_rows`, then a NaN first, the largest value first, two NaNs (the first wins)."""
+    for kind in KINDS:
+        yield kind, _rows(kind, dtype, 1, n, rng)[0]
+    for kind in ("nan_first", "max_first", "two_nans"):
+        x = rng.standard_normal(n).astype(dtype)
+        if kind == "nan_first":
+            x[0] = np.nan
+        elif kind == "max_first":
+            x[0] = x.max() + 1
+        else:
+            x[[n // 3, n - 1]] = np.nan
+        yield kind, x
+
+
+@pytest.mark.skipif(not attn_host.available(), reason="needs g++")
+@pytest.mark.parametrize("dtype, ctype, acc", [("float32", "float", "float"), ("float64", "double", "double"),
+                                               ("float16", "__half", "float")])
+@pytest.mark.parametrize("n", [1, 3, 9, 17, 1000, 4099])
+def test_the_16_byte_load_paths_on_the_host_match_numpy(dtype, ctype, acc, n):
+    """The device-only 16-byte-load branch of ``mgx_scan_first_max`` built on the host too (``__CUDACC_RTC__``
+    defined): rows of lengths that are and are not whole vectors, the advance kernel over chunks of one, three
+    and five vectors and over the chunk ``advance_plan`` picks, so the last block's partial vector and the
+    element-by-element tail after the last whole vector are scanned."""
+    import os
+
+    import mgx_graph.operators as ops
+    from mgx_graph.operators.index_ops import advance_plan
+
+    with open(os.path.join(os.path.dirname(ops.__file__), "line_ops.cu")) as f:
+        lib, sigs = attn_host.build(f"#define __CUDACC_RTC__ 1\ntypedef {ctype} T;\ntypedef {acc} ACC;\n" + f.read())
+    itemsize = np.dtype(dtype).itemsize
+    v = 16 // itemsize
+    rng = np.random.default_rng(n)
+    planned = advance_plan(n, itemsize)[1]
+    chunks = sorted({v, 3 * v, 5 * v, planned}) if n < 4000 else [planned]
+    for kind, row in _edge_rows(dtype, n, rng):
+        x, want = _aligned(row), np.argmax(row)
+        got = np.full(1, -5, np.int64)
+        attn_host.launch(lib, sigs, "mgx_argmax_rows", (1,), 32, (x, got, n, n, 1))
+        assert got[0] == want, f"rows {kind} n={n}"
+        for chunk in chunks:
+            blocks = -(-n // chunk)
+            part_v, part_i = np.full(blocks, np.nan, "float32" if acc == "float" else acc), np.full(blocks, -9, np.int64)
+            count = np.zeros(1, np.uint32)
+            ids, host, pos = (np.full(1, -5, np.int64) for _ in range(3))
+            attn_host.launch(lib, sigs, "mgx_argmax_advance", (blocks,), 32,
+                             (x, n, chunk, 1, ids, host, pos, 3, part_v, part_i, count))
+            assert ids[0] == want and host[0] == want and pos[0] == 3 and count[0] == 0, f"{kind} n={n} chunk={chunk}"
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_advance_plan_covers_the_row_in_whole_vectors(itemsize):
+    """Every block has values (the last one fewer), each chunk is whole 16-byte vectors, and the grid stays
+    within what the kernel's last block merges."""
+    from mgx_graph.operators.index_ops import ADVANCE_MAX_BLOCKS, advance_plan
+
+    v = 16 // itemsize
+    for n in [1, 2, 7, 8, 9, 255, 2047, 2048, 2049, 49152, 128256 + 3, 151936, 10 ** 7 + 1]:
+        blocks, chunk = advance_plan(n, itemsize)
+        assert chunk % v == 0 and 1 <= blocks <= ADVANCE_MAX_BLOCKS, n
+        assert (blocks - 1) * chunk < n <= blocks * chunk, n
+
+
+def test_argmax_advance_rejects_a_slot_or_id_it_would_write_past():
+    """``pos`` and ``ids`` get one int64 each from the kernel: another dtype or an empty array is a ShapeError
+    naming them (an int32 ``cache_position`` would be written 8 bytes wide)."""
+    from mgx_graph.operators.index_ops import ArgmaxAdvance
+
+    tail = ArgmaxAdvance(make_context("ref"), 8, np.float32)
+    x = np.zeros(8, np.float32)
+    for ids, pos in [(np.zeros(1, np.int64), np.zeros(1, np.int32)), (np.zeros(1, np.int64), np.zeros(0, np.int64)),
+                     (np.zeros(0, np.int64), None)]:
+        with pytest.raises(ShapeError, match="ArgmaxAdvance.*(pos|ids)"):
+            tail(x, ids, 0, pos, 1)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("n", [1, 13, 2049, 49152, 128256 + 3])
 @pytest.mark.gpu
@@ -101,16 +187,17 @@ def test_argmax_advance_matches_numpy(gpu_target, dtype, n):
     tail = ArgmaxAdvance(ctx, n, dtype)
     reader = ctx.host_reader((1, 1), np.int64)
     rng = np.random.default_rng(n + len(dtype))
-    ids, slot = xp.full((1, 1), -5, np.int64), xp.full((1,), -5, np.int64)
-    for k, kind in enumerate(KINDS):
-        host = _rows(kind, dtype, 1, n + 1, rng)
-        for x in (xp.asarray(host[0, :n]), xp.asarray(host)[0, 1:]):  # aligned, then one element off
-            reader.start_written(lambda ptr, x=x: tail(x, ids, ptr, slot, 7 + k), ctx.queue)
-            got = int(reader.wait().reshape(-1)[0])
-            want = int(np.argmax(x.get()))
-            assert got == want and int(ids.get()[0, 0]) == want, f"{kind} n={n}"
-            assert int(slot.get()[0]) == 7 + k
-    assert int(tail.count.get()[0]) == 0
+    with ctx.on_queue(ctx.queue):  # the arrays made on the queue the kernel and the reader's event use
+        ids, slot = xp.full((1, 1), -5, np.int64), xp.full((1,), -5, np.int64)
+        for k, kind in enumerate(KINDS):
+            host = _rows(kind, dtype, 1, n + 1, rng)
+            for x in (xp.asarray(host[0, :n]), xp.asarray(host)[0, 1:]):  # aligned, then one element off
+                reader.start_written(lambda ptr, x=x: tail(x, ids, ptr, slot, 7 + k), ctx.queue)
+                got = int(reader.wait().reshape(-1)[0])
+                want = int(np.argmax(x.get()))
+                assert got == want and int(ids.get()[0, 0]) == want, f"{kind} n={n}"
+                assert int(slot.get()[0]) == 7 + k
+        assert int(tail.count.get()[0]) == 0
     reader.close()
 
 

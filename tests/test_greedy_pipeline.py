@@ -241,7 +241,7 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
 
     class NumpyTail:
         def __init__(self, ctx, n, dtype):
-            self.dtype = np.dtype(dtype)
+            self.n, self.dtype = n, np.dtype(dtype)
 
         def __call__(self, x, ids, host, pos=None, next_pos=0):
             ids.reshape(-1)[0] = reader.bufs[host][0, 0] = int(np.argmax(x))
@@ -265,3 +265,114 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
     assert dec.position == len(PROMPT) - 1 + 5 and int(slot[0]) == dec.position + 1  # one step queued ahead
     assert list(dec.greedy_tokens(want[4], 3)) == want[5:8] and _CountedSlot.fills == [len(PROMPT) - 1, dec.position - 3]
     assert _stepwise(dec, PROMPT, 8) == want  # slot 0 onwards again: every slot filled
+
+
+def _tail_decoder(llama, monkeypatch):
+    """A ref Decoder whose greedy chain takes the one-kernel tail path (numpy standing in for the kernel, as
+    above), and the list of ``(cache_position seen by the program, Decoder.position)`` of every run."""
+    from mgx_graph import decoder as decoder_module
+
+    reader = _WrittenReader()
+
+    class NumpyTail:
+        def __init__(self, ctx, n, dtype):
+            self.n, self.dtype = n, np.dtype(dtype)
+
+        def __call__(self, x, ids, host, pos=None, next_pos=0):
+            ids.reshape(-1)[0] = reader.bufs[host][0, 0] = int(np.argmax(x))
+            if pos is not None:
+                pos[...] = next_pos
+
+    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", NumpyTail)
+    dec = _decoder(llama, "ref", True)
+    dec._reader = reader
+    runs, real = [], dec.program.run_async
+
+    def run_async(params, queue):
+        runs.append((int(params["cache_position"][0]), dec.position))
+        return real(params, queue)
+
+    monkeypatch.setattr(dec.program, "run_async", run_async)
+    return dec, runs
+
+
+def _assert_every_run_at_its_slot(runs):
+    bad = [r for r in runs if r[0] != r[1]]
+    assert not bad, f"runs whose cache_position was not the Decoder's position (seen, position): {bad}"
+
+
+def test_the_tail_path_runs_every_step_at_its_slot_when_the_caller_writes_the_slot_in_place(llama, monkeypatch):
+    """Decoder.params is public and bench/w1_decode.py writes cache_position in place: a step run by hand after
+    a chain (the slot written by the caller), then the position set back to where the chain left it, must
+    not take the chain's slot as still written."""
+    dec, runs = _tail_decoder(llama, monkeypatch)
+    want = _stepwise(dec, PROMPT, 8)
+    p = dec.params
+
+    def by_hand(tokens):  # steps run by hand, as bench/w1_decode.py runs them
+        for t in tokens:
+            p["input_ids"].fill(t)
+            p["cache_position"].fill(dec.position)
+            dec.program.run_async(dec.step_params, dec.queue)
+            dec.position += 1
+
+    _prefill(dec, PROMPT)
+    got = list(dec.greedy_tokens(PROMPT[-1], 3))  # the last tail wrote slot len(PROMPT) + 2 ahead
+    mark = dec.position
+    by_hand([got[-1], want[3]])
+    dec.position = mark  # the caller goes back and runs the first of them again
+    runs.clear()
+    assert dec.step(got[-1]) == want[3]
+    _assert_every_run_at_its_slot(runs)
+    by_hand([want[4]])  # after a feed: the same
+    dec.position = mark + 1
+    runs.clear()
+    assert dec.step(want[3]) == want[4]
+    _assert_every_run_at_its_slot(runs)
+
+
+def test_the_tail_path_with_positions_set_reset_a_full_cache_and_a_replaced_slot_array(llama, monkeypatch):
+    """The one-kernel tail's slot bookkeeping against what every run reads: positions set while a chain is
+    open, a reset mid-chain, a chain that fills the cache (its last tail writes the slot past the end), and
+    the cache_position array replaced by the caller (bench/soak.py) after a chain."""
+    dec, runs = _tail_decoder(llama, monkeypatch)
+    n = SLOTS - len(PROMPT) + 1
+    want = _stepwise(dec, PROMPT, n)
+    _prefill(dec, PROMPT)
+    chain = dec.greedy_tokens(PROMPT[-1], n)
+    assert [next(chain), next(chain)] == want[:2]
+    _prefill(dec, PROMPT)  # positions set (and fed) while the chain is open: it ends, yielding nothing more
+    assert list(chain) == [] and list(dec.greedy_tokens(PROMPT[-1], n)) == want and dec.position == SLOTS
+    with pytest.raises(MgxError, match="full"):
+        next(dec.greedy_tokens(1, 1))
+    dec.position = len(PROMPT) - 1  # back from a full cache: the slot after the last is in cache_position
+    assert list(dec.greedy_tokens(PROMPT[-1], 4)) == want[:4]
+    chain = dec.greedy_tokens(want[3], 4)
+    next(chain)
+    dec.reset()
+    assert list(chain) == [] and dec.position == 0
+    assert _stepwise(dec, PROMPT, 3) == want[:3]
+    fresh = np.full_like(dec.params["cache_position"], 12345)
+    dec.params["cache_position"] = dec.step_params["cache_position"] = fresh
+    assert list(dec.greedy_tokens(want[2], 3)) == want[3:6]
+    _assert_every_run_at_its_slot(runs)
+
+
+def test_steps_by_hand_between_chains_run_at_their_slots(llama, target):
+    """As above on each target's own greedy path (gpu: the ``mgx_argmax_advance`` tail and the page-locked
+    reader; ref: the argmax and a copy): a chain, two steps run by hand on Decoder.params, the position set
+    back, and the next step and chain give the step-by-step ids."""
+    dec = _decoder(llama, target, True)
+    want = _stepwise(dec, PROMPT, 8)
+    p, ctx, q = dec.params, dec.ctx, dec.queue
+    _prefill(dec, PROMPT)
+    got = list(dec.greedy_tokens(PROMPT[-1], 3))
+    mark = dec.position
+    with ctx.on_queue(q):
+        for t in (got[-1], want[3]):
+            p["input_ids"].fill(t)
+            p["cache_position"].fill(dec.position)
+            dec.program.run_async(dec.step_params, q)
+            dec.position += 1
+    dec.position = mark
+    assert got == want[:3] and list(dec.greedy_tokens(got[-1], 5)) == want[3:8]

@@ -27,7 +27,7 @@ class HostReader:
     memory is mapped into the device's address space: ``hipHostGetDevicePointer``), and the event after
     it, so no copy is queued at all; ``wait()`` waits for the oldest start and returns a new numpy array
     holding it.  At most ``depth`` starts may be pending (a further one is a ParameterError: the buffer
-    is still being read).  ``close()`` frees the
+    is still being read); ``wait()`` with none pending is a ParameterError too.  ``close()`` frees the
     buffers (the context also does when it is released)."""
 
     def __init__(self, ctx, shape, dtype, depth: int = 2):
@@ -50,24 +50,29 @@ class HostReader:
 
     def _check_free(self) -> None:
         if len(self.pending) >= self.depth:
-            raise ParameterError(f"HostReader: {self.depth} copies pending already (wait() first)")
+            raise ParameterError(f"HostReader: {self.depth} read-backs pending already (wait() first)")
 
     def _started(self, k: int) -> None:
         self.next = (k + 1) % self.depth
         self.pending.append(k)
 
     def start_written(self, write, queue) -> None:
-        """Queue ``write(address)`` (it queues a kernel on ``queue`` that writes ``shape`` / ``dtype``
-        C-contiguous at device address ``address``) and an event after it.  When ``write`` raises,
-        nothing is pending."""
+        """Queue ``write(address)`` (it queues a kernel on the current queue that writes ``shape`` /
+        ``dtype`` C-contiguous at device address ``address``, an int) and an event after it, both on
+        ``queue``: ``write`` runs with ``queue`` current (``ctx.on_queue``), so its kernel is ordered
+        before the event even when the caller is not inside ``on_queue(queue)``.  When ``write``
+        raises, nothing is pending and the same buffer is used next."""
         self._check_free()
         k = self.next
-        with self.ctx.on_device():
+        with self.ctx.on_queue(queue):
             write(self.device_ptrs[k])
             self.rt.hipEventRecord(self.events[k], queue)
         self._started(k)
 
     def start(self, arr, queue) -> None:
+        """Queue a copy of device array ``arr`` (C-contiguous, ``shape`` / ``dtype``) into the next buffer
+        and an event after it, on ``queue``.  Raises ParameterError for another array or when ``depth``
+        read-backs are pending."""
         self._check_free()
         if tuple(arr.shape) != self.shape or arr.dtype != self.dtype or not arr.flags.c_contiguous:
             raise ParameterError(f"HostReader: array {arr.dtype}{list(arr.shape)} (C-contiguous "
@@ -79,8 +84,10 @@ class HostReader:
         self._started(k)
 
     def wait(self) -> np.ndarray:
+        """Wait for the oldest pending read-back (its event only) and return a new numpy array of
+        ``shape`` / ``dtype`` holding it.  Raises ParameterError when none is pending."""
         if not self.pending:
-            raise ParameterError("HostReader: no copy pending")
+            raise ParameterError("HostReader: no read-back pending (start() or start_written() first)")
         k = self.pending.popleft()
         self.rt.hipEventSynchronize(self.events[k])
         return self.views[k].copy()

@@ -1,0 +1,117 @@
+"""``HostReader`` (mgx_graph/targets/host_reader.py) over a stand-in runtime on the host: page-locked
+buffers are ctypes buffers whose "device address" is their host address, events are no-ops, and the
+context records which queue is current.  Checks the bookkeeping the gpu target relies on: at most
+``depth`` read-backs pending, a writer that raises leaves nothing pending, ``start_written`` runs its
+writer with the read-back's queue current, and ``wait`` returns the buffers in start order."""
+import contextlib
+import ctypes
+
+import numpy as np
+import pytest
+
+from mgx_graph.errors import ParameterError
+from mgx_graph.targets.host_reader import HostReader
+
+
+class _Runtime:
+    def __init__(self):
+        self.bufs, self.calls = {}, []
+
+    def hipHostMalloc(self, nbytes):
+        buf = (ctypes.c_byte * nbytes)()
+        self.bufs[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def hipHostGetDevicePointer(self, ptr):
+        return ptr
+
+    def hipHostFree(self, ptr):
+        del self.bufs[ptr]
+
+    def hipEventCreate(self):
+        return object()
+
+    def hipEventRecord(self, ev, queue):
+        self.calls.append(("record", queue))
+
+    def hipEventSynchronize(self, ev):
+        pass
+
+    def hipEventDestroy(self, ev):
+        pass
+
+    def hipMemcpyDtoHAsync(self, dst, src, nbytes, queue):
+        ctypes.memmove(dst, src, nbytes)
+        self.calls.append(("copy", queue))
+
+
+class _Context:
+    def __init__(self):
+        self.runtime, self.current = _Runtime(), None
+
+    def on_device(self):
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def on_queue(self, queue):
+        outer, self.current = self.current, queue
+        try:
+            yield
+        finally:
+            self.current = outer
+
+    @staticmethod
+    def data_ptr(arr):
+        return arr.__array_interface__["data"][0]
+
+
+def _writer(ctx, value, seen):
+    def write(address):
+        seen.append(ctx.current)
+        np.frombuffer((ctypes.c_byte * 8).from_address(address), np.int64)[0] = value
+    return write
+
+
+def test_written_read_backs_come_back_in_order_and_the_writer_runs_on_the_queue():
+    ctx, seen = _Context(), []
+    r = HostReader(ctx, (1, 1), np.int64)
+    r.start_written(_writer(ctx, 11, seen), 7)
+    r.start(np.full((1, 1), 12, np.int64), 7)
+    assert seen == [7] and ctx.current is None  # the writer saw queue 7 current, restored after
+    assert [int(r.wait()[0, 0]), int(r.wait()[0, 0])] == [11, 12]
+    assert ctx.runtime.calls == [("record", 7), ("copy", 7), ("record", 7)]
+    r.close()
+    assert not ctx.runtime.bufs
+
+
+def test_more_starts_than_depth_and_a_wait_with_none_pending_are_typed_errors():
+    ctx = _Context()
+    r = HostReader(ctx, (1, 1), np.int64, depth=2)
+    with pytest.raises(ParameterError, match="no read-back pending"):
+        r.wait()
+    r.start_written(_writer(ctx, 1, []), 0)
+    r.start(np.zeros((1, 1), np.int64), 0)
+    for start in (lambda: r.start_written(_writer(ctx, 3, []), 0), lambda: r.start(np.zeros((1, 1), np.int64), 0)):
+        with pytest.raises(ParameterError, match="2 read-backs pending"):
+            start()
+    assert len(r.pending) == 2
+    assert int(r.wait()[0, 0]) == 1
+    r.start_written(_writer(ctx, 4, []), 0)  # a buffer is free again
+    assert [int(r.wait()[0, 0]), int(r.wait()[0, 0])] == [0, 4]
+
+
+def test_a_writer_that_raises_leaves_nothing_pending_and_the_same_buffer_next():
+    ctx = _Context()
+    r = HostReader(ctx, (1, 1), np.int64)
+
+    def bad(address):
+        raise ValueError("no kernel")
+
+    with pytest.raises(ValueError, match="no kernel"):
+        r.start_written(bad, 0)
+    assert not r.pending and r.next == 0 and ctx.current is None and not ctx.runtime.calls
+    with pytest.raises(ParameterError, match="C-contiguous"):
+        r.start(np.zeros((1, 2), np.int64), 0)
+    assert not r.pending and r.next == 0
+    r.start_written(_writer(ctx, 9, []), 0)
+    assert r.pending[0] == 0 and int(r.wait()[0, 0]) == 9
