@@ -271,7 +271,7 @@ class Decoder:
         float row and ``input_ids`` / ``cache_position`` are int64 (the kernel writes one int64 to each),
         else None (argmax, then a read-back copy)."""
         logits, p = self.last_logits, self.params
-        if not hasattr(reader, "start_written") or logits.dtype.name not in FLOATS or \
+        if not getattr(reader, "kernel_writable", False) or logits.dtype.name not in FLOATS or \
                 not logits.flags.c_contiguous or p["input_ids"].dtype != np.int64 or \
                 p["cache_position"].dtype != np.int64:
             return None

@@ -208,8 +208,10 @@ def test_the_w1_runner_gives_transformers_ids_and_a_typed_error_when_the_cache_i
 
 
 class _WrittenReader:
-    """A HostReader stand-in taking kernel-written ids (``start_written``) on the ref target: the address
+    """A HostReader stand-in taking kernel-written ids (``start_written``, ``kernel_writable``) on the ref target: the address
     handed to the writer is the index of one of its two buffers."""
+
+    kernel_writable = True
 
     def __init__(self):
         self.bufs, self.pending, self.next = [np.zeros((1, 1), np.int64) for _ in range(2)], [], 0

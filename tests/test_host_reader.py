@@ -115,3 +115,23 @@ def test_a_writer_that_raises_leaves_nothing_pending_and_the_same_buffer_next():
     assert not r.pending and r.next == 0
     r.start_written(_writer(ctx, 9, []), 0)
     assert r.pending[0] == 0 and int(r.wait()[0, 0]) == 9
+
+
+def test_a_platform_without_mapped_page_locked_memory_keeps_the_copy_read_back():
+    """``hipHostGetDevicePointer`` failing (no mapped page-locked memory): the reader is made, copies still
+    read back, ``kernel_writable`` is False and ``start_written`` is a ParameterError with nothing pending."""
+    from mgx_graph.errors import DeviceError
+
+    ctx = _Context()
+
+    def unmapped(ptr):
+        raise DeviceError("hipHostGetDevicePointer", "hipErrorNotSupported")
+
+    ctx.runtime.hipHostGetDevicePointer = unmapped
+    r = HostReader(ctx, (1, 1), np.int64)
+    assert not r.kernel_writable
+    with pytest.raises(ParameterError, match="no device address"):
+        r.start_written(_writer(ctx, 5, []), 0)
+    assert not r.pending
+    r.start(np.full((1, 1), 6, np.int64), 0)
+    assert int(r.wait()[0, 0]) == 6

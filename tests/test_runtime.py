@@ -363,6 +363,8 @@ def test_cupy_call_raises_device_errors_with_the_hip_name():
         cupy_call("hipGraphLaunch", failing, 1, 2)
     assert e.value.code == "hipErrorInvalidValue"
     assert cupy_call("x", lambda a, b: a + b, 1, 2) == 3
+    with pytest.raises(TypeError):  # not a runtime error: raised as it is
+        cupy_call("x", lambda a: a + "s", 1)
 
 
 def test_host_runtime_has_no_cupy_module():

@@ -317,8 +317,10 @@ def cupy_call(call: str, fn, *args):
     name: ``cudaErrorInvalidValue: invalid argument``)."""
     try:
         return fn(*args)
-    except Exception as e:  # CuPy's CUDARuntimeError (HIP builds: the same class)
-        name = str(e).split(":", 1)[0].strip() or type(e).__name__
+    except Exception as e:  # CuPy's CUDARuntimeError (HIP builds: the same class); anything else as it is
+        name = str(e).split(":", 1)[0].strip()
+        if not name.startswith(("cuda", "hip")):
+            raise
         raise DeviceError(call, "hip" + name[4:] if name.startswith("cuda") else name) from e
 
 

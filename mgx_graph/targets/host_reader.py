@@ -15,7 +15,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import ParameterError
+from ..errors import DeviceError, ParameterError
 
 
 class HostReader:
@@ -40,13 +40,26 @@ class HostReader:
             for _ in range(self.depth):
                 ptr = self.rt.hipHostMalloc(self.nbytes)
                 self.ptrs.append(ptr)
-                self.device_ptrs.append(self.rt.hipHostGetDevicePointer(ptr))
+                self.device_ptrs.append(self._device_address(ptr))
                 self.events.append(self.rt.hipEventCreate())
                 buf = (ctypes.c_byte * max(self.nbytes, 1)).from_address(ptr)
                 self.views.append(np.frombuffer(buf, self.dtype, count=self.nbytes // self.dtype.itemsize)
                                   .reshape(self.shape))
         self.pending: deque = deque()
         self.next = 0
+
+    def _device_address(self, ptr: int):
+        """The device address of buffer ``ptr``, or None where the platform maps no page-locked memory
+        (then only :meth:`start` reads back: :attr:`kernel_writable` is False)."""
+        try:
+            return self.rt.hipHostGetDevicePointer(ptr)
+        except DeviceError:
+            return None
+
+    @property
+    def kernel_writable(self) -> bool:
+        """Whether :meth:`start_written` can run: every buffer has a device address."""
+        return bool(self.device_ptrs) and all(p is not None for p in self.device_ptrs)
 
     def _check_free(self) -> None:
         if len(self.pending) >= self.depth:
@@ -61,7 +74,10 @@ class HostReader:
         ``dtype`` C-contiguous at device address ``address``, an int) and an event after it, both on
         ``queue``: ``write`` runs with ``queue`` current (``ctx.on_queue``), so its kernel is ordered
         before the event even when the caller is not inside ``on_queue(queue)``.  When ``write``
-        raises, nothing is pending and the same buffer is used next."""
+        raises, nothing is pending and the same buffer is used next.  ParameterError when the buffers
+        have no device address (:attr:`kernel_writable`)."""
+        if not self.kernel_writable:
+            raise ParameterError("HostReader: the page-locked buffers have no device address here (use start)")
         self._check_free()
         k = self.next
         with self.ctx.on_queue(queue):
