@@ -233,13 +233,9 @@ class _CountedSlot(np.ndarray):
         super().fill(value)
 
 
-def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(llama, monkeypatch):
-    """The greedy tail as the gpu target runs it (``_greedy_tail``: the id into input_ids and the reader,
-    the next slot into cache_position), here with numpy standing in for the kernel: the same ids as the
-    step chain, one fill per chain (its first slot), and a later feed at another slot fills it again."""
-    from mgx_graph import decoder as decoder_module
-
-    reader = _WrittenReader()
+def _numpy_tail(reader):
+    """An ``ArgmaxAdvance`` stand-in class writing through ``reader`` (a :class:`_WrittenReader`): numpy's argmax
+    into ids and the reader's buffer, ``next_pos`` into ``pos``, as the kernel does."""
 
     class NumpyTail:
         def __init__(self, ctx, n, dtype):
@@ -250,7 +246,18 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
             if pos is not None:
                 pos[...] = next_pos
 
-    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", NumpyTail)
+    return NumpyTail
+
+
+def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(llama, monkeypatch):
+    """The greedy tail as the gpu target runs it (``_greedy_tail``: the id into input_ids and the reader,
+    the next slot into cache_position), here with numpy standing in for the kernel: the same ids as the
+    step chain, one fill per chain (its first slot), and a later feed at another slot fills it again."""
+    from mgx_graph import decoder as decoder_module
+
+    reader = _WrittenReader()
+
+    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", _numpy_tail(reader))
     dec = _decoder(llama, "ref", True)
     want = _stepwise(dec, PROMPT, 8)
     dec._reader = reader
@@ -276,16 +283,7 @@ def _tail_decoder(llama, monkeypatch):
 
     reader = _WrittenReader()
 
-    class NumpyTail:
-        def __init__(self, ctx, n, dtype):
-            self.n, self.dtype = n, np.dtype(dtype)
-
-        def __call__(self, x, ids, host, pos=None, next_pos=0):
-            ids.reshape(-1)[0] = reader.bufs[host][0, 0] = int(np.argmax(x))
-            if pos is not None:
-                pos[...] = next_pos
-
-    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", NumpyTail)
+    monkeypatch.setattr(decoder_module, "ArgmaxAdvance", _numpy_tail(reader))
     dec = _decoder(llama, "ref", True)
     dec._reader = reader
     runs, real = [], dec.program.run_async

@@ -69,6 +69,16 @@ def _fuse(prog, target="ref"):
     return before, _summary(prog)
 
 
+def fused_args(f, feeds) -> list:
+    """The launch arguments of ``fused_gemv`` instruction ``f``'s inputs: parameters from ``feeds`` by name,
+    literals (the weight through gemv_layout's transpose) by value."""
+    args = []
+    for i in f.inputs:
+        src = i.inputs[0] if i.op.name == "transpose" else i
+        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    return args
+
+
 def _summary(prog):
     """``[(op, kernel)]`` of the main module's instructions but parameters and literals; ``kernel``: the
     op names in a fused instruction's submodule (views and builtins left out)."""
@@ -490,10 +500,7 @@ def test_generated_kernel_over_many_weight_rows_on_the_host(rows, pf):
     f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
     rng = np.random.default_rng(7)
     feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
-    args = []
-    for i in f.inputs:
-        src = i.inputs[0] if i.op.name == "transpose" else i
-        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    args = fused_args(f, feeds)
     hs = feeds["x"].astype(np.float64) + feeds["r"].astype(np.float64)
     n = (hs / np.sqrt(np.mean(hs * hs, axis=-1, keepdims=True) + EPS) * g).astype(dtype).astype(np.float64)
     y = (n @ w.astype(np.float64)).astype(dtype).astype(np.float64)

@@ -13,7 +13,7 @@ from mgx_graph import Program
 import gemv_host
 from irtools import S as Sh
 from irtools import lit, op
-from test_fuse_gemv import EPS, _fuse
+from test_fuse_gemv import EPS, _fuse, fused_args
 
 
 def _sliced_layer(dtype, K, L, S, seed=0):
@@ -66,10 +66,7 @@ def test_generated_kernel_any_split_and_grid_on_the_host(dtype, K, L, S, tpc):
     f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
     rng = np.random.default_rng(K)
     feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
-    args = []
-    for i in f.inputs:  # parameters by name; literals (the weight through gemv_layout's transpose) by value
-        src = i.inputs[0] if i.op.name == "transpose" else i
-        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    args = fused_args(f, feeds)
     want, hs = _want(feeds["x"], feeds["r"], vals, dtype, oracle)
     tol = 1e-2 if dtype == "float16" else 1e-5
     for vector in (True, False):
@@ -104,10 +101,7 @@ def test_generated_kernel_with_a_narrow_plan_on_the_host(monkeypatch):
     f = next(i for i in prog.get_main_module().instructions if i.op.name == "fused_gemv")
     rng = np.random.default_rng(5)
     feeds = {"x": rng.standard_normal((1, 1, K)).astype(dtype), "r": rng.standard_normal((1, 1, K)).astype(dtype)}
-    args = []
-    for i in f.inputs:
-        src = i.inputs[0] if i.op.name == "transpose" else i
-        args.append(feeds[src.op.parameter] if src.op.name == "@param" else np.ascontiguousarray(src.op.value))
+    args = fused_args(f, feeds)
     want, hs = _want(feeds["x"], feeds["r"], vals, dtype, oracle)
     ks, plan, parts = fused_gemv_source(f.module_inputs[0], [i.shape for i in f.inputs], f.shape, True)
     assert plan.tpc == 16 and ks.grid == L // 16
