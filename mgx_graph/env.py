@@ -45,6 +45,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_GEMV_NARROW``              ``1``: a GEMV of many columns of short rows gives each column fewer than 32
                                       threads (down to 4), so each thread holds more of its row and the grid
                                       has fewer blocks (off by default: not yet measured on a GPU)
+``MIGRAPHX_HOST_READER_POLL``         ``1``: a page-locked read-back (the greedy loop's next id) is waited for by
+                                      polling its event from the calling thread instead of blocking in
+                                      ``hipEventSynchronize`` (off by default)
 ``MIGRAPHX_PDL``                      ``0``: generated and own kernels launch without programmatic dependent
                                       launch inside captures (on by default on compute capability 9.0+)
 ====================================  ==========================================================

@@ -15,7 +15,7 @@ from mgx_graph.targets.host_reader import HostReader
 
 class _Runtime:
     def __init__(self):
-        self.bufs, self.calls = {}, []
+        self.bufs, self.calls, self.waits = {}, [], []
 
     def hipHostMalloc(self, nbytes):
         buf = (ctypes.c_byte * nbytes)()
@@ -35,7 +35,11 @@ class _Runtime:
         self.calls.append(("record", queue))
 
     def hipEventSynchronize(self, ev):
-        pass
+        self.waits.append("synchronize")
+
+    def hipEventQuery(self, ev):
+        self.waits.append("query")
+        return self.waits.count("query") % 3 == 0  # done at every third query
 
     def hipEventDestroy(self, ev):
         pass
@@ -135,3 +139,53 @@ def test_a_platform_without_mapped_page_locked_memory_keeps_the_copy_read_back()
     assert not r.pending
     r.start(np.full((1, 1), 6, np.int64), 0)
     assert int(r.wait()[0, 0]) == 6
+
+
+@pytest.mark.parametrize("poll", [False, True])
+def test_wait_polls_the_event_until_it_completes_or_synchronizes_on_it(poll):
+    """``poll=True`` (``MIGRAPHX_HOST_READER_POLL``): ``wait`` queries the event until it reports done and
+    never blocks in ``hipEventSynchronize``; ``poll=False``: one ``hipEventSynchronize``, no query.  The
+    values come back either way."""
+    ctx = _Context()
+    r = HostReader(ctx, (1, 1), np.int64, poll=poll)
+    r.start(np.full((1, 1), 21, np.int64), 3)
+    assert int(r.wait()[0, 0]) == 21
+    assert ctx.runtime.waits == (["query"] * 3 if poll else ["synchronize"])
+
+
+def test_poll_setting_reads_the_environment(monkeypatch):
+    from mgx_graph import env
+    from mgx_graph.targets.host_reader import poll_setting
+
+    for value, want in (("1", True), ("0", False), (None, False)):
+        env._reset_for_tests()
+        if value is None:
+            monkeypatch.delenv("MIGRAPHX_HOST_READER_POLL", raising=False)
+        else:
+            monkeypatch.setenv("MIGRAPHX_HOST_READER_POLL", value)
+        assert poll_setting() is want
+        assert HostReader(_Context(), (1,), np.int64).poll is want
+    env._reset_for_tests()
+
+
+@pytest.mark.parametrize("poll", [False, True])
+@pytest.mark.gpu
+def test_gpu_read_backs_wait_for_their_event_polled_or_blocking(gpu_target, poll):
+    """On the gpu: read-backs queued behind a long matmul come back with the values numpy computes,
+    polled (``hipEventQuery``) or blocking; the event reports done afterwards."""
+    from mgx_graph.targets import make_context
+
+    ctx = make_context("gpu")
+    xp = ctx.xp
+    r = HostReader(ctx, (4,), np.float32, poll=poll)
+    a = np.random.default_rng(3).standard_normal((512, 512)).astype(np.float32)
+    with ctx.on_queue(ctx.queue):
+        d = xp.asarray(a)
+        for k in range(3):
+            d = d @ d / 512.0  # device work the copy queues behind
+            want = d[0, :4]
+            r.start(xp.ascontiguousarray(want), ctx.queue)
+            got = r.wait()
+            np.testing.assert_allclose(got, want.get(), rtol=1e-6)
+            assert ctx.runtime.hipEventQuery(r.events[(r.next - 1) % r.depth])
+    r.close()

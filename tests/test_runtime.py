@@ -322,7 +322,8 @@ USED = ["hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipDeviceSynchroni
         "hipStreamCreateWithFlags", "hipStreamDestroy", "hipStreamSynchronize", "hipStreamBeginCapture",
         "hipStreamEndCapture", "hipStreamIsCapturing", "hipStreamGetCaptureInfo", "hipGraphInstantiateWithFlags",
         "hipGraphLaunch", "hipGraphUpload", "hipGraphExecUpdate", "hipGraphExecDestroy", "hipGraphDestroy",
-        "hipEventCreate", "hipEventRecord", "hipEventSynchronize", "hipEventElapsedTime", "hipEventDestroy",
+        "hipEventCreate", "hipEventRecord", "hipEventSynchronize", "hipEventQuery", "hipEventElapsedTime",
+        "hipEventDestroy", "hipError_t",
         "hipStreamNonBlocking", "hipStreamCaptureMode", "hipStream_t", "hipThreadExchangeStreamCaptureMode",
         "hipHostMalloc", "hipHostFree", "hipHostGetDevicePointer", "hipMemcpyAsync", "hipMemcpyKind"]
 

@@ -227,6 +227,13 @@ class CudaRuntime(Runtime):
     def hipEventSynchronize(self, ev) -> None:
         check("hipEventSynchronize", _rt.cudaEventSynchronize(ev)[0])
 
+    def hipEventQuery(self, ev) -> bool:
+        err = _rt.cudaEventQuery(ev)[0]
+        if err == _rt.cudaError_t.cudaErrorNotReady:
+            return False
+        check("hipEventQuery", err)
+        return True
+
     def hipEventElapsedTime(self, a, b) -> float:
         err, ms = _rt.cudaEventElapsedTime(a, b)
         check("hipEventElapsedTime", err)

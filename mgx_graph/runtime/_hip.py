@@ -184,6 +184,13 @@ class HipRuntime(Runtime):
     def hipEventSynchronize(self, ev) -> None:
         check("hipEventSynchronize", self.hip.hipEventSynchronize(ev)[0])
 
+    def hipEventQuery(self, ev) -> bool:
+        err = self.hip.hipEventQuery(ev)[0]
+        if err == self.hip.hipError_t.hipErrorNotReady:
+            return False
+        check("hipEventQuery", err)
+        return True
+
     def hipEventElapsedTime(self, a, b) -> float:
         err, ms = self.hip.hipEventElapsedTime(a, b)
         check("hipEventElapsedTime", err)

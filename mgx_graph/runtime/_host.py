@@ -314,6 +314,9 @@ class HostRuntime(Runtime):
     def hipEventSynchronize(self, ev) -> None:
         pass
 
+    def hipEventQuery(self, ev) -> bool:
+        return True  # the host queue ran the work before the call returned
+
     def hipEventElapsedTime(self, a, b) -> float:
         return (b[0] - a[0]) * 1e3
 

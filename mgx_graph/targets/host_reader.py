@@ -15,7 +15,15 @@ from collections import deque
 
 import numpy as np
 
+from ..env import enabled
 from ..errors import DeviceError, ParameterError
+
+
+def poll_setting() -> bool:
+    """``MIGRAPHX_HOST_READER_POLL`` (read once): ``1`` makes :meth:`HostReader.wait` poll its event
+    (``hipEventQuery`` until it completes) on the calling thread instead of ``hipEventSynchronize``
+    (off by default)."""
+    return enabled("MIGRAPHX_HOST_READER_POLL", default=False)
 
 
 class HostReader:
@@ -28,10 +36,12 @@ class HostReader:
     it, so no copy is queued at all; ``wait()`` waits for the oldest start and returns a new numpy array
     holding it.  At most ``depth`` starts may be pending (a further one is a ParameterError: the buffer
     is still being read); ``wait()`` with none pending is a ParameterError too.  ``close()`` frees the
-    buffers (the context also does when it is released)."""
+    buffers (the context also does when it is released).  ``poll`` (None: :func:`poll_setting`): ``wait()``
+    polls the event (``hipEventQuery``) instead of blocking in ``hipEventSynchronize``."""
 
-    def __init__(self, ctx, shape, dtype, depth: int = 2):
+    def __init__(self, ctx, shape, dtype, depth: int = 2, poll: bool | None = None):
         self.ctx, self.rt = ctx, ctx.runtime
+        self.poll = poll_setting() if poll is None else bool(poll)
         self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.depth = int(depth)
@@ -105,7 +115,12 @@ class HostReader:
         if not self.pending:
             raise ParameterError("HostReader: no read-back pending (start() or start_written() first)")
         k = self.pending.popleft()
-        self.rt.hipEventSynchronize(self.events[k])
+        if self.poll:
+            query, ev = self.rt.hipEventQuery, self.events[k]
+            while not query(ev):
+                pass
+        else:
+            self.rt.hipEventSynchronize(self.events[k])
         return self.views[k].copy()
 
     def close(self) -> None:
