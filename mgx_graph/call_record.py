@@ -68,11 +68,12 @@ class CallRecord:
     and ``staged``: ``[(slot, array, buffer)]`` as :meth:`Executor.bind` resolved them.
     """
 
-    __slots__ = ("queue", "copy", "n", "getter", "values", "host", "layouts", "device", "shapes", "writeable",
+    __slots__ = ("queue", "copy", "n", "names", "getter", "values", "host", "layouts", "device", "shapes", "writeable",
                  "copies", "staged")
 
     def __init__(self, names, values, queue: int, copy: bool, written, copies, staged):
         self.queue, self.copy, self.n = queue, bool(copy), len(names)
+        self.names = tuple(names)
         self.getter = slot_getter(names)
         self.values = tuple(values)
         self.host = [a for a in self.values if isinstance(a, np.ndarray)]

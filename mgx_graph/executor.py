@@ -59,6 +59,7 @@ class Executor:
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         self.replay_plan_hits = 0
+        self._native = None  # armed by the replay plan (mgx_graph.native_replay)
         self._replay_plan = ReplayPlan.for_executor(self)  # a repeated call replayed without the eval loop
         # library handles and workspaces exist before any capture (never created inside one)
         self._uses_blas = any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions)
@@ -104,7 +105,7 @@ class Executor:
 
         Returns ``(given, copies, staged)``: the objects given, in parameter order (None when one was
         converted to another object), the copies made and the inputs staged."""
-        self._record = None
+        self._record = self._native = None
         self.loop.epoch += 1
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
@@ -203,6 +204,11 @@ class Executor:
             return self.state.set(views)
 
     def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
+        native = self._native  # the repeated replay in one C call (mgx_graph.native_replay), when armed
+        outs = native(params, queue, copy) if native is not None else None
+        if outs is not None:
+            return outs
+        self._native = None  # none armed, or a check failed: the Python path runs (and may arm it again)
         with self.lock:
             self._check_open()
             q = self.ctx.queue if queue is None else int(queue)
@@ -316,7 +322,9 @@ class Executor:
         with self.lock:
             if self.released:
                 return
-            self.released = True
+            self.released, self._native = True, None
+            if self._replay_plan is not None:
+                self._replay_plan._mark = ()
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
             # eval loop), the last call's record, the view memos, the bound-parameter views
             self._record = None

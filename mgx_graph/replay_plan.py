@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from operator import is_
 
+from . import native_replay
 from .call_record import slot_getter
 from .errors import ExecutionError, MgxError
 from .operators.dynamic import SpecializationMiss
@@ -44,11 +45,14 @@ class ReplayPlan:
     ``out``: the region's slot; ``tail``: the eval loop's plain steps of ``main`` after the region (its
     views); ``label``: the region step's label in errors."""
 
-    __slots__ = ("region", "read", "main", "launches", "device", "query", "block", "out", "tail", "label")
+    __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
+                 "_mark")
 
-    def __init__(self, region, read, main, launches: int, device=None, query=None, *, block=None, out=None,
+    def __init__(self, region, slots, main, launches: int, device=None, query=None, *, block=None, out=None,
                  tail=(), label: str = "graph_launch"):
-        self.region, self.read, self.main, self.launches = region, read, main, launches
+        self.slots = list(slots)
+        self.region, self.read, self.main, self.launches = region, slot_getter(self.slots), main, launches
+        self._mark = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
         self.device, self.query = device, query
         self.block, self.out, self.tail, self.label = block, out, list(tail), label
 
@@ -73,8 +77,7 @@ class ReplayPlan:
             return None
         slot, ctx, loop = ex.buffers.slot, ex.ctx, ex.loop
         device = ctx.device_id if ctx.name == "gpu" else None
-        read = slot_getter([slot[id(region.inputs[k])] for k in picks])
-        return cls(region, read, main, loop.launch_totals[main.name], device,
+        return cls(region, [slot[id(region.inputs[k])] for k in picks], main, loop.launch_totals[main.name], device,
                    ctx.runtime.device_query() if device is not None else None,
                    block=ctx.on_queue if device is None else None, out=slot[id(region)],
                    tail=loop.plain[main.name][1:], label=loop.plain_labels[main.name][0])
@@ -118,4 +121,14 @@ class ReplayPlan:
                 step(env, queue)
         ex.runs += 1
         ex.replay_plan_hits += 1
+        if self.device is not None:
+            self._arm(ex, state, key, queue)
         return loop.runner.outputs(self.main)
+
+    def _arm(self, ex, state, key, queue: int) -> None:
+        """Arm the executor's native replay (:mod:`mgx_graph.native_replay`) when this replay repeats the
+        last one's record, region call and exec (a steady loop), else remember them."""
+        mark = (ex._record, state.last_call, state.entries.get(key))
+        if len(self._mark) == 3 and all(map(is_, mark, self._mark)):
+            ex._native = native_replay.arm(ex, self, state, key, queue) if native_replay.available() else None
+        self._mark = mark

@@ -101,6 +101,23 @@ class Runtime:
             self._cupy_module = mod
         return mod or None
 
+    # -- the native replay (mgx_graph.native_replay) -----------------------------------------------
+    def native_replay_calls(self):
+        """``(launch, capture_status, current_device)``: the C addresses of the three calls of a replay
+        that the native replay makes itself (``int f(void *exec, void *stream)``, ``int f(void *stream,
+        int *status)``, ``int f(int *device)``, 0 on success: the CUDA driver's ``cuGraphLaunch`` /
+        ``cuStreamIsCapturing`` / ``cuCtxGetDevice``, HIP's ``hipGraphLaunch`` / ``hipStreamIsCapturing`` /
+        ``hipGetDevice``), or None where the platform has none (the host queue)."""
+        return None
+
+    @staticmethod
+    def native_handle(handle):
+        """The address of graph exec ``handle`` as an int (what the native calls take), or None."""
+        try:
+            return int(handle)
+        except (TypeError, ValueError):
+            return None
+
     # -- books -----------------------------------------------------------------------------------
     def _note_malloc(self, ptr: int, nbytes: int) -> None:
         with self._books:
@@ -322,6 +339,23 @@ def cupy_call(call: str, fn, *args):
         if not name.startswith(("cuda", "hip")):
             raise
         raise DeviceError(call, "hip" + name[4:] if name.startswith("cuda") else name) from e
+
+
+def library_calls(libraries, names):
+    """The C addresses of functions ``names`` (a tuple of ints) in the first of shared ``libraries`` that
+    loads, or None when none loads or it lacks one of them (``ctypes``)."""
+    import ctypes
+
+    for lib in libraries:
+        try:
+            handle = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        try:
+            return tuple(int(ctypes.cast(getattr(handle, n), ctypes.c_void_p).value) for n in names)
+        except AttributeError:
+            return None
+    return None
 
 
 def check(call: str, err, ok_names=("cudaSuccess", "hipSuccess")):

@@ -6,7 +6,7 @@ API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/
 """
 from __future__ import annotations
 
-from . import Runtime, check, cupy_call
+from . import Runtime, check, cupy_call, library_calls
 
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt
@@ -37,6 +37,7 @@ class CudaRuntime(Runtime):
         self.rt = _rt
         self._pdl: dict = {}  # device -> programmatic dependent launch supported (compute capability >= 9.0)
         self._fast_calls = None  # _replay_calls: looked up at the first replay
+        self._native_calls = None  # native_replay_calls: looked up once
 
     def _replay_calls(self) -> tuple:
         """``(graphLaunch, streamIsCapturing)`` of CuPy's runtime module where present (:meth:`cupy_runtime`),
@@ -46,6 +47,14 @@ class CudaRuntime(Runtime):
         self._fast_calls = tuple(getattr(fast, n, None) if fast is not None else None
                                  for n in ("graphLaunch", "streamIsCapturing"))
         return self._fast_calls
+
+    def native_replay_calls(self):
+        """The CUDA driver's ``cuGraphLaunch`` / ``cuStreamIsCapturing`` / ``cuCtxGetDevice`` (libcuda: the
+        handles of the runtime API are the driver's), or None where libcuda does not load."""
+        if self._native_calls is None:
+            self._native_calls = library_calls(("libcuda.so.1", "libcuda.so"),
+                                               ("cuGraphLaunch", "cuStreamIsCapturing", "cuCtxGetDevice")) or False
+        return self._native_calls or None
 
     # programmatic dependent launch (Hopper and later; CUDA programming guide, "Programmatic Dependent
     # Launch and Synchronization"; driver API cuLaunchKernelEx)

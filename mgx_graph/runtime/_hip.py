@@ -13,7 +13,7 @@ API reference: https://rocm.docs.amd.com/projects/hip-python/en/latest/
 """
 from __future__ import annotations
 
-from . import Runtime, check
+from . import Runtime, check, library_calls
 
 
 def _import_hip():
@@ -34,6 +34,15 @@ class HipRuntime(Runtime):
     def __init__(self, module=None):
         super().__init__()
         self.hip = module if module is not None else _import_hip()
+        self._native_calls = None  # native_replay_calls: looked up once
+
+    def native_replay_calls(self):
+        """HIP's ``hipGraphLaunch`` / ``hipStreamIsCapturing`` / ``hipGetDevice`` from libamdhip64, or None
+        where it does not load."""
+        if self._native_calls is None:
+            self._native_calls = library_calls(("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"),
+                                               ("hipGraphLaunch", "hipStreamIsCapturing", "hipGetDevice")) or False
+        return self._native_calls or None
 
     def _s(self, s):
         return self.hip.hipStream_t(int(s)) if isinstance(s, int) and hasattr(self.hip, "hipStream_t") else s

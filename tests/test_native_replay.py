@@ -1,0 +1,256 @@
+"""The native replay (:mod:`mgx_graph.native_replay`, ``cpp/replay.c``) against the Python path.
+
+On ``ref`` the three C calls it makes (launch, capture status, current device) are ctypes callbacks
+into the host runtime, and the program's replay plan is made to look like a device target's (device 0,
+no queue block), so the C object arms and replays the host graph exec.  Every call's values are
+checked against numpy (:class:`test_host_fast_path.Stepper`) and the counters against a twin program
+that replays through the Python path only.  Then each check of the C object is made to fail in turn (a
+new array, a capture open on the queue, a failing launch, another device current, a lock held by
+another thread, the program released): the call returns what the Python path returns, and the C
+object never launches when a check fails.  The gpu test runs the same steps on the device."""
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+from mgx_graph import native_replay
+from mgx_graph.errors import MgxError
+from test_host_fast_path import R, _host, _stepper, _write, f
+
+pytestmark = pytest.mark.skipif(native_replay._native is None, reason="mgx_graph._native not built (no C compiler)")
+
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+STATUS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+DEVICE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+
+
+class HostCalls:
+    """The three C calls over a host runtime: ``launches`` counts the launches, ``fail`` makes the
+    launch return an error, ``capturing`` / ``device`` are what the other two report."""
+
+    def __init__(self, rt):
+        self.rt, self.execs, self.launches = rt, {}, 0
+        self.fail, self.capturing, self.device = False, None, 0
+
+        def launch(exe, stream):
+            if self.fail:
+                return 1
+            self.launches += 1
+            self.rt.hipGraphLaunch(self.execs[exe], stream or 0)
+            return 0
+
+        def status(stream, out):
+            out[0] = self.rt.hipStreamIsCapturing(stream or 0) if self.capturing is None else self.capturing
+            return 0
+
+        def device(out):
+            out[0] = self.device
+            return 0
+
+        self.fns = (LAUNCH(launch), STATUS(status), DEVICE(device))  # kept alive with this object
+
+    def addresses(self):
+        return tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in self.fns)
+
+    def handle(self, exe):
+        self.execs[id(exe)] = exe
+        return id(exe)
+
+
+def _native_stepper(monkeypatch):
+    """A ref Stepper whose replay plan arms the native replay through :class:`HostCalls`."""
+    s = _stepper("ref")
+    ex = s.prog.executor
+    calls = HostCalls(ex.ctx.runtime)
+    monkeypatch.setattr(ex.ctx.runtime, "native_replay_calls", calls.addresses, raising=False)
+    monkeypatch.setattr(ex.ctx.runtime, "native_handle", calls.handle, raising=False)
+    plan = ex._replay_plan
+    plan.device, plan.block, plan.query = 0, None, lambda: 0
+    return s, calls
+
+
+def _reported(prog) -> dict:
+    st = prog.stats()
+    return {**prog.counters().region_dict(),
+            **{k: st[k] for k in ("runs", "fast_path_hits", "replay_plan_hits", "launches_per_run")}}
+
+
+def test_armed_replays_agree_with_the_python_path(monkeypatch):
+    """From the third replay on the C object replays (its launches counted by the stand-in), every value
+    as numpy computes it, every counter as the Python path's twin reports it."""
+    s, calls = _native_stepper(monkeypatch)
+    twin = _stepper("ref")
+    twin.prog.executor._replay_plan.device = None  # a host target's plan: never armed
+    for n in range(12):
+        s.call()
+        twin.call()
+        assert _reported(s.prog) == _reported(twin.prog), f"call {n}"
+    ex = s.prog.executor
+    assert ex._native is not None and calls.launches >= 5
+    st = s.prog.stats()
+    assert (st["captures"], st["replays"], st["fallbacks"]) == (1, 9, 0)
+
+
+def _armed(monkeypatch):
+    s, calls = _native_stepper(monkeypatch)
+    for _ in range(8):
+        s.call()
+    assert s.prog.executor._native is not None
+    return s, calls
+
+
+def test_a_new_array_runs_the_python_path(monkeypatch):
+    """A new array (another pointer: another graph key) is the Python path's call; with two execs cached
+    (their LRU order moves) the C object stays unarmed and the values stay right."""
+    s, calls = _armed(monkeypatch)
+    before = calls.launches
+    s.x = s.prog.context.xp.zeros((2, 3), np.float32)
+    for _ in range(5):
+        s.call()  # values checked: the Python path bound the new array
+    assert calls.launches == before and s.prog.executor._native is None
+    assert s.prog.stats()["captures"] == 2
+
+
+def test_it_arms_again_after_a_miss(monkeypatch):
+    """A miss drops the C object; the Python path's replay of the same record, call and exec (the mark
+    of the replay before) arms a new one at once."""
+    s, calls = _armed(monkeypatch)
+    first, before = s.prog.executor._native, calls.launches
+    calls.device = 1  # one call: another device current for the C object only
+    s.call()
+    assert calls.launches == before  # the Python path replayed
+    assert s.prog.executor._native is not None and s.prog.executor._native is not first
+    calls.device = 0
+    for _ in range(4):
+        s.call()
+    assert calls.launches == before + 4
+
+
+@pytest.mark.parametrize("break_", ["capturing", "launch fails", "other device"])
+def test_a_failing_check_or_launch_changes_nothing(monkeypatch, break_):
+    """The C object returns None without a launch (or after a failed one) and before any counter moves;
+    the Python path then gives the values and counts of a normal call."""
+    s, calls = _armed(monkeypatch)
+    native = s.prog.executor._native
+    params = {"x": s.x, "state_in": s.state}
+    if break_ == "capturing":
+        calls.capturing = 1
+    elif break_ == "launch fails":
+        calls.fail = True
+    else:
+        calls.device = 1
+    before, reported = calls.launches, _reported(s.prog)
+    assert native(params, None, False) is None
+    assert calls.launches == before and _reported(s.prog) == reported
+    calls.capturing, calls.fail, calls.device = None, False, 0
+    s.call()
+    assert _reported(s.prog)["runs"] == reported["runs"] + 1
+
+
+def test_a_lock_held_by_another_thread_is_not_waited_for(monkeypatch):
+    s, calls = _armed(monkeypatch)
+    ex = s.prog.executor
+    native, params = ex._native, {"x": s.x, "state_in": s.state}
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with ex.lock:
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    try:
+        before = calls.launches
+        assert native(params, None, False) is None and calls.launches == before
+    finally:
+        done.set()
+        t.join()
+    s.call()  # the lock is free again: a normal call
+
+
+def test_other_parameters_queue_or_copy_are_refused(monkeypatch):
+    s, calls = _armed(monkeypatch)
+    native, q = s.prog.executor._native, s.prog.queue
+    good = {"x": s.x, "state_in": s.state}
+    before = calls.launches
+    for params, queue, copy in [({"x": s.x}, None, False), ({**good, "extra": s.x}, None, False),
+                                ({"x": s.state, "state_in": s.state}, None, False), (good, q + 1, False),
+                                (good, None, True), (list(good.values()), None, False)]:
+        assert native(params, queue, copy) is None
+    assert calls.launches == before
+    xh = R.normal(size=(2, 3)).astype(np.float32)
+    _write(s.prog, s.x, xh)
+    s.want = s.want + xh
+    y, _ = native(good, q, False)  # the queue named as the default one
+    np.testing.assert_allclose(_host(s.prog, y), f(s.want), rtol=1e-5, atol=1e-6)
+    assert calls.launches == before + 1
+
+
+def test_a_reshaped_array_is_refused(monkeypatch):
+    s, calls = _armed(monkeypatch)
+    native = s.prog.executor._native
+    x = s.x
+    x.shape = (3, 2)
+    try:
+        assert native({"x": x, "state_in": s.state}, None, False) is None
+    finally:
+        x.shape = (2, 3)
+
+
+def test_release_drops_it_and_raises(monkeypatch):
+    s, calls = _armed(monkeypatch)
+    native = s.prog.executor._native
+    s.prog.release()
+    assert s.prog.executor._native is None
+    assert native({"x": s.x, "state_in": s.state}, None, False) is None
+    with pytest.raises(MgxError, match="released"):
+        s.prog.run_async({"x": s.x, "state_in": s.state})
+
+
+def test_bad_construction_is_a_typed_error():
+    Replay = native_replay._native.Replay
+    base = [1, 1, 1, 0, 0, 0, None, (), (), (), (), (), (), (), (), (), len, []]
+    with pytest.raises(ValueError, match="address is 0"):
+        Replay(0, *base[1:])
+    with pytest.raises(ValueError, match="differ in length"):
+        Replay(*base[:8], ("x",), (), (), *base[11:])
+    with pytest.raises(ValueError, match="differ in length"):
+        Replay(*base[:8], ("x",), (None,), (), *base[11:])
+    with pytest.raises(TypeError):
+        Replay(*base[:7], [], *base[8:])
+    with pytest.raises(TypeError, match="positional"):
+        Replay(*base, extra=1)
+
+
+def test_the_environment_turns_it_off(monkeypatch):
+    from mgx_graph import env
+
+    env._reset_for_tests()
+    monkeypatch.setenv("MIGRAPHX_NATIVE_REPLAY", "0")
+    try:
+        s, calls = _native_stepper(monkeypatch)
+        for _ in range(8):
+            s.call()
+        assert s.prog.executor._native is None and calls.launches == 0
+    finally:
+        env._reset_for_tests()
+
+
+@pytest.mark.gpu
+def test_gpu_native_replay_agrees_with_the_python_path(gpu_target, monkeypatch):
+    """On the device (the driver's calls): armed after two plan replays, the values as numpy computes
+    them and the counters as a twin replaying through the Python path reports them."""
+    s, twin = _stepper("gpu"), _stepper("gpu")
+    for n in range(12):
+        s.call()
+        with monkeypatch.context() as m:
+            m.setattr(native_replay, "available", lambda: False)
+            twin.call()
+        assert _reported(s.prog) == _reported(twin.prog), f"call {n}"
+    assert s.prog.executor._native is not None and twin.prog.executor._native is None
+    s.x = s.prog.context.xp.zeros((2, 3), np.float32)
+    s.call()
+    assert s.prog.executor._native is None
