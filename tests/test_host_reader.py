@@ -189,3 +189,22 @@ def test_gpu_read_backs_wait_for_their_event_polled_or_blocking(gpu_target, poll
             np.testing.assert_allclose(got, want.get(), rtol=1e-6)
             assert ctx.runtime.hipEventQuery(r.events[(r.next - 1) % r.depth])
     r.close()
+
+
+@pytest.mark.parametrize("poll", [False, True])
+def test_close_with_a_read_back_pending_waits_for_it_and_a_later_start_is_a_parameter_error(poll):
+    """``close()`` while a start is pending synchronizes on its event before freeing; afterwards
+    ``start`` / ``start_written`` / ``wait`` are ParameterErrors (not an IndexError), and ``close`` again
+    does nothing."""
+    ctx = _Context()
+    r = HostReader(ctx, (1, 1), np.int64, poll=poll)
+    r.start(np.full((1, 1), 4, np.int64), 0)
+    r.close()
+    assert ctx.runtime.waits == ["synchronize"] * r.depth and not r.pending and not ctx.runtime.bufs
+    with pytest.raises(ParameterError, match="closed"):
+        r.start(np.full((1, 1), 5, np.int64), 0)
+    with pytest.raises(ParameterError, match="closed"):
+        r.start_written(lambda address: None, 0)
+    with pytest.raises(ParameterError, match="no read-back pending"):
+        r.wait()
+    r.close()

@@ -142,6 +142,7 @@ def test_host_exec_update_needs_same_topology():
 class hipError_t(enum.IntEnum):
     hipSuccess = 0
     hipErrorInvalidValue = 1
+    hipErrorNotReady = 600
     hipErrorStreamCaptureUnsupported = 900
     hipErrorStreamCaptureInvalidated = 901
 
@@ -282,6 +283,20 @@ def test_hip_backend_runs_the_graph_launch_state_machine(style):
     assert not rt.hipGraphExecUpdate(e, [lambda: None])
 
 
+def test_hip_backend_event_query_reports_not_ready_done_and_errors():
+    """``hipEventQuery`` through hip-python's convention (``(hipError_t,)``, the enum on the module):
+    ``hipErrorNotReady`` is False, success True, any other error a DeviceError with the HIP name."""
+    fake = FakeHip()
+    fake.hipError_t = hipError_t
+    answers = [hipError_t.hipErrorNotReady, hipError_t.hipSuccess, hipError_t.hipErrorInvalidValue]
+    fake.hipEventQuery = lambda ev: (answers.pop(0),)
+    rt = HipRuntime(module=fake)
+    assert rt.hipEventQuery(7) is False
+    assert rt.hipEventQuery(7) is True
+    with pytest.raises(DeviceError, match="hipEventQuery.*hipErrorInvalidValue"):
+        rt.hipEventQuery(7)
+
+
 def test_hip_backend_failed_capture_falls_back():
     fake = FakeHip()
     rt = HipRuntime(module=fake)
@@ -339,6 +354,7 @@ def test_real_hip_python_has_every_call_we_use(name, mod):
                                                               "hipStreamCaptureModeThreadLocal",
                                                               "hipStreamCaptureModeRelaxed"]
     assert int(mod.hipStream_t(0x1234)) == 0x1234
+    assert int(mod.hipError_t.hipErrorNotReady) == 600  # HipRuntime.hipEventQuery's "still running"
 
 
 def test_real_hipblas_has_every_call_we_use():

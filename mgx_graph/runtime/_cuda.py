@@ -237,6 +237,8 @@ class CudaRuntime(Runtime):
         check("hipEventSynchronize", _rt.cudaEventSynchronize(ev)[0])
 
     def hipEventQuery(self, ev) -> bool:
+        """True when the work before event ``ev``'s record is done (or it was never recorded), False
+        while it runs (``NotReady``); any other error raises DeviceError (``hipEventQuery``)."""
         err = _rt.cudaEventQuery(ev)[0]
         if err == _rt.cudaError_t.cudaErrorNotReady:
             return False

@@ -194,6 +194,8 @@ class HipRuntime(Runtime):
         check("hipEventSynchronize", self.hip.hipEventSynchronize(ev)[0])
 
     def hipEventQuery(self, ev) -> bool:
+        """True when the work before event ``ev``'s record is done (or it was never recorded), False
+        while it runs (``NotReady``); any other error raises DeviceError (``hipEventQuery``)."""
         err = self.hip.hipEventQuery(ev)[0]
         if err == self.hip.hipError_t.hipErrorNotReady:
             return False

@@ -36,8 +36,9 @@ class HostReader:
     it, so no copy is queued at all; ``wait()`` waits for the oldest start and returns a new numpy array
     holding it.  At most ``depth`` starts may be pending (a further one is a ParameterError: the buffer
     is still being read); ``wait()`` with none pending is a ParameterError too.  ``close()`` frees the
-    buffers (the context also does when it is released).  ``poll`` (None: :func:`poll_setting`): ``wait()``
-    polls the event (``hipEventQuery``) instead of blocking in ``hipEventSynchronize``."""
+    buffers (the context also does when it is released); a start after it is a ParameterError.
+    ``poll`` (None: :func:`poll_setting`): ``wait()`` polls the event (``hipEventQuery``) instead of
+    blocking in ``hipEventSynchronize``."""
 
     def __init__(self, ctx, shape, dtype, depth: int = 2, poll: bool | None = None):
         self.ctx, self.rt = ctx, ctx.runtime
@@ -57,6 +58,7 @@ class HostReader:
                                   .reshape(self.shape))
         self.pending: deque = deque()
         self.next = 0
+        self.closed = False
 
     def _device_address(self, ptr: int):
         """The device address of buffer ``ptr``, or None where the platform maps no page-locked memory
@@ -72,6 +74,8 @@ class HostReader:
         return bool(self.device_ptrs) and all(p is not None for p in self.device_ptrs)
 
     def _check_free(self) -> None:
+        if self.closed:
+            raise ParameterError("HostReader: closed (its buffers are freed)")
         if len(self.pending) >= self.depth:
             raise ParameterError(f"HostReader: {self.depth} read-backs pending already (wait() first)")
 
@@ -86,9 +90,9 @@ class HostReader:
         before the event even when the caller is not inside ``on_queue(queue)``.  When ``write``
         raises, nothing is pending and the same buffer is used next.  ParameterError when the buffers
         have no device address (:attr:`kernel_writable`)."""
+        self._check_free()
         if not self.kernel_writable:
             raise ParameterError("HostReader: the page-locked buffers have no device address here (use start)")
-        self._check_free()
         k = self.next
         with self.ctx.on_queue(queue):
             write(self.device_ptrs[k])
@@ -97,8 +101,8 @@ class HostReader:
 
     def start(self, arr, queue) -> None:
         """Queue a copy of device array ``arr`` (C-contiguous, ``shape`` / ``dtype``) into the next buffer
-        and an event after it, on ``queue``.  Raises ParameterError for another array or when ``depth``
-        read-backs are pending."""
+        and an event after it, on ``queue``.  Raises ParameterError for another array, when ``depth``
+        read-backs are pending or after :meth:`close`."""
         self._check_free()
         if tuple(arr.shape) != self.shape or arr.dtype != self.dtype or not arr.flags.c_contiguous:
             raise ParameterError(f"HostReader: array {arr.dtype}{list(arr.shape)} (C-contiguous "
@@ -110,8 +114,10 @@ class HostReader:
         self._started(k)
 
     def wait(self) -> np.ndarray:
-        """Wait for the oldest pending read-back (its event only) and return a new numpy array of
-        ``shape`` / ``dtype`` holding it.  Raises ParameterError when none is pending."""
+        """Wait for the oldest pending read-back (its event only: ``hipEventQuery`` in a loop on the
+        calling thread when :attr:`poll`, else ``hipEventSynchronize``) and return a new numpy array of
+        ``shape`` / ``dtype`` holding it.  Raises ParameterError when none is pending, DeviceError when
+        the runtime reports an error for the event (the read-back is then no longer pending)."""
         if not self.pending:
             raise ParameterError("HostReader: no read-back pending (start() or start_written() first)")
         k = self.pending.popleft()
@@ -124,7 +130,9 @@ class HostReader:
         return self.views[k].copy()
 
     def close(self) -> None:
-        """Free the buffers and events (after the pending copies are done)."""
+        """Free the buffers and events (after the pending copies are done; their values are dropped).
+        A second call does nothing."""
+        self.closed = True
         ptrs, events, self.ptrs, self.events, self.views = self.ptrs, self.events, [], [], []
         self.device_ptrs = []
         self.pending.clear()
