@@ -43,6 +43,7 @@ typedef struct {
     PyObject *counts;         /* tuple of (obj, name): += 1 */
     PyObject *sets;           /* tuple of (obj, name, value) */
     PyObject *returns, *env;  /* outputs: list(returns(env)) */
+    Py_ssize_t hits;          /* calls replayed */
 } Replay;
 
 static int check_attr(PyObject *t) {
@@ -197,6 +198,7 @@ static PyObject *Replay_call(PyObject *op, PyObject *args, PyObject *kwargs) {
         drop_locks(self->locks, held);
         Py_RETURN_NONE;
     }
+    self->hits++;
     if (apply_updates(self) == 0) {
         outs = PyObject_CallFunctionObjArgs(self->returns, self->env, NULL);
         if (outs != NULL) {
@@ -207,6 +209,15 @@ static PyObject *Replay_call(PyObject *op, PyObject *args, PyObject *kwargs) {
     drop_locks(self->locks, held);
     return result;
 }
+
+static PyObject *Replay_hits(PyObject *op, void *closure) {
+    return PyLong_FromSsize_t(((Replay *)op)->hits);
+}
+
+static PyGetSetDef replay_getset[] = {
+    {"hits", Replay_hits, NULL, "calls this object replayed (int)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static int Replay_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(((Replay *)op)->spec);
@@ -267,6 +278,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->names = names, self->values = values, self->layouts = layouts, self->writeable = writeable;
     self->attrs = attrs, self->items = items, self->counts = counts, self->sets = sets;
     self->returns = returns, self->env = env;
+    self->hits = 0;
     return (PyObject *)self;
 }
 
@@ -275,6 +287,7 @@ static PyType_Slot replay_slots[] = {
                 "values, layouts, writeable, attrs, items, counts, sets, returns, env): see mgx_graph/native_replay.py"},
     {Py_tp_new, Replay_new},
     {Py_tp_call, Replay_call},
+    {Py_tp_getset, replay_getset},
     {Py_tp_traverse, Replay_traverse},
     {Py_tp_clear, Replay_clear},
     {Py_tp_dealloc, Replay_dealloc},

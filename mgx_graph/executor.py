@@ -324,7 +324,7 @@ class Executor:
                 return
             self.released, self._native = True, None
             if self._replay_plan is not None:
-                self._replay_plan._mark = ()
+                self._replay_plan.forget()
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
             # eval loop), the last call's record, the view memos, the bound-parameter views
             self._record = None

@@ -23,7 +23,10 @@ data every check the Python path makes and every update it applies:
 When a check fails, or the launch returns an error, the call returns None having changed nothing and
 the executor drops it and runs the Python path (which raises what it would raise); results, counters,
 trace and errors are those of the Python path either way.  Arming needs the ``_native`` module (built
-from ``cpp/replay.c`` at install when a C compiler is present) and ``MIGRAPHX_NATIVE_REPLAY`` not ``0``.
+from ``cpp/replay.c`` at install when a C compiler is present) and ``MIGRAPHX_NATIVE_REPLAY=1`` (off by
+default).  A C object that was dropped without having replayed once counts as cold; after
+:data:`COLD_LIMIT` cold ones in a row the plan stops arming (a loop whose calls all miss would otherwise
+pay the arming on every call).  ``Replay.hits`` counts the calls an object replayed.
 """
 from __future__ import annotations
 
@@ -37,12 +40,13 @@ except ImportError:  # built without a C compiler: the Python path replays
     _native = None
 
 IS, EQ, LEN = 0, 1, 2  # how an attribute check compares (cpp/replay.c)
+COLD_LIMIT = 2  # C objects dropped in a row without a replay before the plan stops arming
 
 
 def available() -> bool:
-    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` is not
-    ``0`` (read once)."""
-    return _native is not None and enabled("MIGRAPHX_NATIVE_REPLAY", default=True)
+    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` is ``1``
+    (read once; off by default until a device run shows it faster)."""
+    return _native is not None and enabled("MIGRAPHX_NATIVE_REPLAY", default=False)
 
 
 def _stable(ex, state, entry, rec) -> bool:
@@ -106,4 +110,4 @@ def _layouts(rec) -> tuple:
     their recorded values: shape, strides and dtype of a numpy array, the shape of a device array."""
     host, device = iter(rec.layouts), iter(rec.shapes)
     return tuple((("shape", "strides", "dtype"), tuple(next(host))) if isinstance(v, np.ndarray)
-                 else (("shape",), tuple(next(device))) for v in rec.values)
+                 else (("shape",), (next(device),)) for v in rec.values)

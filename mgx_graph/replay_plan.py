@@ -46,13 +46,14 @@ class ReplayPlan:
     views); ``label``: the region step's label in errors."""
 
     __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
-                 "_mark")
+                 "_mark", "_armed", "_cold")
 
     def __init__(self, region, slots, main, launches: int, device=None, query=None, *, block=None, out=None,
                  tail=(), label: str = "graph_launch"):
         self.slots = list(slots)
         self.region, self.read, self.main, self.launches = region, slot_getter(self.slots), main, launches
         self._mark = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
+        self._armed, self._cold = None, 0  # the last C object armed; how many in a row were dropped unused
         self.device, self.query = device, query
         self.block, self.out, self.tail, self.label = block, out, list(tail), label
 
@@ -128,7 +129,14 @@ class ReplayPlan:
     def _arm(self, ex, state, key, queue: int) -> None:
         """Arm the executor's native replay (:mod:`mgx_graph.native_replay`) when this replay repeats the
         last one's record, region call and exec (a steady loop), else remember them."""
-        mark = (ex._record, state.last_call, state.entries.get(key))
-        if len(self._mark) == 3 and all(map(is_, mark, self._mark)):
-            ex._native = native_replay.arm(ex, self, state, key, queue) if native_replay.available() else None
+        mark, last = (ex._record, state.last_call, state.entries.get(key)), self._armed
+        if len(self._mark) == 3 and all(map(is_, mark, self._mark)) and native_replay.available():
+            if last is not None:
+                self._cold = self._cold + 1 if last.hits == 0 else 0
+            if self._cold < native_replay.COLD_LIMIT:
+                ex._native = self._armed = native_replay.arm(ex, self, state, key, queue)
         self._mark = mark
+
+    def forget(self) -> None:
+        """Drop the references to the last call's objects (the executor is released)."""
+        self._mark, self._armed = (), None

@@ -58,8 +58,9 @@ class HostCalls:
         return id(exe)
 
 
-def _native_stepper(monkeypatch):
-    """A ref Stepper whose replay plan arms the native replay through :class:`HostCalls`."""
+def _native_stepper(monkeypatch, switch_on=True):
+    """A ref Stepper whose replay plan arms the native replay through :class:`HostCalls` (``switch_on``:
+    as with ``MIGRAPHX_NATIVE_REPLAY=1``; else the environment decides)."""
     s = _stepper("ref")
     ex = s.prog.executor
     calls = HostCalls(ex.ctx.runtime)
@@ -67,6 +68,8 @@ def _native_stepper(monkeypatch):
     monkeypatch.setattr(ex.ctx.runtime, "native_handle", calls.handle, raising=False)
     plan = ex._replay_plan
     plan.device, plan.block, plan.query = 0, None, lambda: 0
+    if switch_on:
+        monkeypatch.setattr(native_replay, "available", lambda: True)  # MIGRAPHX_NATIVE_REPLAY=1
     return s, calls
 
 
@@ -87,7 +90,7 @@ def test_armed_replays_agree_with_the_python_path(monkeypatch):
         twin.call()
         assert _reported(s.prog) == _reported(twin.prog), f"call {n}"
     ex = s.prog.executor
-    assert ex._native is not None and calls.launches >= 5
+    assert ex._native is not None and calls.launches >= 5 and ex._native.hits == calls.launches
     st = s.prog.stats()
     assert (st["captures"], st["replays"], st["fallbacks"]) == (1, 9, 0)
 
@@ -225,18 +228,73 @@ def test_bad_construction_is_a_typed_error():
         Replay(*base, extra=1)
 
 
-def test_the_environment_turns_it_off(monkeypatch):
+@pytest.mark.parametrize("value,armed", [("1", True), ("0", False), (None, False)])
+def test_the_environment_turns_it_on(monkeypatch, value, armed):
+    """Off by default; ``MIGRAPHX_NATIVE_REPLAY=1`` arms it."""
     from mgx_graph import env
 
     env._reset_for_tests()
-    monkeypatch.setenv("MIGRAPHX_NATIVE_REPLAY", "0")
     try:
-        s, calls = _native_stepper(monkeypatch)
+        s, calls = _native_stepper(monkeypatch, switch_on=False)
+        if value is None:
+            monkeypatch.delenv("MIGRAPHX_NATIVE_REPLAY", raising=False)
+        else:
+            monkeypatch.setenv("MIGRAPHX_NATIVE_REPLAY", value)
         for _ in range(8):
             s.call()
-        assert s.prog.executor._native is None and calls.launches == 0
+        assert (s.prog.executor._native is not None) is armed and (calls.launches > 0) is armed
     finally:
         env._reset_for_tests()
+
+
+def test_objects_that_never_replay_stop_the_arming(monkeypatch):
+    """A C object whose check fails on every call (here: another device current for it) is dropped
+    unused; after COLD_LIMIT such objects in a row the plan arms no more, and every call is the
+    Python path's."""
+    s, calls = _native_stepper(monkeypatch)
+    armed = []
+    real = native_replay.arm
+    monkeypatch.setattr(native_replay, "arm", lambda *a: armed.append(1) or real(*a))
+    calls.device = 1
+    for _ in range(12):
+        s.call()
+    assert len(armed) == native_replay.COLD_LIMIT and calls.launches == 0
+    assert s.prog.executor._native is None
+
+
+class _DeviceArray:
+    """What the C object reads of a device array: its shape (CuPy's one settable layout attribute)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+def test_a_device_array_is_checked_by_its_shape_alone():
+    """The layouts of a record's device values compare the shape (a tuple) as one attribute; a call with
+    the same object replays and counts, one reshaped in place does not."""
+    from types import SimpleNamespace
+
+    x = _DeviceArray((1, 1))
+    h = np.zeros((2, 3), np.float32)
+    rec = SimpleNamespace(values=[h, x], layouts=[(h.shape, h.strides, h.dtype)], shapes=[(1, 1)])
+    layouts = native_replay._layouts(rec)
+    assert layouts == ((("shape", "strides", "dtype"), ((2, 3), (12, 4), np.dtype(np.float32))),
+                       (("shape",), ((1, 1),)))
+    launched = []
+    fns = (LAUNCH(lambda e, q: launched.append((e, q)) or 0), STATUS(lambda q, o: o.__setitem__(0, 0) or 0),
+           DEVICE(lambda o: o.__setitem__(0, 0) or 0))
+    counter = SimpleNamespace(n=0, queue=7)
+    replay = native_replay._native.Replay(
+        *(ctypes.cast(f, ctypes.c_void_p).value for f in fns), 5, 7, 0, counter, (threading.RLock(),),
+        ("h", "x"), (h, x), layouts, (h,), (), (), ((counter, "n"),), ((counter, "last", "set"),),
+        lambda env: env[1:], ["a", "b", "c"])
+    assert replay({"h": h, "x": x}, None, False) == ["b", "c"]
+    assert launched == [(5, 7)] and counter.n == 1 and counter.last == "set" and replay.hits == 1
+    x.shape = (1,)
+    assert replay({"h": h, "x": x}, 7, False) is None and replay.hits == 1 and counter.n == 1
+    x.shape = (1, 1)
+    h.flags.writeable = False  # a parameter written in place must stay writeable
+    assert replay({"h": h, "x": x}, 7, False) is None and launched == [(5, 7)]
 
 
 @pytest.mark.gpu
@@ -245,12 +303,13 @@ def test_gpu_native_replay_agrees_with_the_python_path(gpu_target, monkeypatch):
     them and the counters as a twin replaying through the Python path reports them."""
     s, twin = _stepper("gpu"), _stepper("gpu")
     for n in range(12):
-        s.call()
         with monkeypatch.context() as m:
-            m.setattr(native_replay, "available", lambda: False)
-            twin.call()
+            m.setattr(native_replay, "available", lambda: True)  # MIGRAPHX_NATIVE_REPLAY=1
+            s.call()
+        twin.call()
         assert _reported(s.prog) == _reported(twin.prog), f"call {n}"
-    assert s.prog.executor._native is not None and twin.prog.executor._native is None
+    native = s.prog.executor._native
+    assert native is not None and native.hits >= 5 and twin.prog.executor._native is None
     s.x = s.prog.context.xp.zeros((2, 3), np.float32)
     s.call()
     assert s.prog.executor._native is None
