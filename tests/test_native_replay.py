@@ -9,6 +9,8 @@ new array, a capture open on the queue, a failing launch, another device current
 another thread, the program released): the call returns what the Python path returns, and the C
 object never launches when a check fails.  The gpu test runs the same steps on the device."""
 import ctypes
+import gc
+import sys
 import threading
 
 import numpy as np
@@ -260,6 +262,23 @@ def test_objects_that_never_replay_stop_the_arming(monkeypatch):
         s.call()
     assert len(armed) == native_replay.COLD_LIMIT and calls.launches == 0
     assert s.prog.executor._native is None
+
+
+@pytest.mark.parametrize("switch_on", [True, False])
+def test_a_new_binding_keeps_no_reference_to_the_last_record(monkeypatch, switch_on):
+    """After a full bind (a new array) nothing holds the last call's record, so nothing keeps its arrays
+    alive: not the plan's mark of its last replay, not the C object armed from it (native replay on or
+    off)."""
+    s, calls = _native_stepper(monkeypatch, switch_on=switch_on)
+    for _ in range(8):
+        s.call()
+    ex = s.prog.executor
+    old = ex._record
+    assert old is not None and (ex._native is not None) is switch_on
+    s.x = s.prog.context.xp.zeros((2, 3), np.float32)
+    s.call()
+    gc.collect()
+    assert ex._record is not old and sys.getrefcount(old) == 2  # `old` and getrefcount's argument
 
 
 class _DeviceArray:
