@@ -230,6 +230,33 @@ def test_bad_construction_is_a_typed_error():
         Replay(*base, extra=1)
 
 
+_O = type("_O", (), {"a": 1})()
+_MALFORMED = {  # spec position -> a value whose rows the C object would read past (crash) or misapply
+    "layouts: a row not a tuple": (10, (None,)),
+    "layouts: names and values of two lengths": (10, ((("a", "b"), (1,)),)),
+    "attrs: a row not a tuple": (12, ([_O, "a", 1, 0],)), "attrs: a row of three": (12, ((_O, "a", 1),)),
+    "attrs: an unknown mode": (12, ((_O, "a", 1, 3),)), "attrs: len() against a str": (12, ((_O, "a", "1", 2),)),
+    "attrs: a name not str": (12, ((_O, 1, 1, 0),)), "items: a row of two": (13, (([1], 0),)),
+    "counts: a row of one": (14, ((_O,),)), "sets: a row of two (a set that deletes)": (15, ((_O, "a"),)),
+    "returns: not callable": (16, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MALFORMED))
+def test_a_malformed_spec_is_refused_at_construction(case):
+    """Each row of the checks and updates is read by position on every call: a row of the wrong shape is
+    a ValueError / TypeError at construction, not a crash (or a deleted attribute) at the first call."""
+    at, value = _MALFORMED[case]
+    spec = [1, 1, 1, 0, 0, 0, _O, (), ("x",), (_O,), ((("a",), (1,)),), (), (), (), (), (), len, []]
+    native_replay._native.Replay(*spec)  # well-formed
+    spec[at] = value
+    if at == 10:
+        spec[8], spec[9] = ("x",) * len(value), (_O,) * len(value)
+    with pytest.raises((ValueError, TypeError), match="Replay: "):
+        native_replay._native.Replay(*spec)
+    assert _O.a == 1
+
+
 @pytest.mark.parametrize("value,armed", [("1", True), ("0", False), (None, False)])
 def test_the_environment_turns_it_on(monkeypatch, value, armed):
     """Off by default; ``MIGRAPHX_NATIVE_REPLAY=1`` arms it."""
