@@ -230,6 +230,76 @@ def test_bad_construction_is_a_typed_error():
         Replay(*base, extra=1)
 
 
+def _pair(monkeypatch):
+    """An armed program and its twin (replaying through the Python path only), 8 calls each."""
+    s, calls = _native_stepper(monkeypatch)
+    twin = _stepper("ref")
+    twin.prog.executor._replay_plan.device = None
+    for _ in range(8):
+        s.call()
+        twin.call()
+    assert s.prog.executor._native is not None
+    return s, twin, calls
+
+
+def _toggle(state, change) -> None:
+    if change == "validation due":
+        state.options.validate, state.options.validate_first = True, 10 ** 6
+    elif change == "gate pending":
+        state.options.gate_slower = True
+        state.eager_times.clear()  # (what the eager calls stored there is not a time with the gate off)
+    elif change == "debug trace":
+        state.debug = True
+    else:
+        state.force_eager = True
+
+
+@pytest.mark.parametrize("change", ["validation due", "gate pending", "debug trace", "eager mode"])
+def test_a_state_switched_after_arming_runs_the_python_path(monkeypatch, capsys, change):
+    """Validation, the slower-than-eager gate, the debug trace or eager mode switched on once the C object
+    is armed: the calls are the Python path's (the gate's three timed replays, then the C object again),
+    with the twin's counters, trace lines and gate times."""
+    s, twin, calls = _pair(monkeypatch)
+    for p in (s, twin):
+        _toggle(p.prog.executor.regions[0], change)
+    before = calls.launches
+    capsys.readouterr()
+    for n in range(5):
+        s.call()
+        lines = capsys.readouterr().err.count("\n")
+        twin.call()
+        assert _reported(s.prog) == _reported(twin.prog) and lines == capsys.readouterr().err.count("\n"), n
+    assert calls.launches == before + (2 if change == "gate pending" else 0)
+    times = [[len(e.times) for e in p.prog.executor.regions[0].entries.values()] for p in (s, twin)]
+    assert times[0] == times[1]
+
+
+def _state_step(p):
+    xh = R.normal(size=(2, 3)).astype(np.float32)
+    _write(p.prog, p.x, xh)
+    y, _ = p.prog.run_async({"x": p.x})
+    p.want = p.want + xh
+    np.testing.assert_allclose(_host(p.prog, y), f(p.want), rtol=1e-5, atol=1e-6)
+
+
+def test_state_bound_then_bound_again(monkeypatch):
+    """With the state bound once the C object arms on the call's one array; binding the state again (a
+    new array) is the Python path's, every value and counter as the twin's."""
+    s, calls = _native_stepper(monkeypatch)
+    twin = _stepper("ref")
+    twin.prog.executor._replay_plan.device = None
+    for round_ in range(2):
+        for p in (s, twin):
+            p.state = p.prog.context.xp.array(_host(p.prog, p.state))
+            p.prog.bind_state({"state_in": p.state})
+        before = calls.launches
+        for n in range(8):
+            _state_step(s)
+            _state_step(twin)
+            assert _reported(s.prog) == _reported(twin.prog), (round_, n)
+        assert calls.launches > before if round_ == 0 else calls.launches == before  # round 1: two keys cached
+
+
 _O = type("_O", (), {"a": 1})()
 _MALFORMED = {  # spec position -> a value whose rows the C object would read past (crash) or misapply
     "layouts: a row not a tuple": (10, (None,)),
