@@ -238,6 +238,60 @@ static void Replay_dealloc(PyObject *op) {
     Py_DECREF(tp);
 }
 
+/* Every row of `rows` a tuple of `n` items, or a ValueError naming `what`. */
+static int check_rows(PyObject *rows, Py_ssize_t n, const char *what) {
+    Py_ssize_t i;
+    for (i = 0; i < PyTuple_Size(rows); i++) {
+        PyObject *t = PyTuple_GetItem(rows, i);
+        if (!PyTuple_Check(t) || PyTuple_Size(t) != n) {
+            PyErr_Format(PyExc_ValueError, "Replay: each of %s must be a tuple of %d items", what, (int)n);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The shape of the checks and updates, checked once here so that a call reads only well-formed rows
+ * (a short row would hand NULL to the C API: a crash, or a set that deletes the attribute): layouts
+ * (names, values) of one length, attrs (obj, name, expected, mode 0 / 1 / 2, an int expected for 2),
+ * items (container, key, expected), counts (obj, name), sets (obj, name, value), names str, returns
+ * callable.  -1 with ValueError / TypeError set when one is not. */
+static int check_spec(PyObject *layouts, PyObject *attrs, PyObject *items, PyObject *counts, PyObject *sets,
+                      PyObject *returns) {
+    PyObject *named[3] = {attrs, counts, sets};
+    Py_ssize_t i, k;
+    if (check_rows(layouts, 2, "layouts") < 0 || check_rows(attrs, 4, "attrs") < 0 ||
+        check_rows(items, 3, "items") < 0 || check_rows(counts, 2, "counts") < 0 || check_rows(sets, 3, "sets") < 0)
+        return -1;
+    for (i = 0; i < PyTuple_Size(layouts); i++) {
+        PyObject *t = PyTuple_GetItem(layouts, i), *a = PyTuple_GetItem(t, 0), *w = PyTuple_GetItem(t, 1);
+        if (!PyTuple_Check(a) || !PyTuple_Check(w) || PyTuple_Size(a) != PyTuple_Size(w)) {
+            PyErr_SetString(PyExc_ValueError, "Replay: each layout must be (names, values), two tuples of one length");
+            return -1;
+        }
+    }
+    for (i = 0; i < PyTuple_Size(attrs); i++) {
+        PyObject *t = PyTuple_GetItem(attrs, i), *mode = PyTuple_GetItem(t, 3);
+        long m = PyLong_Check(mode) ? PyLong_AsLong(mode) : -1;
+        if (m < 0 || m > 2 || (m == 2 && !PyLong_Check(PyTuple_GetItem(t, 2)))) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "Replay: an attribute check's mode must be 0, 1 or 2 (2 with an int)");
+            return -1;
+        }
+    }
+    for (k = 0; k < 3; k++)
+        for (i = 0; i < PyTuple_Size(named[k]); i++)
+            if (!PyUnicode_Check(PyTuple_GetItem(PyTuple_GetItem(named[k], i), 1))) {
+                PyErr_SetString(PyExc_TypeError, "Replay: attribute names must be str");
+                return -1;
+            }
+    if (!PyCallable_Check(returns)) {
+        PyErr_SetString(PyExc_TypeError, "Replay: returns must be callable");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     unsigned long long launch, capturing, current, exec, stream;
     int device;
@@ -260,6 +314,8 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_ValueError, "Replay: names, values and layouts differ in length");
         return NULL;
     }
+    if (check_spec(layouts, attrs, items, counts, sets, returns) < 0)
+        return NULL;
     self = (Replay *)((allocfunc)PyType_GetSlot(type, Py_tp_alloc))(type, 0);
     if (self == NULL)
         return NULL;

@@ -105,7 +105,7 @@ class Executor:
 
         Returns ``(given, copies, staged)``: the objects given, in parameter order (None when one was
         converted to another object), the copies made and the inputs staged."""
-        self._record = self._native = None
+        _drop_record(self)
         self.loop.epoch += 1
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
@@ -336,6 +336,14 @@ class Executor:
             self.staging.clear()
             # the context synchronizes, then graph execs go, then memory: later if a capture is open
             self.ctx.close(self.queues, before=lambda: [r.release() for r in regions])
+
+
+def _drop_record(ex) -> None:
+    """Drop executor ``ex``'s record of the last call, its native replay and the replay plan's references
+    to the last call's objects (which would keep the record's arrays alive)."""
+    ex._record = ex._native = None
+    if ex._replay_plan is not None:
+        ex._replay_plan.forget()
 
 
 def _refuse_copy(ctx, name, a, on_device) -> None:

@@ -128,15 +128,25 @@ class ReplayPlan:
 
     def _arm(self, ex, state, key, queue: int) -> None:
         """Arm the executor's native replay (:mod:`mgx_graph.native_replay`) when this replay repeats the
-        last one's record, region call and exec (a steady loop), else remember them."""
-        mark, last = (ex._record, state.last_call, state.entries.get(key)), self._armed
-        if len(self._mark) == 3 and all(map(is_, mark, self._mark)) and native_replay.available():
-            if last is not None:
-                self._cold = self._cold + 1 if last.hits == 0 else 0
+        last one's record, region call and exec (a steady loop), else remember them (nothing is kept
+        while the native replay is off)."""
+        if not native_replay.available():
+            return
+        mark = (ex._record, state.last_call, state.entries.get(key))
+        if len(self._mark) == 3 and all(map(is_, mark, self._mark)):
+            self._settle()
             if self._cold < native_replay.COLD_LIMIT:
                 ex._native = self._armed = native_replay.arm(ex, self, state, key, queue)
         self._mark = mark
 
+    def _settle(self) -> None:
+        """Drop the last C object armed, counting it as cold when it never replayed."""
+        last, self._armed = self._armed, None
+        if last is not None:
+            self._cold = self._cold + 1 if last.hits == 0 else 0
+
     def forget(self) -> None:
-        """Drop the references to the last call's objects (the executor is released)."""
-        self._mark, self._armed = (), None
+        """Drop the references to the last call's objects (a full bind dropped the record, whose arrays
+        the mark and the C object would keep alive; or the executor is released)."""
+        self._settle()
+        self._mark = ()

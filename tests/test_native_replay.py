@@ -9,6 +9,8 @@ new array, a capture open on the queue, a failing launch, another device current
 another thread, the program released): the call returns what the Python path returns, and the C
 object never launches when a check fails.  The gpu test runs the same steps on the device."""
 import ctypes
+import gc
+import sys
 import threading
 
 import numpy as np
@@ -228,6 +230,103 @@ def test_bad_construction_is_a_typed_error():
         Replay(*base, extra=1)
 
 
+def _pair(monkeypatch):
+    """An armed program and its twin (replaying through the Python path only), 8 calls each."""
+    s, calls = _native_stepper(monkeypatch)
+    twin = _stepper("ref")
+    twin.prog.executor._replay_plan.device = None
+    for _ in range(8):
+        s.call()
+        twin.call()
+    assert s.prog.executor._native is not None
+    return s, twin, calls
+
+
+def _toggle(state, change) -> None:
+    if change == "validation due":
+        state.options.validate, state.options.validate_first = True, 10 ** 6
+    elif change == "gate pending":
+        state.options.gate_slower = True
+        state.eager_times.clear()  # (what the eager calls stored there is not a time with the gate off)
+    elif change == "debug trace":
+        state.debug = True
+    else:
+        state.force_eager = True
+
+
+@pytest.mark.parametrize("change", ["validation due", "gate pending", "debug trace", "eager mode"])
+def test_a_state_switched_after_arming_runs_the_python_path(monkeypatch, capsys, change):
+    """Validation, the slower-than-eager gate, the debug trace or eager mode switched on once the C object
+    is armed: the calls are the Python path's (the gate's three timed replays, then the C object again),
+    with the twin's counters, trace lines and gate times."""
+    s, twin, calls = _pair(monkeypatch)
+    for p in (s, twin):
+        _toggle(p.prog.executor.regions[0], change)
+    before = calls.launches
+    capsys.readouterr()
+    for n in range(5):
+        s.call()
+        lines = capsys.readouterr().err.count("\n")
+        twin.call()
+        assert _reported(s.prog) == _reported(twin.prog) and lines == capsys.readouterr().err.count("\n"), n
+    assert calls.launches == before + (2 if change == "gate pending" else 0)
+    times = [[len(e.times) for e in p.prog.executor.regions[0].entries.values()] for p in (s, twin)]
+    assert times[0] == times[1]
+
+
+def _state_step(p):
+    xh = R.normal(size=(2, 3)).astype(np.float32)
+    _write(p.prog, p.x, xh)
+    y, _ = p.prog.run_async({"x": p.x})
+    p.want = p.want + xh
+    np.testing.assert_allclose(_host(p.prog, y), f(p.want), rtol=1e-5, atol=1e-6)
+
+
+def test_state_bound_then_bound_again(monkeypatch):
+    """With the state bound once the C object arms on the call's one array; binding the state again (a
+    new array) is the Python path's, every value and counter as the twin's."""
+    s, calls = _native_stepper(monkeypatch)
+    twin = _stepper("ref")
+    twin.prog.executor._replay_plan.device = None
+    for round_ in range(2):
+        for p in (s, twin):
+            p.state = p.prog.context.xp.array(_host(p.prog, p.state))
+            p.prog.bind_state({"state_in": p.state})
+        before = calls.launches
+        for n in range(8):
+            _state_step(s)
+            _state_step(twin)
+            assert _reported(s.prog) == _reported(twin.prog), (round_, n)
+        assert calls.launches > before if round_ == 0 else calls.launches == before  # round 1: two keys cached
+
+
+_O = type("_O", (), {"a": 1})()
+_MALFORMED = {  # spec position -> a value whose rows the C object would read past (crash) or misapply
+    "layouts: a row not a tuple": (10, (None,)),
+    "layouts: names and values of two lengths": (10, ((("a", "b"), (1,)),)),
+    "attrs: a row not a tuple": (12, ([_O, "a", 1, 0],)), "attrs: a row of three": (12, ((_O, "a", 1),)),
+    "attrs: an unknown mode": (12, ((_O, "a", 1, 3),)), "attrs: len() against a str": (12, ((_O, "a", "1", 2),)),
+    "attrs: a name not str": (12, ((_O, 1, 1, 0),)), "items: a row of two": (13, (([1], 0),)),
+    "counts: a row of one": (14, ((_O,),)), "sets: a row of two (a set that deletes)": (15, ((_O, "a"),)),
+    "returns: not callable": (16, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MALFORMED))
+def test_a_malformed_spec_is_refused_at_construction(case):
+    """Each row of the checks and updates is read by position on every call: a row of the wrong shape is
+    a ValueError / TypeError at construction, not a crash (or a deleted attribute) at the first call."""
+    at, value = _MALFORMED[case]
+    spec = [1, 1, 1, 0, 0, 0, _O, (), ("x",), (_O,), ((("a",), (1,)),), (), (), (), (), (), len, []]
+    native_replay._native.Replay(*spec)  # well-formed
+    spec[at] = value
+    if at == 10:
+        spec[8], spec[9] = ("x",) * len(value), (_O,) * len(value)
+    with pytest.raises((ValueError, TypeError), match="Replay: "):
+        native_replay._native.Replay(*spec)
+    assert _O.a == 1
+
+
 @pytest.mark.parametrize("value,armed", [("1", True), ("0", False), (None, False)])
 def test_the_environment_turns_it_on(monkeypatch, value, armed):
     """Off by default; ``MIGRAPHX_NATIVE_REPLAY=1`` arms it."""
@@ -260,6 +359,23 @@ def test_objects_that_never_replay_stop_the_arming(monkeypatch):
         s.call()
     assert len(armed) == native_replay.COLD_LIMIT and calls.launches == 0
     assert s.prog.executor._native is None
+
+
+@pytest.mark.parametrize("switch_on", [True, False])
+def test_a_new_binding_keeps_no_reference_to_the_last_record(monkeypatch, switch_on):
+    """After a full bind (a new array) nothing holds the last call's record, so nothing keeps its arrays
+    alive: not the plan's mark of its last replay, not the C object armed from it (native replay on or
+    off)."""
+    s, calls = _native_stepper(monkeypatch, switch_on=switch_on)
+    for _ in range(8):
+        s.call()
+    ex = s.prog.executor
+    old = ex._record
+    assert old is not None and (ex._native is not None) is switch_on
+    s.x = s.prog.context.xp.zeros((2, 3), np.float32)
+    s.call()
+    gc.collect()
+    assert ex._record is not old and sys.getrefcount(old) == 2  # `old` and getrefcount's argument
 
 
 class _DeviceArray:
