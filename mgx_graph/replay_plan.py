@@ -45,7 +45,7 @@ class ReplayPlan:
     ``out``: the region's slot; ``tail``: the eval loop's plain steps of ``main`` after the region (its
     views); ``label``: the region step's label in errors."""
 
-    __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
+    __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label", "native",
                  "_mark", "_armed", "_cold")
 
     def __init__(self, region, slots, main, launches: int, device=None, query=None, *, block=None, out=None,
@@ -54,6 +54,7 @@ class ReplayPlan:
         self.region, self.read, self.main, self.launches = region, slot_getter(self.slots), main, launches
         self._mark = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
         self._armed, self._cold = None, 0  # the last C object armed; how many in a row were dropped unused
+        self.native = device is not None and native_replay.available()  # arms the native replay (read once)
         self.device, self.query = device, query
         self.block, self.out, self.tail, self.label = block, out, list(tail), label
 
@@ -122,16 +123,14 @@ class ReplayPlan:
                 step(env, queue)
         ex.runs += 1
         ex.replay_plan_hits += 1
-        if self.device is not None:
+        if self.native:
             self._arm(ex, state, key, queue)
         return loop.runner.outputs(self.main)
 
     def _arm(self, ex, state, key, queue: int) -> None:
         """Arm the executor's native replay (:mod:`mgx_graph.native_replay`) when this replay repeats the
-        last one's record, region call and exec (a steady loop), else remember them (nothing is kept
-        while the native replay is off)."""
-        if not native_replay.available():
-            return
+        last one's record, region call and exec (a steady loop), else remember them; called only while
+        :attr:`native` (nothing is kept while the native replay is off)."""
         mark = (ex._record, state.last_call, state.entries.get(key))
         if len(self._mark) == 3 and all(map(is_, mark, self._mark)):
             self._settle()

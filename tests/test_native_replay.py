@@ -70,8 +70,7 @@ def _native_stepper(monkeypatch, switch_on=True):
     monkeypatch.setattr(ex.ctx.runtime, "native_handle", calls.handle, raising=False)
     plan = ex._replay_plan
     plan.device, plan.block, plan.query = 0, None, lambda: 0
-    if switch_on:
-        monkeypatch.setattr(native_replay, "available", lambda: True)  # MIGRAPHX_NATIVE_REPLAY=1
+    plan.native = True if switch_on else native_replay.available()  # switch_on: MIGRAPHX_NATIVE_REPLAY=1
     return s, calls
 
 
@@ -334,11 +333,11 @@ def test_the_environment_turns_it_on(monkeypatch, value, armed):
 
     env._reset_for_tests()
     try:
-        s, calls = _native_stepper(monkeypatch, switch_on=False)
         if value is None:
             monkeypatch.delenv("MIGRAPHX_NATIVE_REPLAY", raising=False)
         else:
             monkeypatch.setenv("MIGRAPHX_NATIVE_REPLAY", value)
+        s, calls = _native_stepper(monkeypatch, switch_on=False)
         for _ in range(8):
             s.call()
         assert (s.prog.executor._native is not None) is armed and (calls.launches > 0) is armed
@@ -418,10 +417,9 @@ def test_gpu_native_replay_agrees_with_the_python_path(gpu_target, monkeypatch):
     """On the device (the driver's calls): armed after two plan replays, the values as numpy computes
     them and the counters as a twin replaying through the Python path reports them."""
     s, twin = _stepper("gpu"), _stepper("gpu")
+    s.prog.executor._replay_plan.native = True  # MIGRAPHX_NATIVE_REPLAY=1
     for n in range(12):
-        with monkeypatch.context() as m:
-            m.setattr(native_replay, "available", lambda: True)  # MIGRAPHX_NATIVE_REPLAY=1
-            s.call()
+        s.call()
         twin.call()
         assert _reported(s.prog) == _reported(twin.prog), f"call {n}"
     native = s.prog.executor._native
