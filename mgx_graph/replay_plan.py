@@ -37,16 +37,17 @@ from .steps import step_kind
 
 class ReplayPlan:
     """The replay plan of one executor whose ``main`` is one ``graph_launch`` instruction ``region``
-    followed only by view steps; ``read(env)``: the region's movable inputs (its ``call_inputs()``, in
-    order) from their slots; ``launches``: the kernels ``main``'s own steps issue (added to the
+    followed only by view steps; ``slots``: the env slots of the region's movable inputs (its
+    ``call_inputs()``, in order), ``read(env)`` their values; ``launches``: the kernels ``main``'s own steps issue (added to the
     replay's one launch); ``device``: the context's device (None: a host target), which must be the
     calling thread's current one (``query()``), as the eval loop's queue block would make it;
     ``block(queue)``: the queue block a host target's replay runs in (None on a device target);
     ``out``: the region's slot; ``tail``: the eval loop's plain steps of ``main`` after the region (its
-    views); ``label``: the region step's label in errors."""
+    views); ``label``: the region step's label in errors; ``native``: whether its replays arm the
+    executor's native replay (a device target with ``MIGRAPHX_NATIVE_REPLAY=1``: :meth:`_arm`)."""
 
-    __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label", "native",
-                 "_mark", "_armed", "_cold")
+    __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
+                 "native", "_mark", "_armed", "_cold")
 
     def __init__(self, region, slots, main, launches: int, device=None, query=None, *, block=None, out=None,
                  tail=(), label: str = "graph_launch"):
