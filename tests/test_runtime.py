@@ -157,7 +157,6 @@ class FakeHip:
     """hip-python's calling convention: every call returns (hipError_t, *outs).  ``style`` picks the
     7.x or the 10.x (rocm-bindings) signature of hipGraphExecUpdate."""
 
-    hipStreamNonBlocking = 1
     hipStreamCaptureMode = hipStreamCaptureMode
 
     def __init__(self, style="7"):
@@ -260,6 +259,7 @@ def test_hip_backend_runs_the_graph_launch_state_machine(style):
     rt = HipRuntime(module=fake)
     assert rt.hipGetDeviceCount() == 1
     q = rt.hipStreamCreate()
+    assert ("hipStreamCreateWithFlags", 0) in fake.calls  # hipStreamDefault: ordered with the null stream
     state = GraphLaunchState("main:graph_launch0", _Ctx(rt), body_launches=2, n_instructions=2)
     acc = np.zeros(1)
     calls = []
@@ -339,7 +339,7 @@ USED = ["hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipDeviceSynchroni
         "hipGraphLaunch", "hipGraphUpload", "hipGraphExecUpdate", "hipGraphExecDestroy", "hipGraphDestroy",
         "hipEventCreate", "hipEventRecord", "hipEventSynchronize", "hipEventQuery", "hipEventElapsedTime",
         "hipEventDestroy", "hipError_t",
-        "hipStreamNonBlocking", "hipStreamCaptureMode", "hipStream_t", "hipThreadExchangeStreamCaptureMode",
+        "hipStreamCaptureMode", "hipStream_t", "hipThreadExchangeStreamCaptureMode",
         "hipHostMalloc", "hipHostFree", "hipHostGetDevicePointer", "hipMemcpyAsync", "hipMemcpyKind"]
 
 

@@ -29,6 +29,10 @@ hipStreamCaptureModeRelaxed = 2
 hipStreamCaptureStatusNone = 0
 hipStreamCaptureStatusActive = 1
 hipStreamCaptureStatusInvalidated = 2
+# hipStreamCreate's flags (cudaStreamDefault / hipStreamDefault): a blocking queue, ordered with the legacy
+# default stream both ways, so that work a caller queued there (CuPy's and PyTorch's default stream: an
+# input's fill or upload, a read of an output) is not raced by the program's queue
+hipStreamDefault = 0
 
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 DEAD_KEPT = 4096  # destroyed queue handles remembered (see Runtime.queue_alive)

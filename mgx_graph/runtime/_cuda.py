@@ -6,7 +6,7 @@ API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/
 """
 from __future__ import annotations
 
-from . import Runtime, check, cupy_call, library_calls
+from . import Runtime, check, cupy_call, hipStreamDefault, library_calls
 
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt
@@ -130,7 +130,8 @@ class CudaRuntime(Runtime):
 
     # streams
     def hipStreamCreate(self) -> int:
-        err, s = _rt.cudaStreamCreateWithFlags(_rt.cudaStreamNonBlocking)
+        """A new blocking queue (``hipStreamDefault``: ordered with the legacy default stream)."""
+        err, s = _rt.cudaStreamCreateWithFlags(hipStreamDefault)
         check("hipStreamCreate", err)
         self._note_queue(int(s), True)
         return int(s)

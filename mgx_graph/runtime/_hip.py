@@ -13,7 +13,7 @@ API reference: https://rocm.docs.amd.com/projects/hip-python/en/latest/
 """
 from __future__ import annotations
 
-from . import Runtime, check, library_calls
+from . import Runtime, check, hipStreamDefault, library_calls
 
 
 def _import_hip():
@@ -94,7 +94,8 @@ class HipRuntime(Runtime):
 
     # streams
     def hipStreamCreate(self) -> int:
-        err, s = self.hip.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking)
+        """A new blocking queue (``hipStreamDefault``: ordered with the null stream)."""
+        err, s = self.hip.hipStreamCreateWithFlags(hipStreamDefault)
         check("hipStreamCreate", err)
         self._note_queue(int(s), True)
         return int(s)
