@@ -48,9 +48,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_HOST_READER_POLL``         ``1``: a page-locked read-back (the greedy loop's next id) is waited for by
                                       polling its event from the calling thread instead of blocking in
                                       ``hipEventSynchronize`` (off by default)
-``MIGRAPHX_NATIVE_REPLAY``            ``1``: a repeated replay of a one-region program is one C call
-                                      (``mgx_graph._native``, :mod:`mgx_graph.native_replay`) instead of the
-                                      Python path (off by default: not yet measured faster on a GPU)
+``MIGRAPHX_NATIVE_REPLAY``            ``0``: a repeated replay of a one-region program runs the Python path
+                                      instead of one C call (``mgx_graph._native``,
+                                      :mod:`mgx_graph.native_replay`; on by default where the module is built)
 ``MIGRAPHX_PDL``                      ``0``: generated and own kernels launch without programmatic dependent
                                       launch inside captures (on by default on compute capability 9.0+)
 ====================================  ==========================================================

@@ -44,7 +44,7 @@ class ReplayPlan:
     ``block(queue)``: the queue block a host target's replay runs in (None on a device target);
     ``out``: the region's slot; ``tail``: the eval loop's plain steps of ``main`` after the region (its
     views); ``label``: the region step's label in errors; ``native``: whether its replays arm the
-    executor's native replay (a device target with ``MIGRAPHX_NATIVE_REPLAY=1``: :meth:`_arm`)."""
+    executor's native replay (a device target unless ``MIGRAPHX_NATIVE_REPLAY=0``: :meth:`_arm`)."""
 
     __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
                  "native", "_mark", "_armed", "_cold")

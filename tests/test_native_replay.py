@@ -326,9 +326,9 @@ def test_a_malformed_spec_is_refused_at_construction(case):
     assert _O.a == 1
 
 
-@pytest.mark.parametrize("value,armed", [("1", True), ("0", False), (None, False)])
-def test_the_environment_turns_it_on(monkeypatch, value, armed):
-    """Off by default; ``MIGRAPHX_NATIVE_REPLAY=1`` arms it."""
+@pytest.mark.parametrize("value,armed", [("1", True), ("0", False), (None, True)])
+def test_the_environment_turns_it_off(monkeypatch, value, armed):
+    """On by default; ``MIGRAPHX_NATIVE_REPLAY=0`` keeps every replay on the Python path."""
     from mgx_graph import env
 
     env._reset_for_tests()
@@ -365,6 +365,11 @@ def test_a_new_binding_keeps_no_reference_to_the_last_record(monkeypatch, switch
     """After a full bind (a new array) nothing holds the last call's record, so nothing keeps its arrays
     alive: not the plan's mark of its last replay, not the C object armed from it (native replay on or
     off)."""
+    from mgx_graph import env
+
+    if not switch_on:
+        monkeypatch.setenv("MIGRAPHX_NATIVE_REPLAY", "0")
+        env._reset_for_tests()
     s, calls = _native_stepper(monkeypatch, switch_on=switch_on)
     for _ in range(8):
         s.call()
@@ -417,7 +422,8 @@ def test_gpu_native_replay_agrees_with_the_python_path(gpu_target, monkeypatch):
     """On the device (the driver's calls): armed after two plan replays, the values as numpy computes
     them and the counters as a twin replaying through the Python path reports them."""
     s, twin = _stepper("gpu"), _stepper("gpu")
-    s.prog.executor._replay_plan.native = True  # MIGRAPHX_NATIVE_REPLAY=1
+    s.prog.executor._replay_plan.native = True  # MIGRAPHX_NATIVE_REPLAY on (the default)
+    twin.prog.executor._replay_plan.native = False  # MIGRAPHX_NATIVE_REPLAY=0
     for n in range(12):
         s.call()
         twin.call()
