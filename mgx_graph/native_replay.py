@@ -58,18 +58,19 @@ def _stable(ex, state, entry, rec) -> bool:
             and (not opts.gate_slower or len(entry.times) >= 3) and entry.exec is not None)
 
 
-def _result_checks(plan, state, entry, env) -> list | None:
-    """Item checks that the region's result value is what the plan would compute and what its slot
-    holds, or None when the slot holds another value."""
+def _result_checks(plan, state, entry, env) -> tuple | None:
+    """``(items, attrs)``: checks that the region's result value is what the plan would compute and
+    what its slot holds (one result: the cached list's first array; several: the state's last result
+    pair, whose tuple ``result_of`` returns while it is that pair), or None when the slot holds another
+    value."""
     outs = entry.outputs
     result = plan.region.op.result_of(outs)
     if env[plan.out] is not result:
         return None
     items = [(env, plan.out, result)]
     if plan.region.op._single:
-        return items + [(outs, 0, result)]
-    last = state.last_result
-    return items + [(last, 0, outs), (last, 1, result)]
+        return items + [(outs, 0, result)], []
+    return items, [(state, "last_result", state.last_result, IS)]
 
 
 def arm(ex, plan, state, key, queue: int):
@@ -81,9 +82,10 @@ def arm(ex, plan, state, key, queue: int):
     if calls is None or handle is None or plan.device is None or not _stable(ex, state, entry, rec):
         return None
     env, loop, last = ex.env, ex.loop, state.last_call
-    results = _result_checks(plan, state, entry, env)
-    if results is None or rec.queue != queue:
+    checks = _result_checks(plan, state, entry, env)
+    if checks is None or rec.queue != queue:
         return None
+    results, result_attrs = checks
     names = rec.names
     attrs = ((ex, "released", False, IS), (ex, "_record", rec, IS), (ex, "_replay_plan", plan, IS),
              (ex, "_rebind_per_run", False, IS), (ex, "loop", loop, IS), (loop, "epoch", last[1], EQ),
@@ -94,7 +96,7 @@ def arm(ex, plan, state, key, queue: int):
              (state, "validator", state.validator, IS),
              (state.options, "gate_slower", state.options.gate_slower, EQ), (entry, "times", len(entry.times), LEN),
              (entry, "exec", entry.exec, IS), (entry, "outputs", entry.outputs, IS),
-             (state, "counters", state.counters, IS), (ex, "ctx", ex.ctx, IS))
+             (state, "counters", state.counters, IS), (ex, "ctx", ex.ctx, IS), *result_attrs)
     items = tuple([(state.entries, key, entry), *[(env, s, a) for s, a in zip(plan.slots, last[2])], *results])
     counts = ((ex, "runs"), (ex, "fast_path_hits"), (ex, "replay_plan_hits"), (state, "calls"),
               (state.counters, "replays"), (entry, "replays"))

@@ -152,6 +152,20 @@ def test_a_failing_check_or_launch_changes_nothing(monkeypatch, break_):
     assert _reported(s.prog)["runs"] == reported["runs"] + 1
 
 
+def test_another_last_result_of_the_region_is_refused(monkeypatch):
+    """With several results the region's value is the tuple of the state's last result pair: once that
+    pair is another (equal) one, the C object refuses and the Python path gives the values."""
+    s, calls = _armed(monkeypatch)
+    ex = s.prog.executor
+    state = ex._replay_plan.region.op.state
+    assert not ex._replay_plan.region.op._single
+    outs, result = state.last_result
+    state.last_result = (list(outs), tuple(result))
+    before = calls.launches
+    assert ex._native({"x": s.x, "state_in": s.state}, None, False) is None and calls.launches == before
+    s.call()
+
+
 def test_a_lock_held_by_another_thread_is_not_waited_for(monkeypatch):
     s, calls = _armed(monkeypatch)
     ex = s.prog.executor
