@@ -23,8 +23,8 @@ data every check the Python path makes and every update it applies:
 When a check fails, or the launch returns an error, the call returns None having changed nothing and
 the executor drops it and runs the Python path (which raises what it would raise); results, counters,
 trace and errors are those of the Python path either way.  Arming needs the ``_native`` module (built
-from ``cpp/replay.c`` at install when a C compiler is present) and ``MIGRAPHX_NATIVE_REPLAY`` not ``0`` (on by
-default).  A C object that was dropped without having replayed once counts as cold; after
+from ``cpp/replay.c`` at install when a C compiler is present) and ``MIGRAPHX_NATIVE_REPLAY`` unset or true
+(:func:`available`).  A C object that was dropped without having replayed once counts as cold; after
 :data:`COLD_LIMIT` cold ones in a row the plan stops arming (a loop whose calls all miss would otherwise
 pay the arming on every call).  ``Replay.hits`` counts the calls an object replayed.
 """
@@ -44,8 +44,9 @@ COLD_LIMIT = 2  # C objects dropped in a row without a replay before the plan st
 
 
 def available() -> bool:
-    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` is not
-    ``0`` (on by default: 9.9 against 15-33 host us per W1 step on an H200, 2026-12-03)."""
+    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` is unset,
+    empty or one of 1/enable/enabled/yes/true (:func:`~mgx_graph.env.enabled`; ``0`` or any other value
+    turns it off).  On by default: 9.9 against 15-33 host us per W1 step on an H200, 2026-12-03."""
     return _native is not None and enabled("MIGRAPHX_NATIVE_REPLAY", default=True)
 
 
