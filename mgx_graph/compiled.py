@@ -170,9 +170,10 @@ class CompiledProgram:
 
     @property
     def queue(self) -> int:
-        """The queue (stream handle) runs use by default.  A dynamic-shape program: the queue of the
-        specialization last used (spec 0 before any run), destroyed with it when another call's shapes
-        evict it (``max_specializations``); a ``run_async`` given a destroyed queue raises ParameterError."""
+        """The queue (stream handle) runs use by default.  A dynamic-shape program has one for all its
+        specializations (they are evicted under it, it stays) until :meth:`release`: the outputs of any
+        ``run_async`` without a queue are ready on it.  A ``run_async`` given a destroyed queue raises
+        ParameterError."""
         return self.active_executor().ctx.queue
 
     @property

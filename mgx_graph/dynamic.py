@@ -11,12 +11,18 @@ programs are each capped at ``max_specializations`` (LRU, released on eviction),
 hints kept per input shapes (``HINTS_PER_SPECIALIZATION`` times that); every event is traced when
 ``MIGRAPHX_HIP_GRAPH_DEBUG`` is on.
 
-Threads: one dispatcher serves any number of threads.  Selection and bookkeeping take a lock; runs of
-different specializations proceed in parallel (a specialization's own executor serializes its runs);
-compiles (and prefix runs) are serialized by a second lock.  Every run holds a reference on its
-specialization, so an evicted one is released when its last run in flight returns, never under it.
-The outputs of ``run_async`` alias the specialization's buffers: with several threads, another
-thread's call may evict it right after, so copy them before (``run`` returns host copies).
+Queue: every specialization and prefix program runs on one queue, the dispatcher's (created with its
+first specialization, destroyed at release), so the outputs of ``run_async`` are ready on
+``prog.queue`` whatever specialization ran, and a call that reads the outputs of an earlier call of
+other shapes runs after it, with no event or synchronization.  An evicted specialization leaves that
+queue alive.
+
+Threads: one dispatcher serves any number of threads; its runs are serialized (one queue: a region
+capturing on it must not record another thread's launches).  Selection and bookkeeping take a lock;
+compiles (and prefix runs) are serialized by a second lock, and a whole run by a third.  Every run holds
+a reference on its specialization, so an evicted one is released when its last run returns, never
+under it.  The outputs of ``run_async`` alias the specialization's buffers: with several threads,
+another thread's call may evict it right after, so copy them before (``run`` returns host copies).
 A released dispatcher refuses every run (``MgxError: the program was released``).
 
 Outputs bound in place (``alias``) are not allowed here: a re-dispatched run must have no side effects.
@@ -124,6 +130,8 @@ class Dispatcher:
         self.debug = debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
         self.lock = threading.RLock()  # selection, caches, hints, counters
         self.compile_lock = threading.RLock()  # one compile (and its prefix runs) at a time
+        self.run_lock = threading.RLock()  # one run at a time: every run enqueues on the one queue
+        self._queue_ctx = None  # the context that owns the queue of every specialization
         self.specs = ProgramCache(self.cap)  # (shapes, frozen known) -> CompiledProgram
         self.prefixes = ProgramCache(self.cap)  # (tensor, fn, shapes, frozen known) -> prefix CompiledProgram
         self.hints: OrderedDict = OrderedDict()  # shapes -> values of their latest specialization
@@ -147,6 +155,17 @@ class Dispatcher:
     def _check_open(self) -> None:
         if self.released:
             raise MgxError("the program was released")
+
+    def queue(self) -> int:
+        """The queue every specialization and prefix program runs on (created at the first call).
+        Raises MgxError once released, DeviceError when the queue cannot be created."""
+        from .targets import make_context
+
+        with self.lock:
+            self._check_open()
+            if self._queue_ctx is None:
+                self._queue_ctx = make_context(self.target, device_id=self.compile_kw.get("device_id"))
+            return self._queue_ctx.queue
 
     # -- specializations -------------------------------------------------------------------------
     def _compile(self, shapes: tuple, known: dict, params):
@@ -173,7 +192,8 @@ class Dispatcher:
                 continue
             self.compiles += 1
             label = f"[spec {self.compiles}] "
-            spec = compile_program(prog, self.target, alias=None, _label=label, **self.compile_kw)
+            spec = compile_program(prog, self.target, alias=None, _label=label, _queue=self.queue(),
+                                   **self.compile_kw)
             self.trace("SPECIALIZE", f"{label}shapes={_fmt_shapes(shapes)}" +
                        (f" values={_fmt_known(known)}" if known else ""))
             return spec
@@ -196,7 +216,7 @@ class Dispatcher:
             main.add_return([nv.ins], [nv.tensor])
             compiled = compile_program(prog, self.target, hip_graph=False, alias=None,
                                        fp16=self.compile_kw.get("fp16", False),
-                                       device_id=self.compile_kw.get("device_id"))
+                                       device_id=self.compile_kw.get("device_id"), _queue=self.queue())
             with self.lock:
                 entry, pushed, free = self.prefixes.insert(pkey, compiled, use=True)
             self._retire(free, fold=False)
@@ -225,7 +245,7 @@ class Dispatcher:
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
         prog = compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False),
-                               device_id=self.compile_kw.get("device_id"))
+                               device_id=self.compile_kw.get("device_id"), _queue=self.queue())
         try:
             self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
             sub = {n: params[n] for n in prog.get_parameter_names()}
@@ -323,14 +343,20 @@ class Dispatcher:
         """Run the specialization for ``params``' shapes (and run-time values); see :mod:`mgx_graph.dynamic`.
         ``device``: as ``run_async`` (with ``copy``), else as ``run``.
 
-        Raises ParameterError (before anything runs; for a ``queue`` destroyed, as the queue of an evicted
-        specialization is, once the specialization is selected, before it runs), MgxError once released,
+        Raises ParameterError (before anything runs; for a ``queue`` given that was destroyed, once the
+        specialization is selected, before it runs), MgxError once released,
         and what compiling a new specialization or running it raises; the dispatcher stays usable after
         any of them."""
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
         self._check_open()
         self._validate(params)
+        with self.run_lock:
+            return self._run(params, device, queue, copy)
+
+    def _run(self, params: dict, device: bool, queue, copy: bool):
+        """:meth:`run` under the run lock: select (or compile) the specialization, run it, re-dispatch
+        on a guard's miss."""
         shapes = tuple(sorted((n, tuple(int(d) for d in np.shape(a))) for n, a in params.items()))
         with self.lock:
             known = dict(self.hints.get(shapes, {}))
@@ -393,20 +419,23 @@ class Dispatcher:
                 "literal_bytes": last["literal_bytes"] if last else 0}
 
     def release(self) -> None:
-        """Release every specialization and prefix program (one still running goes when its run
-        returns); later runs raise MgxError.  Safe to call more than once."""
-        with self.lock:
-            self.released = True
-            specs, prefixes = self.specs.clear(), self.prefixes.clear()
-            self.hints.clear()
-        self._retire(specs)
-        self._retire(prefixes, fold=False)
+        """Release every specialization and prefix program, then the queue (after a run in flight in
+        another thread returns); later runs raise MgxError.  Safe to call more than once."""
+        with self.run_lock:
+            with self.lock:
+                self.released = True
+                specs, prefixes = self.specs.clear(), self.prefixes.clear()
+                self.hints.clear()
+                owner, self._queue_ctx = self._queue_ctx, None
+            self._retire(specs)
+            self._retire(prefixes, fold=False)
+            if owner is not None:
+                owner.close()
 
 
 def _dead_queue(queue) -> str:
-    return (f"queue {int(queue):#x} was destroyed: the queue of a specialization (what ``queue`` gave while it "
-            f"was the one last used) goes when another call's shapes evict it (max_specializations); pass "
-            f"queue=None for the current specialization's queue, or a queue created and kept by the caller")
+    return (f"queue {int(queue):#x} was destroyed: pass queue=None for the program's queue, or a queue created "
+            f"and kept alive by the caller")
 
 
 def _fmt_shapes(shapes) -> str:

@@ -50,7 +50,7 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
                     debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
                     max_graph_bytes: int | None = None, capture_mode: str | None = None,
                     validate: bool | None = None, gate_slower: bool | None = None,
-                    device_id: int | None = None, _label: str = "") -> CompiledProgram:
+                    device_id: int | None = None, _label: str = "", _queue: int | None = None) -> CompiledProgram:
     """Run the pass pipeline over ``program`` (in place), lower it to ``target`` (``ref``, ``gpu`` or
     ``auto``) and finalize it; returns the :class:`~mgx_graph.compiled.CompiledProgram`.
 
@@ -99,7 +99,7 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
     PassManager(pipeline(tname, options), pctx).run(program)
     if budget is None:
         budget = graph_budget(given)
-    executor = finalize(program, pctx.result, device_id, budget, _label)
+    executor = finalize(program, pctx.result, device_id, budget, _label, queue=_queue)
     return CompiledProgram(program, pctx.result, executor=executor, options=given)
 
 
@@ -112,12 +112,13 @@ def graph_budget(options: dict) -> GraphBudget:
 
 
 def finalize(program: Program, result: CompileResult, device_id: int | None, budget: GraphBudget,
-             label: str = "") -> Executor:
+             label: str = "", queue: int | None = None) -> Executor:
     """Make the context of ``result.target`` on ``device_id`` and the :class:`Executor` of the lowered,
-    planned ``program``: memory allocated, literals uploaded, ops with submodules finalized.  Raises
+    planned ``program``: memory allocated, literals uploaded, ops with submodules finalized.  ``queue``:
+    the queue the context runs on, kept by the caller (a dynamic program's), or None for its own.  Raises
     CompileError when the program needs more memory than the device has (or an allocation runs out);
     a failure leaves nothing allocated and no queue open."""
-    ctx = make_context(result.target, device_id=device_id)
+    ctx = make_context(result.target, device_id=device_id, queue=queue)
     try:
         _check_memory(program, result, ctx)
         try:
@@ -209,7 +210,11 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     if prog is None:
         return CompiledProgram(Program(), CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)),
                                dispatcher=disp, options=options)
-    spec0 = compile_program(prog, tname, alias=None, _label="[spec 0] ", **ckw)
+    try:
+        spec0 = compile_program(prog, tname, alias=None, _label="[spec 0] ", _queue=disp.queue(), **ckw)
+    except BaseException:
+        disp.release()  # its queue: a failed compile leaves nothing open
+        raise
     shapes = tuple(sorted((n, tuple(s.lens)) for n, s in prog.get_parameter_shapes().items()))
     disp._insert(shapes, {}, spec0)
     return CompiledProgram(prog, spec0.result, executor=spec0.executor, dispatcher=disp, options=options)

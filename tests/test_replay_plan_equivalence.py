@@ -461,7 +461,7 @@ def test_threads_on_their_own_queues(target):
 def test_queue_and_context_follow_the_live_specialization_once_spec_0_is_evicted(target):
     """With one specialization kept, a new batch size evicts spec 0 (compiled with the program): the
     program's ``queue`` / ``context`` then belong to the specialization in use, not to the released one
-    (whose queue is destroyed on gpu); values of numpy through them."""
+    (the queue is the same one, the program's); values of numpy through them."""
     wt = R.normal(size=(8, 4)).astype(np.float32)
     prog = _dynamic_tanh_matmul(target, wt, 1)
     spec0 = prog.executor
@@ -485,30 +485,30 @@ def _dynamic_tanh_matmul(target, wt, cap):
 
 
 @pytest.mark.parametrize("cap", [1, 2])
-def test_a_queue_of_an_evicted_specialization_is_refused(target, cap):
-    """``q = prog.queue`` of a dynamic program is spec 0's queue; a call whose shapes evict spec 0 destroys
-    it.  Passing it afterwards (cap 1: in the very call that evicts; cap 2: to a specialization that had
-    already run, and recorded, calls on it, now repeated) is a ParameterError naming the queue, never a
-    launch on a destroyed stream; the program stays usable on its current queue, with numpy's values."""
+def test_every_specialization_runs_on_the_programs_one_queue(target, cap):
+    """``q = prog.queue`` of a dynamic program is the queue of all its specializations, and stays alive
+    while calls of other shapes evict them (cap 1: every new batch size; cap 2: the least recently used):
+    a caller reading outputs on ``prog.queue`` after any call reads them after that call, and passing
+    ``q`` keeps working (numpy's values).  Release destroys it; a destroyed queue of the caller's is a
+    ParameterError naming it, never a launch on a destroyed stream."""
     wt = R.normal(size=(8, 4)).astype(np.float32)
     prog = _dynamic_tanh_matmul(target, wt, cap)
     q0, rt = prog.queue, prog.context.runtime
-    x3h, x5h = R.normal(size=(3, 8)).astype(np.float32), R.normal(size=(5, 8)).astype(np.float32)
-    x3, x5 = _device_array(target, x3h), _device_array(target, x5h)
-    if cap == 2:
-        for _ in range(6):  # a second specialization runs on spec 0's queue: warmup, capture, replays
-            (y,) = prog.run_async({"x": x3}, q0)
-            np.testing.assert_allclose(_host(prog, y), np.tanh(x3h @ wt), rtol=1e-5, atol=1e-5)
-        assert prog.stats()["replay_plan_hits"] > 0
-        (y,) = prog.run_async({"x": x5})  # a third batch size evicts spec 0, the least recently used
-        np.testing.assert_allclose(_host(prog, y), np.tanh(x5h @ wt), rtol=1e-5, atol=1e-5)
-        assert prog.executor.released and not rt.queue_alive(q0)
-    with pytest.raises(mgx_graph.errors.ParameterError, match=f"queue {q0:#x} was destroyed"):
-        prog.run_async({"x": x3}, q0)
-    assert prog.executor.released and not rt.queue_alive(q0)
-    for xh, x in ((x3h, x3), (x5h, x5), (x3h, x3)):
-        for _ in range(4):
-            (y,) = prog.run_async({"x": x})
-            np.testing.assert_allclose(_host(prog, y), np.tanh(xh @ wt), rtol=1e-5, atol=1e-5)
-    assert prog.queue != q0 and rt.queue_alive(prog.queue)
+    feeds = {n: R.normal(size=(n, 8)).astype(np.float32) for n in (3, 5, 2)}
+    arrays = {n: _device_array(target, xh) for n, xh in feeds.items()}
+    for n in (3, 3, 3, 5, 5, 3, 2, 5, 3, 3):  # warmup, capture, replays; evictions of spec 0 and later ones
+        for q in (None, q0):
+            (y,) = prog.run_async({"x": arrays[n]}, q)
+            np.testing.assert_allclose(_host(prog, y), np.tanh(feeds[n] @ wt), rtol=1e-5, atol=1e-5)
+            assert prog.queue == q0 and rt.queue_alive(q0)
+            assert {p.executor.ctx.queue for p in prog.dispatcher.specs.programs()} == {q0}
+    st = prog.stats()
+    assert prog.executor.released and st["specialization_evictions"] > 0 and st["replays"] > 0, st
+    mine = rt.hipStreamCreate()
+    rt.hipStreamDestroy(mine)
+    with pytest.raises(mgx_graph.errors.ParameterError, match=f"queue {mine:#x} was destroyed"):
+        prog.run_async({"x": arrays[3]}, mine)
+    (y,) = prog.run_async({"x": arrays[3]})  # still usable
+    np.testing.assert_allclose(_host(prog, y), np.tanh(feeds[3] @ wt), rtol=1e-5, atol=1e-5)
     prog.release()
+    assert not rt.queue_alive(q0)

@@ -158,11 +158,14 @@ class GpuContext:
 
     Its queue, allocations and library handles live on that device: every call that creates or uses
     them runs under :meth:`on_device`, which makes the device current (``hipSetDevice``) and restores
-    the caller's current device after, so a program on device 1 leaves a caller on device 0 there."""
+    the caller's current device after, so a program on device 1 leaves a caller on device 0 there.
+
+    ``queue``: a queue to run on that stays the giver's (the specializations of one dynamic-shape
+    program share their dispatcher's queue); None creates one, which :meth:`close` destroys."""
 
     name = "gpu"
 
-    def __init__(self, device_id: int | None = None, **options):
+    def __init__(self, device_id: int | None = None, queue: int | None = None, **options):
         import cupy
 
         self.cupy = cupy
@@ -173,8 +176,9 @@ class GpuContext:
         self._streams: dict[int, object] = {}
         self._blas: dict[int, Blas] = {}
         self._readers: list = []
+        self.owns_queue = queue is None
         with self.on_device():
-            self.queue = self.runtime.hipStreamCreate()
+            self.queue = self.runtime.hipStreamCreate() if queue is None else int(queue)
 
     def on_device(self):
         """Make the program's device current for the block (``hipSetDevice``), then restore the one
@@ -314,7 +318,8 @@ class GpuContext:
 
     def close(self, queues=(), before=None) -> None:
         """Synchronize the queue and ``queues`` (other queues the program ran on), call ``before()``
-        (e.g. graph exec teardown), destroy the BLAS handles, free every buffer and destroy the queue.
+        (e.g. graph exec teardown), destroy the BLAS handles, free every buffer and destroy the queue
+        (when the context created it).
 
         While a capture is open on any of those queues, or on any queue a capture was begun on through
         the runtime (another program's region: a release run by the garbage collector may run on the
@@ -354,6 +359,8 @@ class GpuContext:
             except Exception:
                 pass
         self._buffers = []
+        if not self.owns_queue:
+            return
         try:
             rt.hipStreamDestroy(self.queue)
         except Exception:

@@ -101,16 +101,18 @@ class _OnQueue:
 
 
 class RefContext:
-    """The context of one compiled program on the host (device 0, the only one)."""
+    """The context of one compiled program on the host (device 0, the only one); ``queue``: as
+    :class:`~mgx_graph.targets.gpu.GpuContext`'s (a queue kept by the giver, or None for its own)."""
 
     name = "ref"
     xp = np
     reduce = staticmethod(numpy_reduce)
     device_id = 0
 
-    def __init__(self, device_id: int | None = None, **options):
+    def __init__(self, device_id: int | None = None, queue: int | None = None, **options):
         self.runtime = host_runtime()
-        self.queue = self.runtime.hipStreamCreate()
+        self.owns_queue = queue is None
+        self.queue = self.runtime.hipStreamCreate() if queue is None else int(queue)
         self._buffers: list[int] = []
 
     @contextlib.contextmanager
@@ -186,7 +188,8 @@ class RefContext:
         return {"target": "ref", "platform": "host", "cpu": platform.processor() or platform.machine()}
 
     def close(self, queues=(), before=None) -> None:
-        """Free every buffer and destroy the queue, after calling ``before()`` (e.g. graph exec teardown).
+        """Free every buffer and destroy the queue (when the context created it), after calling ``before()``
+        (e.g. graph exec teardown).
 
         While a capture is open on the queue, on one of ``queues`` (other queues the program ran on) or
         on any queue a capture was begun on through the runtime, nothing is freed yet (``hipFree``
@@ -204,6 +207,8 @@ class RefContext:
             except Exception:
                 pass
         self._buffers = []
+        if not self.owns_queue:
+            return
         try:
             rt.hipStreamDestroy(self.queue)
         except Exception:
