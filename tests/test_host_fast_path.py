@@ -67,15 +67,21 @@ class Stepper:
         self.want = np.zeros((2, 3), np.float32)
 
     def call(self, x=None, state=None, **kw):
+        """One step; with ``queue=q`` the input is written and the outputs read on ``q``, after the
+        program's queue drained (two queues are ordered by nothing else), and ``q`` drains after."""
         x = self.x if x is None else x
         state = self.state if state is None else state
+        ctx, q = self.prog.context, kw.get("queue")
+        if q is not None:
+            ctx.synchronize(self.prog.queue)
+        q = self.prog.queue if q is None else q
         xh = R.normal(size=(2, 3)).astype(np.float32)
-        _write(self.prog, x, xh)
+        ctx.copy_from_host(x, xh, q)
         y, s = self.prog.run_async({"x": x, "state_in": state}, **kw)
         self.want = self.want + xh
-        np.testing.assert_allclose(_host(self.prog, y), f(self.want), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(_host(self.prog, state), self.want, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(_host(self.prog, s), self.want, rtol=1e-6, atol=1e-6)
+        for got, want, rtol in ((y, f(self.want), 1e-5), (state, self.want, 1e-6), (s, self.want, 1e-6)):
+            np.testing.assert_allclose(np.asarray(ctx.to_host(got, q)), want, rtol=rtol, atol=1e-6)
+        ctx.synchronize(q)
 
 
 def _stepper(target, **kw):
