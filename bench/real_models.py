@@ -55,11 +55,12 @@ def run_pypi(name, target, hip_graph, cache):
     import onnxruntime as ort
 
     import mgx_graph
+    from mgx_graph.models.oracle import ort_cpu_options
     from mgx_graph.models.pypi import REAL_MODELS, errors, model_path, random_feeds
 
     m = REAL_MODELS[name]
     path = model_path(name, cache)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(path, ort_cpu_options(), providers=["CPUExecutionProvider"])
     feeds = random_feeds(sess, m.input_dims, m.int_high)
     want = sess.run(None, feeds)
     t0 = time.perf_counter()

@@ -8,6 +8,8 @@
 * :func:`ort_greedy_tokens` -- the same greedy decode run through onnxruntime with the
   exported graph, feeding the caches back; handy as a second reference for executors.
 * :func:`decode_tokens` -- ids back to text.
+* :func:`ort_cpu_options` -- onnxruntime session options for its CPU run used as an oracle (exact
+  integer GEMMs).
 * :func:`tokenize_batch` / :func:`hf_sentence_embeddings` -- for the ``"minilm"`` encoder:
   the three graph inputs of a batch of sentences (padded to the longest) and the torch
   sentence embeddings (mean pooling + L2 normalization, sentence-transformers' recipe).
@@ -27,6 +29,21 @@ from .errors import require_modules
 _MODELS: dict[tuple, Any] = {}
 _TOKENIZERS: dict[str, Any] = {}
 _MAX_CACHED_MODELS = 2
+
+
+def ort_cpu_options(so=None):
+    """``so`` (or new ``onnxruntime.SessionOptions``) with ``session.x64quantprecision`` set to ``"1"``,
+    for onnxruntime's CPU run used as an oracle.  Without it onnxruntime's x64 uint8 x int8 GEMM
+    (MatMulInteger, ConvInteger, the quantized LSTM's GEMMs) may add pairs of products in saturating int16
+    (``vpmaddubsw``): a dot product whose pair sums pass 32767 comes out clipped, where the ONNX spec defines
+    exact int32 accumulation.  onnxruntime 1.32.0 takes that path for cases 1.31 did not on the CI CPU
+    (AMD EPYC, AVX2 without VNNI); both are exact with the entry.  Returns the options; raises ImportError
+    without onnxruntime."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions() if so is None else so
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    return so
 
 
 def _key(info: ModelInfo) -> tuple:

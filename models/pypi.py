@@ -134,8 +134,10 @@ def silero_stream(path: str, run, chunks: int = 30, seed: int = 0) -> list[float
     import numpy as np
     import onnxruntime as ort
 
+    from .oracle import ort_cpu_options
+
     n, has_sr = SILERO_MODELS[os.path.basename(path)]
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(path, ort_cpu_options(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
     t = np.arange(n * chunks) / 16000.0
     audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (rng.random(t.size) > 0.3) + 0.05 * rng.normal(size=t.size))

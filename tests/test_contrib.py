@@ -18,7 +18,9 @@ def ort_oracle(model, feeds, threads):
     input in groups of ceil(batch / threads) rows, so with threads >= batch it is one row at a time."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
+    from mgx_graph.models.oracle import ort_cpu_options
+
+    so = ort_cpu_options()
     so.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 

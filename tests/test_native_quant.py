@@ -89,6 +89,18 @@ def test_matmul_integer(at, bt, shapes, target):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("feed_b", [False, True], ids=["b_literal", "b_fed"])
+def test_the_oracle_is_exact_for_uint8_times_int8(feed_b):
+    """The onnxruntime oracle (``util.ort_run``) against numpy's int64 product, at the extremes where
+    onnxruntime's int16 pair sums saturate on CPUs without VNNI (255 * -128 twice is -65280)."""
+    a = np.concatenate([np.full((2, 16), 255, np.uint8), R.integers(0, 256, (4, 16)).astype(np.uint8)])
+    b = np.concatenate([np.full((16, 2), -128, np.int8), R.integers(-128, 128, (16, 3)).astype(np.int8)], axis=1)
+    feeds, init = ({"a": a, "b": b}, {}) if feed_b else ({"a": a}, {"b": b})
+    m = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], feeds, ["y"], init, opset=10,
+                   output_types={"y": TensorProto.INT32})
+    np.testing.assert_array_equal(ort_run(m, feeds)[0], a.astype(np.int64) @ b.astype(np.int64))
+
+
 def test_matmul_integer_per_row_a_zero_point(target):
     a, b, az = _ints(np.uint8, (3, 5)), _ints(np.uint8, (5, 2)), _ints(np.uint8, (3,))
     m = make_model([helper.make_node("MatMulInteger", ["a", "b", "az"], ["y"])], {"a": a}, ["y"], {"b": b, "az": az},

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
+from mgx_graph.models.oracle import ort_cpu_options
 from mgx_graph.models.pypi import REAL_MODELS, errors, model_path, random_feeds
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ def test_real_model_matches_onnxruntime(name, target, hip_graph, model_cache):
         path = model_path(name, model_cache)
     except RuntimeError as e:
         pytest.skip(str(e))
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(path, ort_cpu_options(), providers=["CPUExecutionProvider"])
     feeds = random_feeds(sess, m.input_dims, m.int_high)
     want = sess.run(None, feeds)
     prog = mgx_graph.compile(path, target=target, hip_graph=hip_graph,

@@ -55,12 +55,76 @@ def ort_version() -> tuple[int, ...]:
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> list:
+    """onnxruntime CPU's outputs of ``model`` on ``feeds``, graph optimizations off, with the int8
+    operands of the integer GEMMs given as uint8 (:func:`uint8_operands`)."""
     import onnxruntime as ort
 
+    model, feeds = uint8_operands(model, feeds)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+# (operand, zero point) input indices of the integer GEMM ops
+INTEGER_GEMM_OPERANDS = {"MatMulInteger": ((0, 2), (1, 3)), "ConvInteger": ((0, 2), (1, 3)),
+                         "QLinearMatMul": ((0, 2), (3, 5)), "QLinearConv": ((0, 2), (3, 5))}
+
+
+def uint8_operands(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """``model`` and ``feeds`` with the int8 operand ``v`` of a MatMulInteger / ConvInteger / QLinearMatMul /
+    QLinearConv whose other operand is uint8, and its zero point ``z``, given as uint8 ``v + 128`` and
+    ``z + 128``: the same integers ``v - z``.  onnxruntime's CPU GEMM of uint8 x int8 on x64 without VNNI
+    adds pairs of products in saturating int16 (``vpmaddubsw``; microsoft/onnxruntime#16105), so its
+    results are clipped where the ONNX spec accumulates exactly in int32; uint8 x uint8 is exact.  Operands and zero points
+    must be initializers or feeds; returns copies (the inputs are not changed)."""
+    nodes = [n for n in model.graph.node if n.op_type in INTEGER_GEMM_OPERANDS]
+    if not nodes:
+        return model, feeds
+    model, feeds = onnx.ModelProto.FromString(model.SerializeToString()), dict(feeds)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    inputs = {i.name: i for i in g.input}
+    for node in (n for n in g.node if n.op_type in INTEGER_GEMM_OPERANDS):
+        pairs = INTEGER_GEMM_OPERANDS[node.op_type]
+        signed = [_int8_of(node.input[v], inits, feeds) is not None for v, _ in pairs]
+        if sum(signed) != 1:  # uint8 x uint8 and int8 x int8 are exact (and keep QLinear's output type)
+            continue
+        for (v, z), s8 in zip(pairs, signed):
+            if not s8:
+                continue
+            node.input[v] = _shifted(g, node.input[v], inits, inputs, feeds)
+            if z < len(node.input) and node.input[z]:
+                node.input[z] = _shifted(g, node.input[z], inits, inputs, feeds)
+            else:
+                while len(node.input) <= z:
+                    node.input.append("")
+                name = f"{node.input[v]}_zero_point_128"
+                g.initializer.append(numpy_helper.from_array(np.uint8(128), name))
+                node.input[z] = name
+    return model, feeds
+
+
+def _int8_of(name, inits, feeds):
+    a = numpy_helper.to_array(inits[name]) if name in inits else feeds.get(name)
+    return a if a is not None and np.asarray(a).dtype == np.int8 else None
+
+
+def _shifted(g, name, inits, inputs, feeds) -> str:
+    """The name of ``name`` (an int8 initializer or feed) as uint8 ``+ 128`` (added once)."""
+    new = f"{name}_as_uint8"
+    a = _int8_of(name, inits, feeds)
+    if a is None:
+        raise ValueError(f"uint8_operands: '{name}' is not an int8 initializer or feed")
+    u = (np.asarray(a).astype(np.int16) + 128).astype(np.uint8)
+    if name in inits:
+        if new not in inits:
+            inits[new] = numpy_helper.from_array(u, new)
+            g.initializer.append(inits[new])
+    elif new not in feeds:
+        feeds[new] = u
+        g.input.append(helper.make_tensor_value_info(new, TensorProto.UINT8, list(u.shape)))
+    return new
 
 
 def compile_run(model, feeds, target="ref", hip_graph=False, runs=1, **kw):
