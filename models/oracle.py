@@ -37,11 +37,18 @@ def ort_cpu_options(so=None):
     (MatMulInteger, ConvInteger, the quantized LSTM's GEMMs) may add pairs of products in saturating int16
     (``vpmaddubsw``): a dot product whose pair sums pass 32767 comes out clipped, where the ONNX spec defines
     exact int32 accumulation.  onnxruntime 1.32.0 takes that path for cases 1.31 did not on the CI CPU
-    (AMD EPYC, AVX2 without VNNI); both are exact with the entry.  Returns the options; raises ImportError
-    without onnxruntime."""
+    (AMD EPYC, AVX2 without VNNI).  The entry works through a graph transformer that rewrites int8
+    *initializers* as uint8: it needs ``graph_optimization_level`` ORT_ENABLE_EXTENDED or higher (the
+    default), and int8 weights fed at run time or computed in the graph still saturate (measured with
+    onnxruntime 1.32.0 on that CPU; ``tests/util.py::uint8_operands`` covers those).  Returns the options;
+    raises ValueError when ``so`` has a lower optimization level, ImportError without onnxruntime."""
     import onnxruntime as ort
 
     so = ort.SessionOptions() if so is None else so
+    level = so.graph_optimization_level
+    if level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
+        raise ValueError(f"ort_cpu_options: session.x64quantprecision does nothing at {level}: it needs "
+                         f"ORT_ENABLE_EXTENDED or higher")
     so.add_session_config_entry("session.x64quantprecision", "1")
     return so
 

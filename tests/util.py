@@ -76,54 +76,73 @@ def uint8_operands(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto
     QLinearConv whose other operand is uint8, and its zero point ``z``, given as uint8 ``v + 128`` and
     ``z + 128``: the same integers ``v - z``.  onnxruntime's CPU GEMM of uint8 x int8 on x64 without VNNI
     adds pairs of products in saturating int16 (``vpmaddubsw``; microsoft/onnxruntime#16105), so its
-    results are clipped where the ONNX spec accumulates exactly in int32; uint8 x uint8 is exact.  Operands and zero points
-    must be initializers or feeds; returns copies (the inputs are not changed)."""
-    nodes = [n for n in model.graph.node if n.op_type in INTEGER_GEMM_OPERANDS]
-    if not nodes:
+    results are clipped where the ONNX spec accumulates exactly in int32; uint8 x uint8 is exact.  The
+    operand types come from the initializers, the feeds and ONNX shape inference; an initializer or feed is
+    shifted here, a tensor computed in the graph by nodes inserted before its first use.  Nodes inside
+    subgraphs are not rewritten.  Returns copies (the inputs are not changed)."""
+    if not any(n.op_type in INTEGER_GEMM_OPERANDS for n in model.graph.node):
         return model, feeds
     model, feeds = onnx.ModelProto.FromString(model.SerializeToString()), dict(feeds)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    inputs = {i.name: i for i in g.input}
-    for node in (n for n in g.node if n.op_type in INTEGER_GEMM_OPERANDS):
-        pairs = INTEGER_GEMM_OPERANDS[node.op_type]
-        signed = [_int8_of(node.input[v], inits, feeds) is not None for v, _ in pairs]
-        if sum(signed) != 1:  # uint8 x uint8 and int8 x int8 are exact (and keep QLinear's output type)
-            continue
-        for (v, z), s8 in zip(pairs, signed):
-            if not s8:
-                continue
-            node.input[v] = _shifted(g, node.input[v], inits, inputs, feeds)
-            if z < len(node.input) and node.input[z]:
-                node.input[z] = _shifted(g, node.input[z], inits, inputs, feeds)
-            else:
-                while len(node.input) <= z:
-                    node.input.append("")
-                name = f"{node.input[v]}_zero_point_128"
-                g.initializer.append(numpy_helper.from_array(np.uint8(128), name))
-                node.input[z] = name
+    types = {t.name: t.data_type for t in g.initializer}
+    types.update({k: NP2ONNX.get(np.asarray(v).dtype, 0) for k, v in feeds.items()})
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    done: set = set()  # tensors shifted so far
+    nodes = []
+    for node in g.node:
+        pairs = INTEGER_GEMM_OPERANDS.get(node.op_type)
+        if pairs is not None:
+            kinds = [types.get(node.input[v], 0) for v, _ in pairs]
+            for name, t in zip((node.input[v] for v, _ in pairs), kinds):
+                if t not in (TensorProto.INT8, TensorProto.UINT8):
+                    raise ValueError(f"uint8_operands: the type of '{name}' ({node.op_type}) is unknown")
+            if sorted(kinds) == [TensorProto.UINT8, TensorProto.INT8]:
+                for (v, z), t in zip(pairs, kinds):
+                    if t != TensorProto.INT8:
+                        continue
+                    node.input[v] = _shifted(g, node.input[v], inits, feeds, nodes, done)
+                    if z < len(node.input) and node.input[z]:
+                        node.input[z] = _shifted(g, node.input[z], inits, feeds, nodes, done)
+                    else:
+                        while len(node.input) <= z:
+                            node.input.append("")
+                        zname = "zero_point_128_as_uint8"
+                        if zname not in inits:
+                            inits[zname] = numpy_helper.from_array(np.array(128, np.uint8), zname)
+                            g.initializer.append(inits[zname])
+                        node.input[z] = zname
+        nodes.append(node)
+    g.ClearField("node")
+    g.node.extend(nodes)
     return model, feeds
 
 
-def _int8_of(name, inits, feeds):
-    a = numpy_helper.to_array(inits[name]) if name in inits else feeds.get(name)
-    return a if a is not None and np.asarray(a).dtype == np.int8 else None
-
-
-def _shifted(g, name, inits, inputs, feeds) -> str:
-    """The name of ``name`` (an int8 initializer or feed) as uint8 ``+ 128`` (added once)."""
+def _shifted(g, name, inits, feeds, nodes, done) -> str:
+    """The name of ``name`` (an int8 tensor) as uint8 ``+ 128``, made once: an initializer or feed shifted
+    here, a computed tensor by Cast / Add / Cast nodes appended to ``nodes`` (before its first use)."""
     new = f"{name}_as_uint8"
-    a = _int8_of(name, inits, feeds)
-    if a is None:
-        raise ValueError(f"uint8_operands: '{name}' is not an int8 initializer or feed")
-    u = (np.asarray(a).astype(np.int16) + 128).astype(np.uint8)
-    if name in inits:
-        if new not in inits:
+    if name in done:
+        return new
+    done.add(name)
+    if name in inits or name in feeds:
+        a = numpy_helper.to_array(inits[name]) if name in inits else np.asarray(feeds[name])
+        u = np.asarray(a.astype(np.int16) + 128).astype(np.uint8)
+        if name in inits:
             inits[new] = numpy_helper.from_array(u, new)
             g.initializer.append(inits[new])
-    elif new not in feeds:
-        feeds[new] = u
-        g.input.append(helper.make_tensor_value_info(new, TensorProto.UINT8, list(u.shape)))
+        else:
+            feeds[new] = u
+            g.input.append(helper.make_tensor_value_info(new, TensorProto.UINT8, list(u.shape)))
+        return new
+    c128 = f"{name}_128_int32"
+    inits[c128] = numpy_helper.from_array(np.array(128, np.int32), c128)
+    g.initializer.append(inits[c128])
+    nodes += [helper.make_node("Cast", [name], [f"{name}_int32"], to=TensorProto.INT32),
+              helper.make_node("Add", [f"{name}_int32", c128], [f"{name}_plus_128"]),
+              helper.make_node("Cast", [f"{name}_plus_128"], [new], to=TensorProto.UINT8)]
     return new
 
 
