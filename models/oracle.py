@@ -36,8 +36,8 @@ def ort_cpu_options(so=None):
     for onnxruntime's CPU run used as an oracle.  Without it onnxruntime's x64 uint8 x int8 GEMM
     (MatMulInteger, ConvInteger, the quantized LSTM's GEMMs) may add pairs of products in saturating int16
     (``vpmaddubsw``): a dot product whose pair sums pass 32767 comes out clipped, where the ONNX spec defines
-    exact int32 accumulation.  onnxruntime 1.32.0 takes that path for cases 1.31 did not on the CI CPU
-    (AMD EPYC, AVX2 without VNNI).  The entry works through a graph transformer that rewrites int8
+    exact int32 accumulation.  onnxruntime 1.31.1 and 1.32.0 alike take that path on the CI CPU (AMD
+    EPYC, AVX2 without VNNI; microsoft/onnxruntime#16105); CPUs with VNNI do not saturate.  The entry works through a graph transformer that rewrites int8
     *initializers* as uint8: it needs ``graph_optimization_level`` ORT_ENABLE_EXTENDED or higher (the
     default), and int8 weights fed at run time or computed in the graph still saturate (measured with
     onnxruntime 1.32.0 on that CPU; ``tests/util.py::uint8_operands`` covers those).  Returns the options;
