@@ -318,27 +318,6 @@ class Dispatcher:
             self._retire([entry.prog])
 
     # -- running ---------------------------------------------------------------------------------
-    def _validate(self, params: dict) -> None:
-        g = self.model.graph
-        inits = {t.name for t in g.initializer}
-        decl = {vi.name: vi for vi in g.input if vi.name not in inits}
-        unknown = [k for k in params if k not in decl]
-        if unknown:
-            raise ParameterError(f"unknown parameter(s) {unknown}; the program takes {sorted(decl)}")
-        for name, vi in decl.items():
-            if name not in params:
-                raise ParameterError(f"parameter '{name}' is missing")
-            a = params[name]
-            dims = vi.type.tensor_type.shape.dim
-            shape = np.shape(a)
-            if len(shape) != len(dims):
-                raise ParameterError(f"parameter '{name}': expected rank {len(dims)}, got rank {len(shape)} "
-                                     f"{list(shape)}")
-            for k, (d, given) in enumerate(zip(dims, shape)):
-                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != given:
-                    raise ParameterError(f"parameter '{name}': dim {k} is fixed to {d.dim_value} by the model, "
-                                         f"got {given} (shape {list(shape)})")
-
     def run(self, params: dict, device: bool, queue=None, copy: bool = False):
         """Run the specialization for ``params``' shapes (and run-time values); see :mod:`mgx_graph.dynamic`.
         ``device``: as ``run_async`` (with ``copy``), else as ``run``.
@@ -350,7 +329,7 @@ class Dispatcher:
         if not isinstance(params, dict):
             raise ParameterError(f"parameters must be a dict of name -> array, got {type(params).__name__}")
         self._check_open()
-        self._validate(params)
+        validate_params(self.model, params)
         with self.run_lock:
             return self._run(params, device, queue, copy)
 
@@ -431,6 +410,31 @@ class Dispatcher:
             self._retire(prefixes, fold=False)
             if owner is not None:
                 owner.close()
+
+
+def validate_params(model, params: dict) -> None:
+    """Check ``params`` against the declared graph inputs of ``model`` (an ``onnx.ModelProto``): every
+    input given, nothing unknown, each rank and each fixed dim as declared.  Raises ParameterError naming
+    the parameter, the dim and the expected and given values."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    decl = {vi.name: vi for vi in g.input if vi.name not in inits}
+    unknown = [k for k in params if k not in decl]
+    if unknown:
+        raise ParameterError(f"unknown parameter(s) {unknown}; the program takes {sorted(decl)}")
+    for name, vi in decl.items():
+        if name not in params:
+            raise ParameterError(f"parameter '{name}' is missing")
+        a = params[name]
+        dims = vi.type.tensor_type.shape.dim
+        shape = np.shape(a)
+        if len(shape) != len(dims):
+            raise ParameterError(f"parameter '{name}': expected rank {len(dims)}, got rank {len(shape)} "
+                                 f"{list(shape)}")
+        for k, (d, given) in enumerate(zip(dims, shape)):
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != given:
+                raise ParameterError(f"parameter '{name}': dim {k} is fixed to {d.dim_value} by the model, "
+                                     f"got {given} (shape {list(shape)})")
 
 
 def _dead_queue(queue) -> str:
