@@ -5,7 +5,9 @@ State machine of one region (MIGraphX ``hip::graph`` / PR #5261 style):
 ``WARMUP``   the first ``warmup`` calls on a queue run the body eagerly on that queue (library handles,
              kernel compilation and caches reach their steady state on the queue the capture will use);
 ``CAPTURE``  a call with a new key records the body with ``hipStreamBeginCapture`` (thread-local mode by
-             default) under an allocation guard, instantiates a graph exec and launches it;
+             default) under an allocation guard on the context's private non-blocking capture queue for
+             the call's queue (:mod:`mgx_graph.targets.capture_queues`; the queue itself where the
+             context has none), instantiates a graph exec and launches it on the queue;
 ``UPDATE``   once the region holds ``max_graphs`` execs, a new key re-records the body and updates the
              least recently used exec in place (``hipGraphExecUpdate``) instead of instantiating another:
              only pointers changed, the topology is the same; an exec updated ``max_updates_per_exec``
@@ -190,8 +192,8 @@ class GraphLaunchState(ValidatedReplay):
     def execute(self, key, queue, run_body, run_body_capture, read_outputs):
         """Run the region for one call; returns its outputs (list of arrays).
 
-        ``run_body()`` runs the body eagerly on ``queue``, ``run_body_capture()`` issues it for a
-        capture, ``read_outputs()`` gives the body's results after either."""
+        ``run_body()`` runs the body eagerly on ``queue``, ``run_body_capture(q)`` issues it on queue
+        ``q`` for a capture recorded there, ``read_outputs()`` gives the body's results after either."""
         with self.lock:
             outs = self.replay_again(key, queue)  # the plain replay of a cached exec
             if outs is not None:
@@ -272,7 +274,8 @@ class GraphLaunchState(ValidatedReplay):
 
     def _capture(self, key, queue, run_body, run_body_capture, read_outputs, failure):
         t0 = time.perf_counter()
-        graph, reason = _record(self.rt, self.mode, queue, run_body_capture)
+        cq = self._capture_queue(queue)
+        graph, reason = _record(self.rt, self.mode, cq, lambda: run_body_capture(cq))
         if graph is None:
             return self._fallback(key, reason, run_body, read_outputs, failure)
         key_str = self.key_summary(key)
@@ -300,6 +303,18 @@ class GraphLaunchState(ValidatedReplay):
         self.rt.hipGraphLaunch(e.exec, queue)
         self.last_launches = 1
         return e.outputs
+
+    def _capture_queue(self, queue):
+        """The queue a capture of work for ``queue`` records on: the context's capture queue, or
+        ``queue`` itself when the context has none or cannot make one (traced)."""
+        make = getattr(self.ctx, "capture_queue", None)
+        if make is None:
+            return queue
+        try:
+            return make(queue)
+        except DeviceError as ex:
+            self.trace("QUEUE", f"queue {queue:#x}", f"capturing on the queue itself: no capture queue ({ex})")
+            return queue
 
     def _update_oldest(self, graph, key_str):
         """When the region is full (``max_graphs`` execs held, or its lifetime captures used up), update
@@ -400,7 +415,8 @@ class GraphLaunchState(ValidatedReplay):
 
 
 def _record(rt, mode: int, queue, run_body_capture):
-    """Record the body into a graph on ``queue``; returns ``(graph, None)`` or ``(None, reason)``.  Any
+    """Record the body (``run_body_capture()``, which issues it on ``queue``) into a graph on
+    ``queue``; returns ``(graph, None)`` or ``(None, reason)``.  Any
     failure ends the capture cleanly (its partial graph destroyed); only KeyboardInterrupt propagates."""
     try:
         rt.hipStreamBeginCapture(queue, mode)

@@ -113,7 +113,7 @@ class GraphLaunch(Operation):
             return last[3]
         params = dict(zip(self._names, args))
         calls = (self.graph_key(ctx, queue, args), lambda: run(sub, queue, params),
-                 lambda: run(sub, queue, params, capture=True), lambda: run.outputs(sub))
+                 _capture_body(ctx, run, sub, params), lambda: run.outputs(sub))
         state.last_call = (queue, epoch, args, calls)
         return calls
 
@@ -145,3 +145,19 @@ class GraphLaunch(Operation):
 def _where(ins) -> str:
     m = ins.module
     return f"graph_launch {m.name}:{m.label_of(ins)}" if m is not None else "graph_launch"
+
+
+def _capture_body(ctx, run, sub, params):
+    """``body(q)``: one run of ``sub`` on ``params`` issued on queue ``q`` for a capture recorded there
+    (the context's capture queue): every launch path reads ``q`` for the run: the steps' queue, the
+    current stream of the array library (``ctx.on_queue``) and ``ctx.current_queue`` (the BLAS calls'),
+    restored after."""
+    def body(q):
+        before = getattr(ctx, "current_queue", None)
+        with ctx.on_queue(q):
+            ctx.current_queue = q
+            try:
+                run(sub, q, params, capture=True)
+            finally:
+                ctx.current_queue = before
+    return body

@@ -245,7 +245,10 @@ class FakeHip:
 
 class _Ctx:
     def __init__(self, rt):
+        from mgx_graph.targets.capture_queues import CaptureQueues
+
         self.runtime = rt
+        self.capture_queue = CaptureQueues(rt).get
 
     def capture_guard(self, where):
         import contextlib
@@ -264,9 +267,9 @@ def test_hip_backend_runs_the_graph_launch_state_machine(style):
     acc = np.zeros(1)
     calls = []
 
-    def body():
-        fake.launch(q, lambda: acc.__iadd__(1))
-        fake.launch(q, lambda: calls.append("k2"))
+    def body(s=q):
+        fake.launch(s, lambda: acc.__iadd__(1))
+        fake.launch(s, lambda: calls.append("k2"))
 
     key = (q, (("x0", 1234, (4,), "f"),))
     for _ in range(5):
@@ -275,6 +278,7 @@ def test_hip_backend_runs_the_graph_launch_state_machine(style):
     c = state.counters
     assert (c.warmups, c.captures, c.replays, c.fallbacks) == (2, 1, 2, 0)
     assert ("hipStreamBeginCapture", 1) in fake.calls  # thread-local capture mode
+    assert ("hipStreamCreateWithFlags", 1) in fake.calls  # the capture queue: hipStreamNonBlocking
     assert ("hipGraphInstantiateWithFlags", 0) in fake.calls
     assert state.stats()["graph_nodes"] == [-1]  # hipGraphGetNodes is not trusted on hip-python
     # exec update with both signatures
@@ -304,9 +308,9 @@ def test_hip_backend_failed_capture_falls_back():
     state = GraphLaunchState("r", _Ctx(rt), 1, 1, warmup=0)
     acc = np.zeros(1)
 
-    def body():
-        fake.launch(q, lambda: acc.__iadd__(1))
-        rt.hipStreamSynchronize(q)  # illegal while capturing: raises DeviceError with the HIP name
+    def body(s=q):
+        fake.launch(s, lambda: acc.__iadd__(1))
+        rt.hipStreamSynchronize(s)  # illegal while capturing: raises DeviceError with the HIP name
 
     for _ in range(3):
         state.execute((q, ()), q, body, body, lambda: [acc])

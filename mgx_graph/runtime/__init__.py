@@ -33,6 +33,10 @@ hipStreamCaptureStatusInvalidated = 2
 # default stream both ways, so that work a caller queued there (CuPy's and PyTorch's default stream: an
 # input's fill or upload, a read of an output) is not raced by the program's queue
 hipStreamDefault = 0
+# a queue not ordered with the legacy default stream (cudaStreamNonBlocking / hipStreamNonBlocking): the
+# private queue captures record on (see GraphLaunchState), so that another thread's use of the legacy
+# stream during a capture neither fails nor spoils it
+hipStreamNonBlocking = 1
 
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 DEAD_KEPT = 4096  # destroyed queue handles remembered (see Runtime.queue_alive)
@@ -373,4 +377,5 @@ def check(call: str, err, ok_names=("cudaSuccess", "hipSuccess")):
 
 __all__ = ["Runtime", "host_runtime", "device_runtime", "gpu_available", "DeviceError", "check", "cupy_call",
            "hipStreamCaptureModeGlobal", "hipStreamCaptureModeThreadLocal", "hipStreamCaptureModeRelaxed",
-           "hipStreamCaptureStatusNone", "hipStreamCaptureStatusActive", "hipStreamCaptureStatusInvalidated"]
+           "hipStreamCaptureStatusNone", "hipStreamCaptureStatusActive", "hipStreamCaptureStatusInvalidated",
+           "hipStreamDefault", "hipStreamNonBlocking"]

@@ -129,9 +129,10 @@ class CudaRuntime(Runtime):
         check("hipMemsetAsync", _rt.cudaMemsetAsync(int(ptr), int(value), int(nbytes), _stream(s))[0])
 
     # streams
-    def hipStreamCreate(self) -> int:
-        """A new blocking queue (``hipStreamDefault``: ordered with the legacy default stream)."""
-        err, s = _rt.cudaStreamCreateWithFlags(hipStreamDefault)
+    def hipStreamCreate(self, flags: int = hipStreamDefault) -> int:
+        """A new queue; by default blocking (``hipStreamDefault``: ordered with the legacy default
+        stream), ``hipStreamNonBlocking`` for one that is not."""
+        err, s = _rt.cudaStreamCreateWithFlags(int(flags))
         check("hipStreamCreate", err)
         self._note_queue(int(s), True)
         return int(s)

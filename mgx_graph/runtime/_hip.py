@@ -93,9 +93,10 @@ class HipRuntime(Runtime):
         check("hipMemsetAsync", self.hip.hipMemsetAsync(int(ptr), int(value), int(nbytes), self._s(s))[0])
 
     # streams
-    def hipStreamCreate(self) -> int:
-        """A new blocking queue (``hipStreamDefault``: ordered with the null stream)."""
-        err, s = self.hip.hipStreamCreateWithFlags(hipStreamDefault)
+    def hipStreamCreate(self, flags: int = hipStreamDefault) -> int:
+        """A new queue; by default blocking (``hipStreamDefault``: ordered with the null stream),
+        ``hipStreamNonBlocking`` for one that is not."""
+        err, s = self.hip.hipStreamCreateWithFlags(int(flags))
         check("hipStreamCreate", err)
         self._note_queue(int(s), True)
         return int(s)

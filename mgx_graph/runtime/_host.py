@@ -44,10 +44,10 @@ class _Capture:
 
 
 class _Stream:
-    __slots__ = ("handle", "capture", "destroyed")
+    __slots__ = ("handle", "capture", "destroyed", "flags")
 
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, handle, flags=0):
+        self.handle, self.flags = handle, flags
         self.capture: _Capture | None = None
         self.destroyed = False
 
@@ -172,12 +172,18 @@ class HostRuntime(Runtime):
         self.hipLaunchHostFunc(stream, np.copyto, (dst, src))
 
     # -- streams ---------------------------------------------------------------------------------
-    def hipStreamCreate(self) -> int:
+    def hipStreamCreate(self, flags: int = 0) -> int:
+        """A new stream (``flags`` kept, see :meth:`hipStreamGetFlags`: the host has no legacy stream to
+        order with)."""
         with self._lock:
             h = next(self._handles)
-            self._streams[h] = _Stream(h)
+            self._streams[h] = _Stream(h, int(flags))
             self._note_queue(h, True)
             return h
+
+    def hipStreamGetFlags(self, s) -> int:
+        """The flags stream ``s`` was created with."""
+        return self._stream(s).flags
 
     def hipStreamDestroy(self, s) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, F
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
 from ..shape import Shape
+from .capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
@@ -176,6 +177,7 @@ class GpuContext:
         self._streams: dict[int, object] = {}
         self._blas: dict[int, Blas] = {}
         self._readers: list = []
+        self._capture_queues = CaptureQueues(self.runtime, self._prepare_capture_queue)
         self.owns_queue = queue is None
         with self.on_device():
             self.queue = self.runtime.hipStreamCreate() if queue is None else int(queue)
@@ -297,6 +299,17 @@ class GpuContext:
     def synchronize(self, queue) -> None:
         self.runtime.hipStreamSynchronize(queue)
 
+    def capture_queue(self, queue) -> int:
+        """The private non-blocking queue the captures of work for ``queue`` record on
+        (:mod:`.capture_queues`; made at the first call, destroyed with the context).  Raises
+        DeviceError when it cannot be made."""
+        with self.on_device():
+            return self._capture_queues.get(queue)
+
+    def _prepare_capture_queue(self, q) -> None:
+        if self._blas:  # the program calls BLAS: the capture queue's handle is made now, outside the capture
+            self.blas(q)
+
     def blas(self, queue):
         b = self._blas.get(queue)
         if b is None:
@@ -318,8 +331,8 @@ class GpuContext:
 
     def close(self, queues=(), before=None) -> None:
         """Synchronize the queue and ``queues`` (other queues the program ran on), call ``before()``
-        (e.g. graph exec teardown), destroy the BLAS handles, free every buffer and destroy the queue
-        (when the context created it).
+        (e.g. graph exec teardown), destroy the BLAS handles, free every buffer, destroy the capture
+        queues and the queue (when the context created it).
 
         While a capture is open on any of those queues, or on any queue a capture was begun on through
         the runtime (another program's region: a release run by the garbage collector may run on the
@@ -327,7 +340,8 @@ class GpuContext:
         the runtime holds the release and makes it when those captures end
         (:meth:`Runtime.release_after_capture`)."""
         watch = {self.queue, *queues}
-        self.runtime.release_after_capture(watch, lambda: self._release(watch, before))
+        self.runtime.release_after_capture(watch | self._capture_queues.queues(),
+                                           lambda: self._release(watch, before))
 
     def _release(self, queues, before) -> None:
         with self.on_device():
@@ -359,6 +373,7 @@ class GpuContext:
             except Exception:
                 pass
         self._buffers = []
+        self._capture_queues.destroy()
         if not self.owns_queue:
             return
         try:

@@ -16,6 +16,7 @@ from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, F
                       MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
 from ..shape import Shape
+from .capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
@@ -114,6 +115,7 @@ class RefContext:
         self.owns_queue = queue is None
         self.queue = self.runtime.hipStreamCreate() if queue is None else int(queue)
         self._buffers: list[int] = []
+        self._capture_queues = CaptureQueues(self.runtime)
 
     @contextlib.contextmanager
     def on_device(self):
@@ -182,6 +184,11 @@ class RefContext:
     def blas(self, queue):
         return None
 
+    def capture_queue(self, queue) -> int:
+        """The private queue the captures of work for ``queue`` record on (:mod:`.capture_queues`, as
+        the gpu target's)."""
+        return self._capture_queues.get(queue)
+
     def describe(self) -> dict:
         import platform
 
@@ -195,7 +202,8 @@ class RefContext:
         on any queue a capture was begun on through the runtime, nothing is freed yet (``hipFree``
         during a capture would invalidate it): the runtime holds the release and makes it when those
         captures end (:meth:`Runtime.release_after_capture`)."""
-        self.runtime.release_after_capture({self.queue, *queues}, lambda: self._release(before))
+        self.runtime.release_after_capture({self.queue, *queues} | self._capture_queues.queues(),
+                                           lambda: self._release(before))
 
     def _release(self, before) -> None:
         rt = self.runtime
@@ -207,6 +215,7 @@ class RefContext:
             except Exception:
                 pass
         self._buffers = []
+        self._capture_queues.destroy()
         if not self.owns_queue:
             return
         try:
