@@ -172,8 +172,11 @@ class CompiledProgram:
     def queue(self) -> int:
         """The queue (stream handle) runs use by default.  A dynamic-shape program has one for all its
         specializations (they are evicted under it, it stays) until :meth:`release`: the outputs of any
-        ``run_async`` without a queue are ready on it.  A ``run_async`` given a destroyed queue raises
-        ParameterError."""
+        ``run_async`` without a queue are ready on it; it exists before the first run too, also for a
+        program whose shapes are known only then.  A ``run_async`` given a destroyed queue raises
+        ParameterError; a released program raises MgxError."""
+        if self.dispatcher is not None:
+            return self.dispatcher.queue()
         return self.active_executor().ctx.queue
 
     @property

@@ -114,7 +114,8 @@ def test_compiling_and_running_add_no_attribute_to_the_ir_program(target):
 
 def test_a_dynamic_program_before_its_first_run(target):
     """No specialization can be compiled before a run (the shape of y depends on the value of s):
-    the program says so instead of giving a queue or context."""
+    the program says so instead of giving a context; its queue exists already, and the run and its
+    outputs are on it."""
     nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
     g = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
                                        helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
@@ -124,10 +125,14 @@ def test_a_dynamic_program_before_its_first_run(target):
     prog = mgx_graph.compile(model, target=target)
     assert prog.dispatcher is not None and not prog.is_compiled()
     with pytest.raises(MgxError, match="specialized at its first run"):
-        prog.queue
+        prog.context
+    q = prog.queue
     feeds = {"x": np.arange(6, dtype=np.float32), "s": np.array([3, 2], np.int64)}
     np.testing.assert_array_equal(prog.run(feeds)[0], ort_run(model, feeds)[0])
     assert prog.context is prog.active_executor().ctx  # the specialization that ran
+    assert prog.queue == q == prog.context.queue
     prog.release()
     with pytest.raises(MgxError, match="released"):
         prog.run(feeds)
+    with pytest.raises(MgxError, match="released"):
+        prog.queue
