@@ -7,8 +7,8 @@ allow) and with a ``matmul`` that asks the gpu target's GEMM planner whether the
 import numpy as np
 import pytest
 from cupy_rules import strict_kernels
-from test_contrib_llm import (GQA, MHA, assert_gqa_matches, assert_matches, gbq_model, genai_layer, gqa_model,
-                              mha_model, ort_outputs)
+from test_contrib_llm import assert_matches, gbq_model, genai_layer, ort_outputs
+from test_contrib_llm_attention import GQA, MHA, assert_gqa_matches, gqa_model, mha_model
 
 import mgx_graph
 
