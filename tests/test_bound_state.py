@@ -33,6 +33,14 @@ def _step(s, **params):
     np.testing.assert_allclose(_host(s.prog, s.state.reshape(2, 3)), s.want, rtol=1e-6, atol=1e-6)
 
 
+def _stepped(target, n=3):
+    """The step program with its state bound, after ``n`` calls of :func:`_step` (each checked)."""
+    s = _bound(target)
+    for _ in range(n):
+        _step(s)
+    return s
+
+
 def test_bound_state_steps_replay_through_the_fast_path(target):
     """With the state bound, calls that pass x alone hit from the second call on and give what passing
     every array gives (the same counters too)."""
@@ -48,9 +56,7 @@ def test_bound_state_steps_replay_through_the_fast_path(target):
 def test_reshaping_the_callers_state_array_in_place_changes_nothing(target):
     """The program holds its own view of the state: the caller's object reshaped in place (numpy: its
     dtype set too) changes neither the fast path nor the values."""
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     s.state.shape = (3, 2)
     if isinstance(s.state, np.ndarray):
         s.state.dtype = np.int32
@@ -65,9 +71,7 @@ def test_reshaping_the_callers_state_array_in_place_changes_nothing(target):
 def test_a_call_naming_a_state_parameter_uses_the_array_given(target):
     """A call that also names the state parameter binds the array given for that call (the full path),
     leaving the bound state as it was; the next call without it reads the bound state again."""
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     other = s.prog.context.xp.asarray(R.normal(size=(2, 3)).astype(np.float32))
     other_h, bound_h = _host(s.prog, other), _host(s.prog, s.state)
     hits = _hits(s.prog)
@@ -112,9 +116,7 @@ def _bad_states(prog):
 def test_bad_state_raises_and_keeps_the_previous_state(target):
     """Every bad bind_state is a ParameterError naming the parameter (expected vs given); the program
     keeps its state, its record and its values."""
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     serial = s.prog.state_serial
     for what, (value, message) in _bad_states(s.prog).items():
         hits = _hits(s.prog)
@@ -127,9 +129,7 @@ def test_bad_state_raises_and_keeps_the_previous_state(target):
 
 
 def test_a_call_missing_a_parameter_raises_and_the_state_stays(target):
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     before = _host(s.prog, s.state)
     with pytest.raises(mgx_graph.ParameterError, match="parameter 'x' is missing"):
         s.prog.run_async({})
@@ -145,9 +145,7 @@ def test_a_call_missing_a_parameter_raises_and_the_state_stays(target):
 
 @pytest.mark.parametrize("drop", [None, {}])
 def test_dropping_the_state_takes_every_parameter_again(target, drop):
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     s.prog.bind_state(drop)
     with pytest.raises(mgx_graph.ParameterError, match="parameter 'state_in' is missing"):
         s.prog.run_async({"x": s.x})
@@ -174,9 +172,7 @@ def test_bind_state_drops_the_record_of_the_last_call(target):
 
 
 def test_run_takes_every_parameter_and_leaves_the_state(target):
-    s = _bound(target)
-    for _ in range(3):
-        _step(s)
+    s = _stepped(target)
     before = _host(s.prog, s.state)
     xh = R.normal(size=(2, 3)).astype(np.float32)
     sh = R.normal(size=(2, 3)).astype(np.float32)
@@ -214,9 +210,7 @@ def test_bound_state_on_two_queues(target):
 
 
 def test_release_drops_the_state(target):
-    s = _bound(target)
-    for _ in range(4):
-        _step(s)
+    s = _stepped(target, 4)
     ref = weakref.ref(s.state)
     numpy_state = isinstance(s.state, np.ndarray)
     s.state = None
