@@ -48,6 +48,19 @@ def model_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def silero(model_cache):
+    """``silero(name)``: the path of a silero-vad model (models/pypi.py), the test skipped when it cannot be had."""
+    from mgx_graph.models.pypi import silero_path
+
+    def path(name):
+        try:
+            return silero_path(name, model_cache)
+        except RuntimeError as e:
+            pytest.skip(str(e))
+    return path
+
+
+@pytest.fixture(scope="module")
 def llama(model_cache):
     """The decode step of a random LLaMA (models/llama.py, KV 16), built once per test module."""
     from mgx_graph.models import build

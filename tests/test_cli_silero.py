@@ -1,6 +1,6 @@
 """The mgx-graph command line on silero-vad, a value-dependent model (sr selects a branch): compile /
 verify / run / perf against onnxruntime CPU, eager and with graphs, --fp16, and a saved program that
-keeps its input dims; the helpers are those of :mod:`test_cli`."""
+keeps its input dims; the helpers are those of :mod:`test_cli` (the ``silero`` fixture: conftest.py)."""
 import json
 import re
 
@@ -10,18 +10,6 @@ from test_cli import check_perf_report, cli, ort_outputs
 
 DIMS = ["--input-dim", "@input", "1", "512", "@state", "2", "1", "128"]
 SILERO = ["silero_vad.onnx", "silero_vad_op18_ifless.onnx"]
-
-
-@pytest.fixture(scope="module")
-def silero(model_cache):
-    from mgx_graph.models.pypi import silero_path
-
-    def path(name):
-        try:
-            return silero_path(name, model_cache)
-        except RuntimeError as e:
-            pytest.skip(str(e))
-    return path
 
 
 # -- silero-vad: a value-dependent model (sr selects a branch) --------------------------------------

@@ -4,19 +4,9 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.models.pypi import SILERO_MODELS, silero_path, silero_stream
+from mgx_graph.models.pypi import SILERO_MODELS, silero_stream
 
 CHUNKS = 30
-
-
-@pytest.fixture(scope="module")
-def silero(model_cache):
-    def path(name):
-        try:
-            return silero_path(name, model_cache)
-        except RuntimeError as e:
-            pytest.skip(str(e))
-    return path
 
 
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
