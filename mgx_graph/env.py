@@ -42,9 +42,9 @@ Variables used by mgx_graph:
 ``MIGRAPHX_GEMV``                     ``0``: a one-row ``dot`` against a constant weight runs as a BLAS GEMM
                                       on gpu instead of the gemv kernel (on by default), and
                                       ``fuse_gemv`` does not fuse
-``MIGRAPHX_GEMV_NARROW``              ``1``: a GEMV of many columns of short rows gives each column fewer than 32
-                                      threads (down to 4), so each thread holds more of its row and the grid
-                                      has fewer blocks (off by default: not yet measured on a GPU)
+``MIGRAPHX_GEMV_NARROW``              ``0``: a GEMV of many columns of short rows keeps 32 threads per column
+                                      instead of fewer (down to 4, so each thread holds more of its row and
+                                      the grid has fewer blocks; on by default)
 ``MIGRAPHX_HOST_READER_POLL``         ``1``: a page-locked read-back (the greedy loop's next id) is waited for by
                                       polling its event from the calling thread instead of blocking in
                                       ``hipEventSynchronize`` (off by default)

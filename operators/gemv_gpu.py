@@ -12,7 +12,8 @@ for programmatic dependent launch, waits on the kernel before it: :mod:`.program
 the weight's DRAM latency overlaps the x copy instead of following it; the float additions keep
 their order (chunk by chunk, element by element), so the values do not depend on the depth.  A block of ``NT`` threads computes ``NT / tpc`` columns, ``tpc`` (threads per
 column, 32 .. ``NT``) chosen so that the grid reaches ``TARGET_BLOCKS`` blocks when N allows it; with
-``MIGRAPHX_GEMV_NARROW=1`` a GEMV of many columns takes fewer (down to ``MIN_TPC``, :func:`narrow_setting`).
+a GEMV of many columns of short rows takes fewer (down to ``MIN_TPC``, :func:`narrow_setting`; ``MIGRAPHX_GEMV_NARROW=0``
+turns that off).
 
 The lowering of ``dot`` (:func:`dot_gemv_kernel`) takes this kernel unless ``MIGRAPHX_GEMV=0``, the
 product has one row and batch dims of 1, the weight is a literal or a view of one
@@ -63,15 +64,17 @@ def gemv_enabled() -> bool:
 
 
 def narrow_setting() -> bool:
-    """``MIGRAPHX_GEMV_NARROW`` (read once): ``1`` / ``enable`` / ``yes`` / ``true`` lets a GEMV of many
-    columns give each column fewer than 32 threads (halved down to ``MIN_TPC`` while every thread's loads
-    of its row still fit the prefetch depth and the grid keeps ``TARGET_BLOCKS`` blocks): more of a row in
-    flight per thread and fewer blocks, so the x copy (the fused RMSNorm prologue of an lm_head: 6144
-    blocks each normalizing the row for SmolLM2's 49152 x 576) is made fewer times.  Off by default: not
-    yet measured on a GPU (checked on the host emulator, tests/passes/test_gemv.py)."""
+    """``MIGRAPHX_GEMV_NARROW`` (read once; on unless set to another value than ``1`` / ``enable`` /
+    ``yes`` / ``true``): a GEMV of many columns gives each column fewer than 32 threads (halved down to
+    ``MIN_TPC`` while every thread's loads of its row still fit the prefetch depth and the grid keeps
+    ``TARGET_BLOCKS`` blocks): more of a row in flight per thread and fewer blocks, so the x copy (the
+    fused RMSNorm prologue of an lm_head: 6144 blocks each normalizing the row for SmolLM2's 49152 x 576,
+    3072 narrowed) is made fewer times.  On the H200 (2026-12-03, SmolLM2-135M fp16 W1 step, alternating
+    processes, ``bench/results/h200_logs/60_*``) 0.4695 / 0.4697 ms/token with it against 0.4775 / 0.4776 /
+    0.4778 without, the same tokens; there only the lm_head is narrowed (16 threads a column)."""
     from ..env import enabled
 
-    return enabled("MIGRAPHX_GEMV_NARROW", default=False)
+    return enabled("MIGRAPHX_GEMV_NARROW", default=True)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ def _close(got, want, dtype, scale=1.0):
 
 
 # -- launch plans ------------------------------------------------------------------------------------
-def test_plan_fills_the_grid_and_caps_threads_per_column_by_the_loads():
+def test_plan_fills_the_grid_and_caps_threads_per_column_by_the_loads(monkeypatch):
+    from mgx_graph.operators import gemv_gpu
+
+    monkeypatch.setattr(gemv_gpu, "narrow_setting", lambda: False)  # the wide plan (narrow: below)
     small = make_plan("float16", 1, 576, 576)  # 72 loads per row
     assert small.vec == 8 and small.tpc == 128 and small.grid == (288,)  # 64 would give 144 blocks
     wide = make_plan("float16", 1, 576, 49152)
@@ -143,16 +146,22 @@ def test_kernel_on_the_host_matches_numpy(dtype, K, N, M, bias, pad, rng):
 
 
 def test_narrow_plans_only_for_many_columns_of_short_rows(monkeypatch):
-    """``MIGRAPHX_GEMV_NARROW``: fewer than 32 threads a column (down to MIN_TPC) only while each thread's
-    loads of a row fit the prefetch depth and the grid keeps TARGET_BLOCKS blocks; off, every plan is as
-    before."""
+    """``MIGRAPHX_GEMV_NARROW`` (on by default): fewer than 32 threads a column (down to MIN_TPC) only while
+    each thread's loads of a row fit the prefetch depth and the grid keeps TARGET_BLOCKS blocks; off
+    (``0``), every such plan has 32."""
     from mgx_graph.operators import gemv_gpu
 
     shapes = [("float16", 576, 49152), ("float32", 576, 49152), ("float16", 64, 100000), ("float16", 576, 3072),
               ("float16", 2048, 128256), ("float16", 100, 49152)]
+    from mgx_graph import env
+
+    monkeypatch.setenv("MIGRAPHX_GEMV_NARROW", "0")
+    assert gemv_gpu.narrow_setting() is False
     before = [make_plan(d, 1, K, N) for d, K, N in shapes]
-    monkeypatch.setattr(gemv_gpu, "narrow_setting", lambda: True)
-    after = [make_plan(d, 1, K, N) for d, K, N in shapes]
+    monkeypatch.delenv("MIGRAPHX_GEMV_NARROW")
+    env._reset_for_tests()
+    assert gemv_gpu.narrow_setting() is True
+    after = [make_plan(d, 1, K, N) for d, K, N in shapes]  # the default
     assert [p.tpc for p in before] == [32] * 6
     assert [p.tpc for p in after] == [16, 32, gemv_gpu.MIN_TPC, 32, 32, 16]  # 100 halves: element loads, 7 each
     lm = after[0]  # SmolLM2's lm_head: 5 loads a thread (all prefetched), 3072 blocks instead of 6144
