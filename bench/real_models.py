@@ -106,7 +106,7 @@ def run_minilm(target, hip_graph, cache):
 
 def run_silero(name, target, hip_graph, cache):
     import mgx_graph
-    from mgx_graph.models.pypi import SILERO_MODELS, silero_path, silero_stream
+    from mgx_graph.models.pypi import SILERO_MODELS, SILERO_STREAM_ATOL, silero_path, silero_stream
 
     n, has_sr = SILERO_MODELS[name]
     path = silero_path(name, cache)
@@ -114,7 +114,8 @@ def run_silero(name, target, hip_graph, cache):
     prog = mgx_graph.compile(path, target=target, hip_graph=hip_graph,
                              input_dims={"input": [1, n], "state": [2, 1, 128]} if has_sr else None)
     worst = silero_stream(path, prog.run, 30)
-    return _row(name, target, hip_graph, [(max(worst), None)], 0.0, 1e-4, max(worst) < 1e-4, prog,
+    atol = SILERO_STREAM_ATOL
+    return _row(name, target, hip_graph, [(max(worst), None)], 0.0, atol, max(worst) < atol, prog,
                 time.perf_counter() - t0, chunks=len(worst))
 
 

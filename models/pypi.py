@@ -114,6 +114,10 @@ def errors(got, want) -> list[tuple[float, float]]:
 
 #: silero-vad models: file in ``silero_vad/data`` -> (chunk samples at 16 kHz, has an ``sr`` input)
 SILERO_VERSION = "6.2.3"
+# the largest max abs error of a chunk of silero_stream accepted against onnxruntime: the fed-back state
+# holds float32 LSTM cell values, and 30 chunks of recurrence in another summation order than onnxruntime's
+# reach ~1e-4 (1.0e-4 for silero_vad.onnx on an AMD EPYC, 4.1e-5 on an Intel Xeon, the same versions)
+SILERO_STREAM_ATOL = 3e-4
 SILERO_MODELS = {
     "silero_vad.onnx": (512, True),                 # 25 If nodes, 4 LSTM
     "silero_vad_op18_ifless.onnx": (512, True),     # 1 If, LSTM unrolled into Gemm/Tanh/Sigmoid

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.models.pypi import SILERO_MODELS, silero_stream
+from mgx_graph.models.pypi import SILERO_MODELS, SILERO_STREAM_ATOL, silero_stream
 
 CHUNKS = 30
 
@@ -17,9 +17,8 @@ def test_silero_streaming_matches_onnxruntime(silero, name, target, hip_graph):
     dims = {"input": [1, n], "state": [2, 1, 128]} if has_sr else None
     prog = mgx_graph.compile(path, target=target, hip_graph=hip_graph, input_dims=dims)
     errs = silero_stream(path, prog.run, CHUNKS)
-    # the fed-back state holds float32 LSTM cell values; 30 chunks of recurrence in a different summation
-    # order than onnxruntime's (its GEMM split depends on its thread count) reach ~1e-4 absolute
-    assert len(errs) == CHUNKS and max(errs) < 3e-4, errs
+    # the fed-back state holds float32 LSTM cell values: 30 chunks of recurrence reach ~1e-4 (SILERO_STREAM_ATOL)
+    assert len(errs) == CHUNKS and max(errs) < SILERO_STREAM_ATOL, errs
     st = prog.stats()
     assert st["fallbacks"] == 0
     if hip_graph:
