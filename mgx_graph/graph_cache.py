@@ -306,14 +306,16 @@ class GraphLaunchState(ValidatedReplay):
 
     def _capture_queue(self, queue):
         """The queue a capture of work for ``queue`` records on: the context's capture queue, or
-        ``queue`` itself when the context has none or cannot make one (traced)."""
+        ``queue`` itself when the context has none or cannot make one (traced): whatever making it
+        raised (the runtime's DeviceError, or the BLAS binding's own error for the queue's handle),
+        since a failure here must not fail the call."""
         make = getattr(self.ctx, "capture_queue", None)
         if make is None:
             return queue
         try:
             return make(queue)
-        except DeviceError as ex:
-            self.trace("QUEUE", f"queue {queue:#x}", f"capturing on the queue itself: no capture queue ({ex})")
+        except Exception as ex:  # noqa: BLE001 - any failure: the capture records on the queue itself
+            self.trace("QUEUE", f"queue {queue:#x}", f"capturing on the queue itself: no capture queue ({_reason(ex)})")
             return queue
 
     def _update_oldest(self, graph, key_str):

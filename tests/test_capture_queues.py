@@ -95,6 +95,44 @@ def test_no_capture_queue_means_the_capture_records_on_the_queue_itself(monkeypa
     prog.release()
 
 
+def test_a_capture_queue_whose_preparation_fails_otherwise_records_on_the_queue_itself(monkeypatch, capfd):
+    """Making the capture queue's BLAS handle can fail with the binding's own error, not a DeviceError:
+    the call must not fail (it did, on every call after the warmups); the capture records on the queue
+    itself, the replays are right and the failed queue is destroyed."""
+    monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_DEBUG", "1")
+    from mgx_graph.runtime import host_runtime
+
+    rt = host_runtime()
+    live = rt.counters()["live_queues"]
+    prog = _compile(step_model(), "ref", alias=ALIAS)
+
+    def fail(q):
+        raise RuntimeError("CUBLAS_STATUS_ALLOC_FAILED")
+
+    monkeypatch.setattr(prog.context._capture_queues, "prepare", fail)
+    seen = _begun_on(rt, monkeypatch)
+    _steps(prog, 6)
+    st = prog.stats()
+    assert st["captures"] == 1 and st["fallbacks"] == 0 and st["replays"] >= 3 and seen == [prog.queue], (st, seen)
+    assert "capturing on the queue itself" in capfd.readouterr().err
+    assert prog.context._capture_queues.queues() == set()
+    prog.release()
+    assert rt.counters()["live_queues"] == live
+
+
+def test_blas_gives_its_workspace_back_when_no_handle_can_be_made():
+    from mgx_graph.runtime import host_runtime
+    from mgx_graph.runtime.blas import Blas
+
+    rt = host_runtime()
+    q = rt.hipStreamCreate()
+    before = rt.counters()
+    with pytest.raises(DeviceError, match="no BLAS for platform host"):
+        Blas(rt, q, workspace_bytes=1 << 20)  # the workspace is allocated before the handle
+    assert rt.counters() == before
+    rt.hipStreamDestroy(q)
+
+
 def test_a_failed_prepare_leaves_no_capture_queue():
     from mgx_graph.runtime import host_runtime
     from mgx_graph.targets.capture_queues import CaptureQueues

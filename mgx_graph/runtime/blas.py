@@ -27,12 +27,19 @@ class Blas:
         self.workspace_bytes = workspace_bytes
         self._one = {np.dtype("float32"): np.ones(1, np.float32), np.dtype("float64"): np.ones(1, np.float64)}
         self._zero = {np.dtype("float32"): np.zeros(1, np.float32), np.dtype("float64"): np.zeros(1, np.float64)}
-        if runtime.platform == "cuda":
-            self._impl = _CuBlas(stream, self.workspace, workspace_bytes)
-        elif runtime.platform == "hip":
-            self._impl = _HipBlas(stream, self.workspace, workspace_bytes)
-        else:
-            raise DeviceError("blas", "hipErrorNotSupported", f"no BLAS for platform {runtime.platform}")
+        try:
+            if runtime.platform == "cuda":
+                self._impl = _CuBlas(stream, self.workspace, workspace_bytes)
+            elif runtime.platform == "hip":
+                self._impl = _HipBlas(stream, self.workspace, workspace_bytes)
+            else:
+                raise DeviceError("blas", "hipErrorNotSupported", f"no BLAS for platform {runtime.platform}")
+        except BaseException:  # no handle: the workspace goes back (nothing else owns it)
+            try:
+                runtime.hipFree(self.workspace)
+            except Exception:
+                pass
+            raise
 
     def gemm(self, a_ptr, a_trans, lda, a_stride, b_ptr, b_trans, ldb, b_stride, c_ptr, ldc, c_stride,
              m, n, k, batch, dtype) -> None:
