@@ -61,10 +61,8 @@ class Executor:
         self.replay_plan_hits = 0
         self._native = None  # armed by the replay plan (mgx_graph.native_replay)
         self._replay_plan = ReplayPlan.for_executor(self)  # a repeated call replayed without the eval loop
-        # library handles and workspaces exist before any capture (never created inside one)
         self._uses_blas = any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions)
-        if self._uses_blas:
-            ctx.blas(ctx.queue)
+        _before_any_capture(ctx, self.buffers.modules, self._uses_blas)
         self.staging = InputStaging.for_executor(self)
 
     def _finalize_parameters(self) -> None:
@@ -354,3 +352,21 @@ def _refuse_copy(ctx, name, a, on_device) -> None:
                              f"memory (run_async(..., copy=True) copies it to the device)")
     raise ParameterError(f"parameter '{name}': device array must be C-contiguous (strides {a.strides}; "
                          f"run_async(..., copy=True) copies it)")
+
+
+def _before_any_capture(ctx, modules, uses_blas: bool) -> None:
+    """What a capture needs, made at finalize (never inside a capture): the BLAS handle of the program's
+    queue when ``modules`` call BLAS, and when they hold graph regions the capture queue of the program's
+    queue (:mod:`mgx_graph.targets.capture_queues`) with its own handle, so that a first capture
+    allocates nothing (a caller's own capture open in the thread then would be spoiled by it).  A capture
+    queue that cannot be made now is tried again at the first capture, which records on the queue itself
+    if that fails."""
+    if uses_blas:
+        ctx.blas(ctx.queue)
+    make = getattr(ctx, "capture_queue", None)
+    if make is None or not any(i.op.name == "graph_launch" for m in modules for i in m.instructions):
+        return
+    try:
+        make(ctx.queue)
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass

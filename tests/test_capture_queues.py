@@ -60,25 +60,27 @@ def test_capture_records_on_a_private_nonblocking_queue_and_replays_on_the_progr
 
 
 def test_each_queue_gets_its_own_capture_queue_and_release_destroys_them(monkeypatch):
+    from mgx_graph.runtime import host_runtime
+
+    rt = host_runtime()
+    base = rt.counters()["live_queues"]
     prog = _compile(step_model(), "ref", alias=ALIAS)
-    rt = prog.context.runtime
-    live = rt.counters()["live_queues"]
+    # the program's queue and its capture queue, made at compile time: a first capture allocates nothing
+    assert rt.counters()["live_queues"] == base + 2 and len(prog.context._capture_queues.queues()) == 1
     seen = _begun_on(rt, monkeypatch)
     other = rt.hipStreamCreate()
     _steps(prog, 5)
     _steps(prog, 5, queue=other)
     assert len(seen) == 2 and len(set(seen)) == 2 and not {prog.queue, other} & set(seen)
-    assert rt.counters()["live_queues"] == live + 3  # the caller's queue and two capture queues
+    assert set(seen) == prog.context._capture_queues.queues()
+    assert rt.counters()["live_queues"] == base + 4  # the caller's queue and its capture queue too
     prog.release()
-    assert rt.counters()["live_queues"] == live  # the program's queue and both capture queues gone
+    assert rt.counters()["live_queues"] == base + 1  # the program's queue and both capture queues gone
     assert all(not rt.queue_alive(q) for q in seen)
     rt.hipStreamDestroy(other)
 
 
-def test_no_capture_queue_means_the_capture_records_on_the_queue_itself(monkeypatch, capfd):
-    monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_DEBUG", "1")
-    prog = _compile(step_model(), "ref", alias=ALIAS)
-    rt = prog.context.runtime
+def _refusing_nonblocking(rt, monkeypatch):
     create = rt.hipStreamCreate
 
     def refuse_nonblocking(flags=0):
@@ -87,29 +89,44 @@ def test_no_capture_queue_means_the_capture_records_on_the_queue_itself(monkeypa
         return create(flags)
 
     monkeypatch.setattr(rt, "hipStreamCreate", refuse_nonblocking)
+
+
+def test_no_capture_queue_means_the_capture_records_on_the_queue_itself(monkeypatch, capfd):
+    """No capture queue can be made, at compile time or at the capture: the program compiles, the capture
+    records on the queue itself (traced) and the replays are right."""
+    monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_DEBUG", "1")
+    from mgx_graph.runtime import host_runtime
+
+    rt = host_runtime()
+    base = rt.counters()["live_queues"]
+    _refusing_nonblocking(rt, monkeypatch)
+    prog = _compile(step_model(), "ref", alias=ALIAS)
     seen = _begun_on(rt, monkeypatch)
     _steps(prog, 6)
     st = prog.stats()
     assert st["captures"] == 1 and st["fallbacks"] == 0 and seen == [prog.queue], (st, seen)
     assert "capturing on the queue itself" in capfd.readouterr().err
     prog.release()
+    assert rt.counters()["live_queues"] == base
 
 
 def test_a_capture_queue_whose_preparation_fails_otherwise_records_on_the_queue_itself(monkeypatch, capfd):
     """Making the capture queue's BLAS handle can fail with the binding's own error, not a DeviceError:
-    the call must not fail (it did, on every call after the warmups); the capture records on the queue
-    itself, the replays are right and the failed queue is destroyed."""
+    neither the compile nor a call may fail (a call did, on every call after the warmups); the capture
+    records on the queue itself, the replays are right and the failed queue is destroyed."""
     monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_DEBUG", "1")
     from mgx_graph.runtime import host_runtime
+    from mgx_graph.targets import capture_queues
 
     rt = host_runtime()
     live = rt.counters()["live_queues"]
-    prog = _compile(step_model(), "ref", alias=ALIAS)
+    init = capture_queues.CaptureQueues.__init__
 
     def fail(q):
         raise RuntimeError("CUBLAS_STATUS_ALLOC_FAILED")
 
-    monkeypatch.setattr(prog.context._capture_queues, "prepare", fail)
+    monkeypatch.setattr(capture_queues.CaptureQueues, "__init__", lambda self, runtime, prepare=None: init(self, runtime, fail))
+    prog = _compile(step_model(), "ref", alias=ALIAS)
     seen = _begun_on(rt, monkeypatch)
     _steps(prog, 6)
     st = prog.stats()
