@@ -9,7 +9,8 @@ Variables used by mgx_graph:
 ====================================  ==========================================================
 ``MIGRAPHX_HIP_GRAPH``                turn the graph_launch pass on when ``compile(hip_graph=None)``
 ``MIGRAPHX_HIP_GRAPH_DEBUG``          print one line per WARMUP / CAPTURE / UPDATE / REPLAY / FALLBACK /
-                                      EAGER / EVICT / VALIDATE event to stderr
+                                      EAGER / EVICT / DISABLE / VALIDATE / QUEUE event to stderr (dynamic
+                                      programs: SPECIALIZE / RESPECIALIZE / PREFIX / PRUNE / EVICT too)
 ``MIGRAPHX_HIP_GRAPH_MAX``            graph execs per region and captures per region over its life (8)
 ``MIGRAPHX_HIP_GRAPH_MAX_BYTES``      device memory of all graph execs of a program (1 GiB)
 ``MIGRAPHX_HIP_GRAPH_VALIDATE``       run eager next to early replays and compare (validation mode)
