@@ -150,6 +150,50 @@ def test_blas_gives_its_workspace_back_when_no_handle_can_be_made():
     rt.hipStreamDestroy(q)
 
 
+def _fake_blas_bindings(monkeypatch, platform, made, destroyed):
+    """Stand-in vendor bindings whose handle is made but whose stream cannot be set."""
+    import sys
+    import types
+
+    if platform == "cuda":
+        def set_stream(handle, stream):
+            raise RuntimeError("CUBLAS_STATUS_INVALID_VALUE")
+
+        lib = types.SimpleNamespace(create=lambda: made.append(object()) or made[-1], set_stream=set_stream,
+                                    destroy=destroyed.append)
+        names, attrs = ("nvmath", "nvmath.bindings"), {"cublas": lib}
+    else:
+        lib = types.SimpleNamespace(hipblasCreate=lambda: (0, made.append(object()) or made[-1]),
+                                    hipblasSetStream=lambda handle, stream: (7,), hipblasDestroy=destroyed.append)
+        names, attrs = ("rocm", "rocm.bindings"), {"hipblas": lib, "hip": types.SimpleNamespace(hipStream_t=int)}
+    top, sub = types.ModuleType(names[0]), types.ModuleType(names[1])
+    for k, v in attrs.items():
+        setattr(sub, k, v)
+    top.bindings = sub
+    monkeypatch.setitem(sys.modules, names[0], top)
+    monkeypatch.setitem(sys.modules, names[1], sub)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "hip"])
+def test_blas_destroys_a_handle_it_cannot_set_up(monkeypatch, platform):
+    """A handle made whose stream cannot be set is destroyed, and the workspace freed: a capture queue's
+    handle that fails is tried again at the next capture, and each try leaked a handle."""
+    import types
+
+    from mgx_graph.runtime import host_runtime
+    from mgx_graph.runtime.blas import Blas
+
+    made, destroyed = [], []
+    _fake_blas_bindings(monkeypatch, platform, made, destroyed)
+    rt = host_runtime()
+    runtime = types.SimpleNamespace(platform=platform, hipMalloc=rt.hipMalloc, hipFree=rt.hipFree)
+    before = rt.counters()["allocated_bytes"]
+    with pytest.raises((RuntimeError, DeviceError)):
+        Blas(runtime, 1234, workspace_bytes=1 << 20)
+    assert len(made) == 1 and destroyed == made
+    assert rt.counters()["allocated_bytes"] == before
+
+
 def test_a_failed_prepare_leaves_no_capture_queue():
     from mgx_graph.runtime import host_runtime
     from mgx_graph.targets.capture_queues import CaptureQueues

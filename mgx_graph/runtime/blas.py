@@ -71,9 +71,13 @@ class _CuBlas:
 
         self.cublas = cublas
         self.handle = cublas.create()
-        cublas.set_stream(self.handle, int(stream))
-        cublas.set_workspace(self.handle, int(workspace), int(nbytes))
-        cublas.set_math_mode(self.handle, cublas.Math.DEFAULT_MATH)  # no TF32 for float32
+        try:
+            cublas.set_stream(self.handle, int(stream))
+            cublas.set_workspace(self.handle, int(workspace), int(nbytes))
+            cublas.set_math_mode(self.handle, cublas.Math.DEFAULT_MATH)  # no TF32 for float32
+        except BaseException:  # a handle that cannot be set up is destroyed (the caller frees the workspace)
+            self.close()
+            raise
         self.types = {np.dtype("float32"): 0, np.dtype("float16"): 2, np.dtype("float64"): 1}  # CUDA_R_*
         self.compute = {np.dtype("float32"): cublas.ComputeType.COMPUTE_32F,
                         np.dtype("float16"): cublas.ComputeType.COMPUTE_32F,
@@ -101,8 +105,12 @@ class _HipBlas:
         self.hipblas = hipblas
         err, self.handle = hipblas.hipblasCreate()
         self._check("hipblasCreate", err)
-        self._check("hipblasSetStream", hipblas.hipblasSetStream(self.handle, hip.hipStream_t(int(stream)))[0])
-        self._check("hipblasSetWorkspace", hipblas.hipblasSetWorkspace(self.handle, int(workspace), int(nbytes))[0])
+        try:
+            self._check("hipblasSetStream", hipblas.hipblasSetStream(self.handle, hip.hipStream_t(int(stream)))[0])
+            self._check("hipblasSetWorkspace", hipblas.hipblasSetWorkspace(self.handle, int(workspace), int(nbytes))[0])
+        except BaseException:  # a handle that cannot be set up is destroyed (the caller frees the workspace)
+            self.close()
+            raise
         dt = hip.hipDataType
         ct = hipblas.hipblasComputeType_t
         self.types = {np.dtype("float32"): dt.HIP_R_32F, np.dtype("float16"): dt.HIP_R_16F,
