@@ -7,7 +7,7 @@ State machine of one region (MIGraphX ``hip::graph`` / PR #5261 style):
 ``CAPTURE``  a call with a new key records the body with ``hipStreamBeginCapture`` (thread-local mode by
              default) under an allocation guard on the context's private non-blocking capture queue for
              the call's queue (:mod:`mgx_graph.targets.capture_queues`; the queue itself where the
-             context has none), instantiates a graph exec and launches it on the queue;
+             context has none or cannot make one), instantiates a graph exec and launches it on the queue;
 ``UPDATE``   once the region holds ``max_graphs`` execs, a new key re-records the body and updates the
              least recently used exec in place (``hipGraphExecUpdate``) instead of instantiating another:
              only pointers changed, the topology is the same; an exec updated ``max_updates_per_exec``

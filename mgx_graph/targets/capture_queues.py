@@ -25,8 +25,8 @@ from ..runtime import hipStreamNonBlocking
 class CaptureQueues:
     """The capture queues of one context: ``get(queue)`` gives (creating it at the first call) the
     non-blocking queue captures of work for ``queue`` record on; ``prepare(queue)`` is called on a
-    new one before it is returned.  ``get`` raises DeviceError when the runtime cannot create a queue
-    (nothing is kept then)."""
+    new one before it is returned.  ``get`` raises DeviceError when the runtime cannot create a queue,
+    or what ``prepare`` raised (nothing is kept then)."""
 
     def __init__(self, runtime, prepare=None):
         self.runtime, self.prepare = runtime, prepare

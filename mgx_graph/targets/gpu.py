@@ -301,8 +301,8 @@ class GpuContext:
 
     def capture_queue(self, queue) -> int:
         """The private non-blocking queue the captures of work for ``queue`` record on
-        (:mod:`.capture_queues`; made at the first call, destroyed with the context).  Raises
-        DeviceError when it cannot be made."""
+        (:mod:`.capture_queues`; made with its BLAS handle at the first call, destroyed with the
+        context).  Raises DeviceError, or the BLAS binding's own error, when it cannot be made."""
         with self.on_device():
             return self._capture_queues.get(queue)
 
