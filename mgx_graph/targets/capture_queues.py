@@ -13,7 +13,8 @@ Nothing runs on a capture queue: it only records, so it needs no ordering with t
 (the graph's launch is ordered there as any work).  Each is created outside any capture, with
 whatever the context prepares for it (the gpu target: a BLAS handle and its workspace, which cannot
 be allocated during a capture): the executor makes the one of the program's queue at finalize, a
-region the one of another queue at its first capture there; all are destroyed with the context.  Stream APIs are called through the runtime layer (:mod:`mgx_graph.runtime`) only.
+region the one of another queue at its first capture there; all are destroyed with the context.
+Stream APIs are called through the runtime layer (:mod:`mgx_graph.runtime`) only.
 """
 from __future__ import annotations
 
