@@ -94,3 +94,51 @@ def require_float(p, x, what="input") -> None:
     """ParseError (through ``p.err``) unless instruction ``x`` is float16/float32/float64."""
     if x.shape.dtype not in FLOATS:
         raise p.err(f"{what} must be float16/float32/float64, got {x.shape.dtype}")
+
+
+# -- attribute validation: every message names the node (``p.err``), the attribute, the expected range
+# -- and the given value
+def check_axis(p, axis, rank: int, name: str = "axis", *, upper: int | None = None) -> int:
+    """``axis`` of an input of rank ``rank`` as an index ``0..upper`` (``upper`` defaults to ``rank - 1``;
+    ``rank`` for the ops whose axis may be one past the last dim, Flatten's); ParseError unless it lies
+    in ``[-rank, upper]``."""
+    hi = rank - 1 if upper is None else upper
+    a = int(axis)
+    if not -rank <= a <= hi:
+        raise p.err(f"'{name}' = {a} is out of range: expected [{-rank}, {hi}] for input rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def check_axes(p, axes, rank: int, name: str = "axes", *, unique: bool = True) -> list:
+    """Each of ``axes`` checked and normalized by :func:`check_axis`; ParseError when one repeats (after
+    normalization) and ``unique``."""
+    out = [check_axis(p, a, rank, name) for a in axes]
+    if unique and len(set(out)) != len(out):
+        raise p.err(f"'{name}' = {[int(a) for a in axes]} repeats an axis: expected distinct axes of "
+                    f"[{-rank}, {rank - 1}] for input rank {rank}")
+    return out
+
+
+def check_perm(p, perm, rank: int, name: str = "perm") -> list:
+    """``perm`` as a list; ParseError unless it is a permutation of ``0..rank-1``."""
+    perm = [int(v) for v in perm]
+    if sorted(perm) != list(range(rank)):
+        raise p.err(f"'{name}' = {perm} is not a permutation of 0..{rank - 1} (input rank {rank})")
+    return perm
+
+
+def check_count(p, values, n: int, name: str, why: str) -> list:
+    """``values`` as a list of ints; ParseError unless it has ``n`` of them (``why``: where ``n`` comes from)."""
+    values = [int(v) for v in values]
+    if len(values) != n:
+        raise p.err(f"'{name}' = {values} has {len(values)} values: expected {n} ({why})")
+    return values
+
+
+def check_min(p, values, lo: int, name: str) -> list:
+    """``values`` (one int or a list) as a list of ints; ParseError unless each is ``>= lo``."""
+    vals = [int(v) for v in np.asarray(values).reshape(-1)]
+    if any(v < lo for v in vals):
+        shown = vals if np.ndim(values) else vals[0]
+        raise p.err(f"'{name}' = {shown} is out of range: expected values >= {lo}")
+    return vals

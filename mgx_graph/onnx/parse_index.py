@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..shape import onnx_dtype
-from .op_parser import attr, decode, parser, require_float
+from .op_parser import attr, check_axis, decode, parser, require_float
 
 
 @parser("Hardmax")
@@ -19,10 +19,8 @@ def _p_hardmax(p, m, node, ins):
     x = ins[0]
     require_float(p, x)
     if p.opset >= 13:
-        return p.add(m, "hardmax", [x], axis=attr(node, "axis", -1))
-    axis = attr(node, "axis", 1)  # opsets 1-11: the input is coerced to 2-D at axis
-    r = x.shape.ndim
-    a = axis + r if axis < 0 else axis
+        return p.add(m, "hardmax", [x], axis=check_axis(p, attr(node, "axis", -1), x.shape.ndim))
+    a = check_axis(p, attr(node, "axis", 1), x.shape.ndim)  # opsets 1-12: the input is coerced to 2-D at axis
     lens = list(x.shape.lens)
     flat = p.reshape(m, x, [math.prod(lens[:a]), math.prod(lens[a:])])
     return p.reshape(m, p.add(m, "hardmax", [flat], axis=1), lens)
@@ -38,11 +36,8 @@ def _scalar_const(p, ins, what):
 @parser("CumSum", "CumProd")
 def _p_cumsum(p, m, node, ins):
     x = ins[0]
-    axis = int(_scalar_const(p, ins[1], "axis"))
-    r = max(x.shape.ndim, 1)
-    if not -r <= axis < r:
-        raise p.err(f"axis {axis} out of range for rank {x.shape.ndim}")
-    return p.add(m, node.op_type.lower(), [x], axis=axis % r, exclusive=attr(node, "exclusive", 0),
+    axis = check_axis(p, _scalar_const(p, ins[1], "axis"), max(x.shape.ndim, 1))
+    return p.add(m, node.op_type.lower(), [x], axis=axis, exclusive=attr(node, "exclusive", 0),
                  reverse=attr(node, "reverse", 0))
 
 
@@ -55,10 +50,7 @@ def _p_onehot(p, m, node, ins):
     if values.shape.elements() != 2:
         raise p.err(f"values must be [off_value, on_value], got {list(values.shape.lens)}")
     r = ind.shape.ndim + 1
-    axis = attr(node, "axis", -1)
-    if not -r <= axis < r:
-        raise p.err(f"axis {axis} out of range for output rank {r}")
-    a = axis % r
+    a = check_axis(p, attr(node, "axis", -1), r)
     if ind.shape.dtype != "int64":  # float indices are truncated, as a cast to int64 does
         ind = p.add(m, "convert", [ind], target_type="int64")
     ind = p.add(m, "unsqueeze", [ind], axes=[a])
@@ -115,10 +107,7 @@ def _p_compress(p, m, node, ins):
     if axis is None:
         x, a = p.reshape(m, x, [x.shape.elements()]), 0
     else:
-        r = x.shape.ndim
-        if not -r <= axis < r:
-            raise p.err(f"axis {axis} out of range for rank {r}")
-        a = axis % r
+        a = check_axis(p, axis, x.shape.ndim)
     dim = x.shape.lens[a]
     if cond.shape.lens[0] > dim:  # entries past the axis length are discarded
         cond = p.add(m, "slice", [cond], axes=[0], starts=[0], ends=[dim], steps=[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .op_parser import attr, decode, parser, unsupported
+from .op_parser import attr, check_axis, check_min, decode, parser, unsupported
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
 
@@ -35,9 +35,18 @@ def _parse_gemm(p, m, node, ins):
     a, b = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
     alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
-    if attr(node, "transA", 0):
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
+    if a.shape.ndim != 2 or b.shape.ndim != 2:
+        raise p.err(f"A {list(a.shape.lens)} and B {list(b.shape.lens)} must be 2-D")
+    ka, kb = a.shape.lens[0 if ta else 1], b.shape.lens[1 if tb else 0]
+    if ka != kb:
+        raise p.err(f"inner dims differ: A {list(a.shape.lens)} with transA={ta}, B {list(b.shape.lens)} with "
+                    f"transB={tb} give K = {ka} and {kb}")
+    if c is not None:
+        _gemm_c(p, c, [a.shape.lens[1 if ta else 0], b.shape.lens[0 if tb else 1]])
+    if ta:
         a = p.add(m, "transpose", [a], permutation=[1, 0])
-    if attr(node, "transB", 0):
+    if tb:
         b = p.add(m, "transpose", [b], permutation=[1, 0])
     y = p.add(m, "dot", [a, b])
     dt = y.shape.dtype
@@ -50,6 +59,13 @@ def _parse_gemm(p, m, node, ins):
     return y
 
 
+def _gemm_c(p, c, mn):
+    """ParseError unless C broadcasts (one way) to [M, N]."""
+    lens = list(c.shape.lens)
+    if len(lens) > 2 or any(d not in (1, t) for d, t in zip(lens[::-1], mn[::-1])):
+        raise p.err(f"C {lens} does not broadcast to [M, N] = {mn}")
+
+
 @parser("LayerNormalization")
 def _parse_layernorm(p, m, node, ins):
     if attr(node, "stash_type", 1) != 1:
@@ -57,7 +73,8 @@ def _parse_layernorm(p, m, node, ins):
     if any(o for o in node.output[1:]):  # Mean / InvStdDev outputs
         return layernorm_with_stats(p, m, node, ins)
     args = [i for i in ins if i is not None]
-    return p.add(m, "layernorm", args, axis=attr(node, "axis", -1), epsilon=attr(node, "epsilon", 1e-5))
+    axis = check_axis(p, attr(node, "axis", -1), ins[0].shape.ndim)
+    return p.add(m, "layernorm", args, axis=axis, epsilon=attr(node, "epsilon", 1e-5))
 
 
 @parser("BatchNormalization")
@@ -100,12 +117,20 @@ def _parse_global_max_pool(p, m, node, ins):
 @parser("Conv")
 def _parse_conv(p, m, node, ins):
     x, w = ins[0], ins[1]
+    from .parse_spatial import _spatial_attrs
+
+    if w.shape.ndim != x.shape.ndim:
+        raise p.err(f"W {list(w.shape.lens)} and X {list(x.shape.lens)} ranks differ")
     nsp = x.shape.ndim - 2
-    kshape = attr(node, "kernel_shape") or list(w.shape.lens[2:])
-    strides = list(attr(node, "strides") or [1] * nsp)
-    dil = list(attr(node, "dilations") or [1] * nsp)
-    auto = decode(attr(node, "auto_pad", b"NOTSET"))
-    pads = list(attr(node, "pads") or [0] * (2 * nsp))
+    kshape, strides, dil, pads, auto = _spatial_attrs(p, node, x, list(w.shape.lens[2:]))
+    if list(kshape) != list(w.shape.lens[2:]):
+        raise p.err(f"'kernel_shape' = {kshape} does not match W {list(w.shape.lens)}: expected "
+                    f"{list(w.shape.lens[2:])}")
+    group = check_min(p, attr(node, "group", 1), 1, "group")[0]
+    C, M = x.shape.lens[1], w.shape.lens[0]
+    if C != w.shape.lens[1] * group or M % group:
+        raise p.err(f"'group' = {group} does not fit X {list(x.shape.lens)} and W {list(w.shape.lens)}: expected "
+                    f"C = {C} = W dim 1 x group and M = {M} divisible by group")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         pads = [0] * (2 * nsp)
         for i in range(nsp):
@@ -116,8 +141,15 @@ def _parse_conv(p, m, node, ins):
             pads[i], pads[i + nsp] = (small, big) if auto == "SAME_UPPER" else (big, small)
     elif auto == "VALID":
         pads = [0] * (2 * nsp)
+    for i in range(nsp):
+        span = x.shape.lens[2 + i] + pads[i] + pads[i + nsp]
+        if span < dil[i] * (kshape[i] - 1) + 1:
+            raise p.err(f"'kernel_shape' = {kshape} with 'dilations' = {dil} spans more than X {list(x.shape.lens)} "
+                        f"padded by 'pads' = {pads} on spatial axis {i}: expected an output of at least 1")
     args = [x, w] + ([ins[2]] if len(ins) > 2 and ins[2] is not None else [])
-    return p.add(m, "convolution", args, padding=pads, stride=strides, dilation=dil, group=attr(node, "group", 1))
+    if len(args) > 2 and list(args[2].shape.lens) != [M]:
+        raise p.err(f"B {list(args[2].shape.lens)} must be 1-D [M] = [{M}]")
+    return p.add(m, "convolution", args, padding=pads, stride=strides, dilation=dil, group=group)
 
 
 LSTM_ACTIVATIONS = ["Sigmoid", "Tanh", "Tanh"]  # f, g, h of one direction (ONNX defaults)

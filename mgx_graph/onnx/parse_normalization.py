@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..shape import broadcast_lens
-from .op_parser import attr, parser, require_float, unsupported
+from .op_parser import attr, check_axes, check_axis, parser, require_float, unsupported
 
 
 def _stash(p, node) -> None:
@@ -70,6 +70,7 @@ def _p_mvn(p, m, node, ins):
     x = ins[0]
     require_float(p, x)
     axes = list(attr(node, "axes", [0, 2, 3]))
+    check_axes(p, axes, x.shape.ndim)
     return p.add(m, "mean_var_norm", [x], axes=axes, epsilon=1e-9, eps_on_std=1, moments="raw")
 
 
@@ -80,7 +81,7 @@ def _p_lp_norm(p, m, node, ins):
     pn = attr(node, "p", 2)
     if pn not in (1, 2):
         raise unsupported(p, node, f"p={pn} (the spec allows 1 and 2)")
-    return p.add(m, "lp_norm", [x], axis=attr(node, "axis", -1), p=pn)
+    return p.add(m, "lp_norm", [x], axis=check_axis(p, attr(node, "axis", -1), x.shape.ndim), p=pn)
 
 
 @parser("LRN")
@@ -99,11 +100,8 @@ def _p_rms_norm(p, m, node, ins):
     x, scale = ins[:2]
     require_float(p, x)
     _stash(p, node)
-    axis = attr(node, "axis", -1)
     r = x.shape.ndim
-    a = axis + r if axis < 0 else axis
-    if not 0 <= a < r:
-        raise p.err(f"axis {axis} out of range for rank {r}")
+    a = check_axis(p, attr(node, "axis", -1), r)
     normalized = tuple(x.shape.lens[a:])
     if tuple(broadcast_lens(normalized, scale.shape.lens, where=p.node_name)) != normalized:
         raise p.err(f"scale {list(scale.shape.lens)} does not broadcast to the normalized dims {list(normalized)}")
@@ -120,10 +118,7 @@ def layernorm_with_stats(p, m, node, ins):
     require_float(p, x)
     _stash(p, node)
     r = x.shape.ndim
-    axis = attr(node, "axis", -1)
-    a = axis + r if axis < 0 else axis
-    if not 0 <= a < r:
-        raise p.err(f"axis {axis} out of range for rank {r}")
+    a = check_axis(p, attr(node, "axis", -1), r)
     dt = x.shape.dtype
     st = "float64" if dt == "float64" else "float32"
     xf = x if dt == st else p.add(m, "convert", [x], target_type=st)

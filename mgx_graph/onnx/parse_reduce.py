@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .op_parser import attr, ints, parser
+from .op_parser import attr, check_axes, check_axis, check_min, ints, parser
 
 
 def _axes_of(p, node, ins, attr_opset):
@@ -30,6 +30,7 @@ _REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "
 def _parse_reduce(p, m, node, ins):
     name, attr_opset = _REDUCE[node.op_type]
     axes = _axes_of(p, node, ins, attr_opset)
+    check_axes(p, axes, ins[0].shape.ndim, unique=False)
     if not axes and attr(node, "noop_with_empty_axes", 0):
         return ins[0]
     return p.add(m, name, [ins[0]], axes=axes, keepdims=attr(node, "keepdims", 1))
@@ -40,9 +41,8 @@ def _parse_softmax(p, m, node, ins):
     x = ins[0]
     name = "softmax" if node.op_type == "Softmax" else "logsoftmax"
     if p.opset >= 13:
-        return p.add(m, name, [x], axis=attr(node, "axis", -1))
-    axis = attr(node, "axis", 1)
-    axis = axis + x.shape.ndim if axis < 0 else axis
+        return p.add(m, name, [x], axis=check_axis(p, attr(node, "axis", -1), x.shape.ndim))
+    axis = check_axis(p, attr(node, "axis", 1), x.shape.ndim)  # opsets 1-12: coerced to 2-D at axis
     lens = list(x.shape.lens)
     flat = p.reshape(m, x, [math.prod(lens[:axis]), math.prod(lens[axis:])])
     y = p.add(m, name, [flat], axis=1)
@@ -51,13 +51,19 @@ def _parse_softmax(p, m, node, ins):
 
 @parser("ArgMax", "ArgMin")
 def _parse_argmax(p, m, node, ins):
-    return p.add(m, node.op_type.lower(), ins, axis=attr(node, "axis", 0), keepdims=attr(node, "keepdims", 1),
+    axis = check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim)
+    return p.add(m, node.op_type.lower(), ins, axis=axis, keepdims=attr(node, "keepdims", 1),
                  select_last_index=attr(node, "select_last_index", 0))
 
 
 @parser("TopK")
 def _parse_topk(p, m, node, ins):
     k = int(np.asarray(p.const(ins[1], "K")).reshape(-1)[0]) if p.opset >= 10 else attr(node, "k")
-    t = p.add(m, "topk", [ins[0]], k=k, axis=attr(node, "axis", -1), largest=attr(node, "largest", 1),
+    x = ins[0]
+    axis = check_axis(p, attr(node, "axis", -1), x.shape.ndim)
+    n = x.shape.lens[axis] if x.shape.ndim else 0
+    if not 0 <= k <= n:
+        raise p.err(f"'k' = {k} is out of range: expected [0, {n}] (dim {n} of axis {axis})")
+    t = p.add(m, "topk", [x], k=k, axis=axis, largest=attr(node, "largest", 1),
               sorted=attr(node, "sorted", 1))
     return [p.add(m, "get_tuple_elem", [t], index=0), p.add(m, "get_tuple_elem", [t], index=1)]

@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from .op_parser import attr, decode, ints, parser
+from ..errors import ShapeError
+from .op_parser import attr, check_axes, check_axis, check_count, check_min, check_perm, decode, ints, parser
 
 
 @parser("Reshape")
@@ -22,14 +23,17 @@ def _parse_reshape(p, m, node, ins):
     else:
         shape = ints(p.const(ins[1], "shape"))
     allowzero = attr(node, "allowzero", 0)
-    lens = []
-    for i, d in enumerate(shape):
-        if d == 0 and not allowzero:
-            lens.append(x.shape.lens[i])
-        else:
-            lens.append(d)
-    if lens.count(-1) > 1:
-        raise p.err(f"shape {shape} has more than one -1")
+    if any(d < -1 for d in shape):
+        raise p.err(f"'shape' = {shape} is out of range: expected dims >= -1")
+    if shape.count(-1) > 1:
+        raise p.err(f"'shape' = {shape} has more than one -1: expected at most one")
+    if allowzero and -1 in shape and 0 in shape:
+        raise p.err(f"'shape' = {shape} holds both 0 and -1 with allowzero=1: expected at most one of them")
+    if not allowzero and 0 in shape[x.shape.ndim:]:
+        at = x.shape.ndim + shape[x.shape.ndim:].index(0)
+        raise p.err(f"'shape' = {shape} has a 0 (copy the input dim) at index {at}: expected 0 only at indices "
+                    f"< input rank {x.shape.ndim}")
+    lens = [x.shape.lens[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)]
     if -1 in lens:
         known = math.prod(d for d in lens if d != -1)
         if known == 0 or x.shape.elements() % known:
@@ -43,8 +47,7 @@ def _parse_reshape(p, m, node, ins):
 @parser("Flatten")
 def _parse_flatten(p, m, node, ins):
     x = ins[0]
-    axis = attr(node, "axis", 1)
-    axis = axis + x.shape.ndim if axis < 0 else axis
+    axis = check_axis(p, attr(node, "axis", 1), x.shape.ndim, upper=x.shape.ndim)
     lens = x.shape.lens
     return p.reshape(m, x, [math.prod(lens[:axis]), math.prod(lens[axis:])])
 
@@ -52,7 +55,7 @@ def _parse_flatten(p, m, node, ins):
 @parser("Transpose")
 def _parse_transpose(p, m, node, ins):
     x = ins[0]
-    perm = attr(node, "perm", list(reversed(range(x.shape.ndim))))
+    perm = check_perm(p, attr(node, "perm", list(reversed(range(x.shape.ndim)))), x.shape.ndim)
     if list(perm) == list(range(x.shape.ndim)):
         return x
     return p.add(m, "transpose", [x], permutation=list(perm))
@@ -64,12 +67,18 @@ def _parse_squeeze(p, m, node, ins):
         axes = attr(node, "axes", [])
     else:
         axes = [] if len(ins) < 2 or ins[1] is None else ints(p.const(ins[1], "axes"))
+    lens = ins[0].shape.lens
+    for a in check_axes(p, axes, len(lens), unique=False):
+        if lens[a] != 1:
+            raise p.err(f"'axes' = {list(axes)} names axis {a} of size {lens[a]}: expected axes of size 1 "
+                        f"(input {list(lens)})")
     return p.add(m, "squeeze", [ins[0]], axes=list(axes))
 
 
 @parser("Unsqueeze")
 def _parse_unsqueeze(p, m, node, ins):
     axes = attr(node, "axes", []) if p.opset < 13 else ints(p.const(ins[1], "axes"))
+    check_axes(p, axes, ins[0].shape.ndim + len(axes))
     return p.add(m, "unsqueeze", [ins[0]], axes=list(axes))
 
 
@@ -87,8 +96,12 @@ def _parse_slice(p, m, node, ins):
             else list(range(len(starts)))
         steps = ints(p.const(ins[4], "steps")) if len(ins) > 4 and ins[4] is not None \
             else [1] * len(starts)
+    n = len(starts)
+    check_count(p, ends, n, "ends", "one per value of 'starts'")
+    axes = check_axes(p, check_count(p, axes, n, "axes", "one per value of 'starts'"), x.shape.ndim)
+    check_count(p, steps, n, "steps", "one per value of 'starts'")
     if any(s == 0 for s in steps):
-        raise p.err("slice step 0")
+        raise p.err(f"'steps' = {steps} holds 0: expected nonzero steps")
     big = 1 << 62
     starts = [max(min(s, big), -big) for s in starts]
     ends = [max(min(e, big), -big) for e in ends]
@@ -99,6 +112,13 @@ def _parse_slice(p, m, node, ins):
 def _parse_concat(p, m, node, ins):
     ins = [i for i in ins if i is not None]
     axis = attr(node, "axis")
+    if axis is None:
+        raise p.err("attribute 'axis' is required")
+    r = ins[0].shape.ndim
+    axis = check_axis(p, axis, r)
+    for i in ins[1:]:
+        if i.shape.ndim != r:
+            raise p.err(f"inputs have ranks {[j.shape.ndim for j in ins]}: expected one rank")
     nonempty = [i for i in ins if i.shape.elements() > 0]
     if len(nonempty) == 1 and len(ins) > 1:
         return nonempty[0]
@@ -110,8 +130,7 @@ def _parse_concat(p, m, node, ins):
 @parser("Split")
 def _parse_split(p, m, node, ins):
     x = ins[0]
-    axis = attr(node, "axis", 0)
-    a = axis + x.shape.ndim if axis < 0 else axis
+    a = check_axis(p, attr(node, "axis", 0), x.shape.ndim)
     d = x.shape.lens[a]
     n = len(node.output)
     if p.opset < 13:
@@ -119,11 +138,16 @@ def _parse_split(p, m, node, ins):
     else:
         split = ints(p.const(ins[1], "split")) if len(ins) > 1 and ins[1] is not None else None
     if split is None:
-        k = attr(node, "num_outputs", n)
+        k = check_min(p, attr(node, "num_outputs", n), 1, "num_outputs")[0]
+        if p.opset >= 18 and attr(node, "num_outputs") is None:
+            raise p.err("neither the 'split' input nor the 'num_outputs' attribute is given: expected one")
+        if k != n:
+            raise p.err(f"'num_outputs' = {k}: expected the number of outputs, {n}")
         chunk = -(-d // k)
         split = [min(chunk, d - i * chunk) for i in range(k)]
+    split = check_min(p, check_count(p, split, n, "split", "one per output"), 0, "split")
     if sum(split) != d:
-        raise p.err(f"split sizes {list(split)} do not add up to dim {d}")
+        raise p.err(f"'split' = {split} adds up to {sum(split)}: expected dim {d} of axis {a}")
     outs, pos = [], 0
     for s in split:
         outs.append(p.add(m, "slice", [x], axes=[a], starts=[pos], ends=[pos + s], steps=[1]))
@@ -137,7 +161,11 @@ def _parse_expand(p, m, node, ins):
 
     x = ins[0]
     shape = ints(p.const(ins[1], "shape"))
-    lens = broadcast_lens(x.shape.lens, shape, where=p.node_name)
+    check_min(p, shape, 0, "shape")
+    try:
+        lens = broadcast_lens(x.shape.lens, shape, where="")
+    except ShapeError:
+        raise p.err(f"'shape' = {shape} does not broadcast with input {list(x.shape.lens)}") from None
     if tuple(lens) == tuple(x.shape.lens):
         return x
     return p.add(m, "multibroadcast", [x], out_lens=list(lens))
@@ -145,7 +173,9 @@ def _parse_expand(p, m, node, ins):
 
 @parser("Tile")
 def _parse_tile(p, m, node, ins):
-    reps = ints(p.const(ins[1], "repeats"))
+    r = ins[0].shape.ndim
+    reps = check_min(p, check_count(p, ints(p.const(ins[1], "repeats")), r, "repeats", f"input rank {r}"), 0,
+                     "repeats")
     return p.add(m, "tile", [ins[0]], repeats=reps)
 
 
@@ -162,27 +192,38 @@ def _parse_pad(p, m, node, ins):
             cv = p.const(ins[2], "constant_value")
             value = float(np.asarray(cv).reshape(-1)[0]) if np.asarray(cv).size else 0.0
         if len(ins) > 3 and ins[3] is not None:
-            axes = [int(a) % x.shape.ndim for a in p.const(ins[3], "axes")]
+            axes = check_axes(p, ints(p.const(ins[3], "axes")), x.shape.ndim)
+            check_count(p, pads, 2 * len(axes), "pads", f"two per axis of 'axes' = {len(axes)}")
             full = [0] * (2 * x.shape.ndim)
             for i, a in enumerate(axes):
                 full[a], full[a + x.shape.ndim] = pads[i], pads[i + len(axes)]
             pads = full
+    check_count(p, pads, 2 * x.shape.ndim, "pads", f"two per dim of input rank {x.shape.ndim}")
     return p.add(m, "pad", [x], pads=pads, mode=mode, value=value)
 
 
 @parser("Gather")
 def _parse_gather(p, m, node, ins):
-    return p.add(m, "gather", ins, axis=attr(node, "axis", 0))
+    return p.add(m, "gather", ins, axis=check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim))
 
 
 @parser("GatherElements")
 def _parse_gather_el(p, m, node, ins):
-    return p.add(m, "gather_elements", ins, axis=attr(node, "axis", 0))
+    _same_rank(p, ins[0], ins[1], "indices")
+    return p.add(m, "gather_elements", ins, axis=check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim))
 
 
 @parser("GatherND")
 def _parse_gathernd(p, m, node, ins):
-    return p.add(m, "gathernd", ins, batch_dims=attr(node, "batch_dims", 0))
+    r, q = ins[0].shape.ndim, ins[1].shape.ndim
+    b = attr(node, "batch_dims", 0)
+    if not 0 <= b < min(r, q):
+        raise p.err(f"'batch_dims' = {b} is out of range: expected [0, {min(r, q) - 1}] for data rank {r} and "
+                    f"indices rank {q}")
+    if q and not 1 <= ins[1].shape.lens[-1] <= r - b:
+        raise p.err(f"the last dim of indices {list(ins[1].shape.lens)} is out of range: expected [1, {r - b}] "
+                    f"(data rank {r} - batch_dims {b})")
+    return p.add(m, "gathernd", ins, batch_dims=b)
 
 
 @parser("ScatterND")
@@ -192,5 +233,13 @@ def _parse_scatternd(p, m, node, ins):
 
 @parser("ScatterElements", "Scatter")
 def _parse_scatter_el(p, m, node, ins):
-    return p.add(m, "scatter_elements", ins, axis=attr(node, "axis", 0),
+    _same_rank(p, ins[0], ins[1], "indices")
+    _same_rank(p, ins[0], ins[2], "updates")
+    return p.add(m, "scatter_elements", ins, axis=check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim),
                  reduction=decode(attr(node, "reduction", b"none")))
+
+
+def _same_rank(p, data, other, what):
+    if other.shape.ndim != data.shape.ndim:
+        raise p.err(f"{what} {list(other.shape.lens)} has rank {other.shape.ndim}: expected the rank of data "
+                    f"{list(data.shape.lens)}, {data.shape.ndim}")

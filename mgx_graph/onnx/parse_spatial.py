@@ -207,12 +207,16 @@ def _p_conv_transpose(p, m, node, ins):
     kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x, list(w.shape.lens[2:]))
     if list(kernel) != list(w.shape.lens[2:]):
         raise p.err(f"kernel_shape {kernel} does not match the weights {list(w.shape.lens)}")
+    group = int(attr(node, "group", 1))
+    if group < 1 or x.shape.lens[1] % group or w.shape.lens[0] != x.shape.lens[1]:
+        raise p.err(f"'group' = {group} does not fit X {list(x.shape.lens)} and W {list(w.shape.lens)}: expected "
+                    f"group >= 1 dividing C = {x.shape.lens[1]} = W dim 0")
     pb, out = _conv_transpose_geometry(p, node, x, w, strides, dil, pads, auto)
     args = [p.contiguous(m, x), p.contiguous(m, w)]
     if len(ins) > 2 and ins[2] is not None:
         args.append(ins[2])
     return p.add(m, "conv_transpose", args, stride=strides, dilation=dil, pads_begin=pb, out_lens=out,
-                 group=int(attr(node, "group", 1)))
+                 group=group)
 
 
 _RESIZE_MODES = ("nearest", "linear", "cubic")
