@@ -6,7 +6,7 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
-from .op_parser import attr, parser
+from .op_parser import attr, check_axis, parser
 
 
 @parser("NonZero")
@@ -18,6 +18,8 @@ def _parse_nonzero(p, m, node, ins):
 @parser("Unique")
 def _parse_unique(p, m, node, ins):
     axis = attr(node, "axis")
+    if axis is not None:
+        axis = check_axis(p, axis, ins[0].shape.ndim)
     fn = "unique_count" if axis is None else f"unique_count:{axis}"
     count = int(p.specialize(ins[0], fn, "X"))
     u = p.add(m, "unique", [ins[0]], count=count, axis=axis, sorted=attr(node, "sorted", 1))

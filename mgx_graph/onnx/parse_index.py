@@ -18,6 +18,9 @@ from .op_parser import attr, check_axis, decode, parser, require_float
 def _p_hardmax(p, m, node, ins):
     x = ins[0]
     require_float(p, x)
+    if x.shape.elements() == 0:  # an empty input: an empty output
+        check_axis(p, attr(node, "axis", -1 if p.opset >= 13 else 1), x.shape.ndim)
+        return x
     if p.opset >= 13:
         return p.add(m, "hardmax", [x], axis=check_axis(p, attr(node, "axis", -1), x.shape.ndim))
     a = check_axis(p, attr(node, "axis", 1), x.shape.ndim)  # opsets 1-12: the input is coerced to 2-D at axis
@@ -101,8 +104,10 @@ def _guarded_count(p, m, count_ins, what: str) -> int:
 @parser("Compress")
 def _p_compress(p, m, node, ins):
     x, cond = ins[:2]
-    if cond.shape.dtype != "bool" or cond.shape.ndim != 1:
-        raise p.err(f"condition must be a 1-D bool tensor, got {cond.shape.dtype} {list(cond.shape.lens)}")
+    if cond.shape.dtype != "bool":
+        raise p.err(f"condition must be a bool tensor, got {cond.shape.dtype} {list(cond.shape.lens)}")
+    if cond.shape.ndim != 1:  # onnxruntime reads any condition as its values in order
+        cond = p.reshape(m, cond, [cond.shape.elements()])
     axis = attr(node, "axis")
     if axis is None:
         x, a = p.reshape(m, x, [x.shape.elements()]), 0

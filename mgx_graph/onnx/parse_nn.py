@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ShapeError
 from .op_parser import attr, check_axis, check_min, decode, parser, unsupported
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
@@ -66,10 +67,33 @@ def _gemm_c(p, c, mn):
         raise p.err(f"C {lens} does not broadcast to [M, N] = {mn}")
 
 
+def _layernorm_params(p, ins) -> None:
+    """ParseError unless Scale (and B) broadcast to the normalized dims of X."""
+    from ..shape import broadcast_lens
+
+    x = ins[0]
+    a = check_axis(p, attr(p.node, "axis", -1), x.shape.ndim)
+    normalized = tuple(x.shape.lens[a:])
+    if 0 in normalized:
+        raise p.err(f"'axis' = {attr(p.node, 'axis', -1)} normalizes the dims {list(normalized)} of X "
+                    f"{list(x.shape.lens)}: expected dims of length >= 1 (no mean of no values)")
+    for v, what in zip(ins[1:3], ("Scale", "B")):
+        if v is None:
+            continue
+        try:
+            ok = tuple(broadcast_lens(normalized, v.shape.lens)) == normalized
+        except ShapeError:
+            ok = False
+        if not ok:
+            raise p.err(f"{what} {list(v.shape.lens)} does not broadcast to the normalized dims {list(normalized)} "
+                        f"(axis {a})")
+
+
 @parser("LayerNormalization")
 def _parse_layernorm(p, m, node, ins):
     if attr(node, "stash_type", 1) != 1:
         return parse_generic(p, m, node, ins)
+    _layernorm_params(p, ins)
     if any(o for o in node.output[1:]):  # Mean / InvStdDev outputs
         return layernorm_with_stats(p, m, node, ins)
     args = [i for i in ins if i is not None]
@@ -84,6 +108,11 @@ def _parse_batchnorm(p, m, node, ins):
     if attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
         return parse_generic(p, m, node, ins)
     x, scale, bias, mean, var = ins[:5]
+    if x.shape.ndim < 2:
+        raise p.err(f"X must be [N, C, ...] (rank >= 2), got {list(x.shape.lens)}")
+    for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
+        if list(v.shape.lens) != [x.shape.lens[1]]:
+            raise p.err(f"{what} {list(v.shape.lens)} must be [C] = [{x.shape.lens[1]}]")
     eps = attr(node, "epsilon", 1e-5)
     dt = x.shape.dtype
     shape = [x.shape.lens[1]] + [1] * (x.shape.ndim - 2) if x.shape.ndim > 2 else [x.shape.lens[-1]]
@@ -94,9 +123,17 @@ def _parse_batchnorm(p, m, node, ins):
     return p.add(m, "add", [p.add(m, "mul", [x, mul]), add])
 
 
+def _global_pool_input(p, x) -> None:
+    """ParseError unless ``x`` is [N, C, D1, ...] with spatial dims of length >= 1 (onnxruntime refuses
+    empty ones: there is no mean or maximum of no values)."""
+    if x.shape.ndim < 3 or 0 in x.shape.lens[2:]:
+        raise p.err(f"input must be [N, C, D1, ...] with spatial dims >= 1, got {list(x.shape.lens)}")
+
+
 @parser("GlobalAveragePool")
 def _parse_global_average_pool(p, m, node, ins):
     x = ins[0]
+    _global_pool_input(p, x)
     return p.add(m, "reduce_mean", [x], axes=list(range(2, x.shape.ndim)), keepdims=1)
 
 
@@ -105,8 +142,7 @@ def _parse_global_max_pool(p, m, node, ins):
     """The maximum over the spatial dims, NaN kept (a NaN anywhere gives NaN), floored at the type's
     lowest value as onnxruntime's pooling starts from it (a channel of -inf gives -FLT_MAX)."""
     x = ins[0]
-    if x.shape.ndim < 3:
-        raise p.err(f"input must be [N, C, D1, ...], got {list(x.shape.lens)}")
+    _global_pool_input(p, x)
     y = p.add(m, "reduce_max", [x], axes=list(range(2, x.shape.ndim)), keepdims=1)
     dt = np.dtype(x.shape.dtype)
     if dt.kind != "f":

@@ -20,6 +20,12 @@ def _axes_of(p, node, ins, attr_opset):
     return []
 
 
+def _keepdims(node) -> int:
+    """1 when ``keepdims`` is 1 (its default), else 0: onnxruntime and onnx shape inference keep the
+    reduced dims only for the value 1."""
+    return int(attr(node, "keepdims", 1) == 1)
+
+
 _REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "ReduceMax": ("reduce_max", 18),
            "ReduceMin": ("reduce_min", 18), "ReduceProd": ("reduce_prod", 18), "ReduceL1": ("reduce_l1", 18),
            "ReduceL2": ("reduce_l2", 18), "ReduceSumSquare": ("reduce_sum_square", 18),
@@ -30,16 +36,38 @@ _REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "
 def _parse_reduce(p, m, node, ins):
     name, attr_opset = _REDUCE[node.op_type]
     axes = _axes_of(p, node, ins, attr_opset)
-    check_axes(p, axes, ins[0].shape.ndim, unique=False)
+    x = ins[0]
+    norm = check_axes(p, axes, x.shape.ndim, unique=False)
     if not axes and attr(node, "noop_with_empty_axes", 0):
-        return ins[0]
-    return p.add(m, name, [ins[0]], axes=axes, keepdims=attr(node, "keepdims", 1))
+        return x
+    if x.shape.elements() == 0:
+        return _empty_reduction(p, m, name, x, set(norm or range(x.shape.ndim)), _keepdims(node))
+    return p.add(m, name, [x], axes=axes, keepdims=_keepdims(node))
+
+
+def _empty_reduction(p, m, name, x, axes: set, keepdims: int):
+    """The reduction of an input with no elements, as a literal: onnxruntime's value of an empty
+    reduction (0 for the sums and the mean, 1 for the product, the type's lowest value for max, log-sum
+    and log-sum-exp, its highest for min; -inf / +inf for floats) broadcast to the output shape."""
+    dt = np.dtype(x.shape.dtype)
+    lens = [1 if i in axes else d for i, d in enumerate(x.shape.lens) if keepdims or i not in axes]
+    lo, hi = (-np.inf, np.inf) if dt.kind == "f" else (np.iinfo(dt).min, np.iinfo(dt).max) if dt.kind in "iu" \
+        else (False, True)
+    value = {"reduce_prod": 1, "reduce_max": lo, "reduce_min": hi, "reduce_log_sum": lo,
+             "reduce_log_sum_exp": lo}.get(name, 0)
+    one = p.lit(m, np.array(value, dt))
+    if math.prod(lens) == 0:
+        return p.lit(m, np.zeros(lens, dt))
+    return p.add(m, "multibroadcast", [p.reshape(m, one, [1] * len(lens))], out_lens=lens) if lens else one
 
 
 @parser("Softmax", "LogSoftmax")
 def _parse_softmax(p, m, node, ins):
     x = ins[0]
     name = "softmax" if node.op_type == "Softmax" else "logsoftmax"
+    if x.shape.elements() == 0:  # an empty input (the axis or another dim of length 0): an empty output
+        check_axis(p, attr(node, "axis", -1 if p.opset >= 13 else 1), x.shape.ndim)
+        return x
     if p.opset >= 13:
         return p.add(m, name, [x], axis=check_axis(p, attr(node, "axis", -1), x.shape.ndim))
     axis = check_axis(p, attr(node, "axis", 1), x.shape.ndim)  # opsets 1-12: coerced to 2-D at axis
@@ -52,7 +80,10 @@ def _parse_softmax(p, m, node, ins):
 @parser("ArgMax", "ArgMin")
 def _parse_argmax(p, m, node, ins):
     axis = check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim)
-    return p.add(m, node.op_type.lower(), ins, axis=axis, keepdims=attr(node, "keepdims", 1),
+    if ins[0].shape.lens[axis] == 0:
+        raise p.err(f"'axis' = {attr(node, 'axis', 0)} has length 0 in input {list(ins[0].shape.lens)}: expected a "
+                    f"non-empty axis (the index of the extreme of no values is undefined)")
+    return p.add(m, node.op_type.lower(), ins, axis=axis, keepdims=_keepdims(node),
                  select_last_index=attr(node, "select_last_index", 0))
 
 

@@ -137,6 +137,8 @@ def _parse_split(p, m, node, ins):
         split = attr(node, "split")
     else:
         split = ints(p.const(ins[1], "split")) if len(ins) > 1 and ins[1] is not None else None
+    if split is not None and attr(node, "num_outputs") is not None:
+        raise p.err("both the 'split' input and the 'num_outputs' attribute are given: expected one")
     if split is None:
         k = check_min(p, attr(node, "num_outputs", n), 1, "num_outputs")[0]
         if p.opset >= 18 and attr(node, "num_outputs") is None:
@@ -179,10 +181,15 @@ def _parse_tile(p, m, node, ins):
     return p.add(m, "tile", [ins[0]], repeats=reps)
 
 
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
 @parser("Pad")
 def _parse_pad(p, m, node, ins):
     x = ins[0]
     mode = decode(attr(node, "mode", b"constant"))
+    if mode not in _PAD_MODES:
+        raise p.err(f"'mode' = '{mode}' is not one of {', '.join(_PAD_MODES)}")
     if p.opset < 11:
         pads, value = list(attr(node, "pads")), attr(node, "value", 0.0)
     else:
@@ -228,7 +235,7 @@ def _parse_gathernd(p, m, node, ins):
 
 @parser("ScatterND")
 def _parse_scatternd(p, m, node, ins):
-    return p.add(m, "scatternd", ins, reduction=decode(attr(node, "reduction", b"none")))
+    return p.add(m, "scatternd", ins, reduction=_reduction(node))
 
 
 @parser("ScatterElements", "Scatter")
@@ -236,10 +243,19 @@ def _parse_scatter_el(p, m, node, ins):
     _same_rank(p, ins[0], ins[1], "indices")
     _same_rank(p, ins[0], ins[2], "updates")
     return p.add(m, "scatter_elements", ins, axis=check_axis(p, attr(node, "axis", 0), ins[0].shape.ndim),
-                 reduction=decode(attr(node, "reduction", b"none")))
+                 reduction=_reduction(node))
 
 
 def _same_rank(p, data, other, what):
     if other.shape.ndim != data.shape.ndim:
         raise p.err(f"{what} {list(other.shape.lens)} has rank {other.shape.ndim}: expected the rank of data "
                     f"{list(data.shape.lens)}, {data.shape.ndim}")
+
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _reduction(node) -> str:
+    """The ``reduction`` of a scatter; one that is none of ``_REDUCTIONS`` is "none", as onnxruntime takes it."""
+    r = decode(attr(node, "reduction", b"none"))
+    return r if r in _REDUCTIONS else "none"
