@@ -241,7 +241,9 @@ def topk_order(xp, x, axis: int, largest: bool):
 @register_op
 class Hardmax(Operation):
     """ONNX Hardmax (opset 13: along ``axis``; the parser flattens for older opsets): 1 at the first
-    maximum of each line's non-NaN values, 0 elsewhere; a line of NaNs only is all 0.  Float types."""
+    maximum of each line's non-NaN values, 0 elsewhere; a line starting with NaN is all 0 (onnxruntime's
+    rule: its line maximum starts from the first element and a NaN never compares; no element equals a
+    NaN maximum; docs/nan_semantics.md).  Float types."""
 
     name = "hardmax"
 
@@ -264,7 +266,8 @@ class Hardmax(Operation):
         hit = x == top
         first = xp.expand_dims(xp.argmax(hit, axis=a), a)
         pos = xp.arange(x.shape[a]).reshape([-1 if i == a else 1 for i in range(x.ndim)])
-        out[...] = (pos == first) & xp.any(hit, axis=a, keepdims=True)
+        lead = xp.take(x, xp.zeros(1, dtype=np.int64), axis=a)
+        out[...] = (pos == first) & xp.any(hit, axis=a, keepdims=True) & (lead == lead)
 
     def gpu_kernel(self, inputs, output):
         x = inputs[0]

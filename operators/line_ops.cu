@@ -113,11 +113,14 @@ extern "C" __global__ void mgx_argext(const T* x, long long* y, long long n, lon
     }
 }
 
-// Hardmax: 1 at the first maximum of the line's non-NaN values, 0 elsewhere (all 0 for an all-NaN line).
+// Hardmax: 1 at the first maximum of the line's non-NaN values, 0 elsewhere; all 0 for a line starting
+// with NaN (onnxruntime: its maximum starts from the first element, and no element equals a NaN maximum).
 extern "C" __global__ void mgx_hardmax(const T* x, T* y, long long n, long long inner) {
     long long line = blockIdx.x;
     long long off = mgx_line_base(line, n, inner);
     long long r = mgx_line_best(x + off, n, inner, 0, 0);
+    const ACC lead = (ACC)x[off];
+    if (lead != lead) r = -1;
     for (long long i = threadIdx.x; i < n; i += blockDim.x) {
         y[off + i * inner] = (i == r) ? (T)1.0f : (T)0.0f;
     }

@@ -5,17 +5,20 @@ a fixed geometry: kernel ``k``, stride ``s``, dilation ``d``, begin pads ``pb`` 
 The kernel is written once against ``xp`` (numpy on ``ref``, CuPy on ``gpu``):
 
 1. when the windows reach outside the input, the input is copied into a padded scratch buffer filled
-   with the pad value (-inf or the integer minimum for max, 0 for average / Lp, where Lp stores |x|^p);
+   with the pad value (NaN for a float max, which ``fmax`` skips; the integer minimum for an integer
+   max; 0 for average / Lp, where Lp stores |x|^p);
 2. max and sums are separable, so each spatial axis is pooled in turn (last axis first, into scratch
    buffers, the first axis into ``out``): for every kernel offset ``j`` of that axis (a small static loop)
-   the strided view ``src[..., o*s + j*d, ...]`` of all windows at once is folded in (``maximum`` or
+   the strided view ``src[..., o*s + j*d, ...]`` of all windows at once is folded in (``fmax`` or
    ``add``); MaxPool's Indices output instead folds all ``prod(k)`` offsets, tracking the argmax;
 3. average divides by a divisor literal computed by the parser (the window positions inside the input,
    or inside the explicitly padded extent with ``count_include_pad``); Lp takes the 1/p-th power.
 
 Every step writes into ``out`` or a declared workspace, so the op allocates nothing and can be captured.
-NaN: ``maximum`` and ``add`` propagate NaN, so a window holding a NaN gives NaN (as numpy and PyTorch do;
-onnxruntime's CPU MaxPool differs by code path, see the tests).
+NaN (docs/nan_semantics.md): max pooling skips NaN (``fmax``), a window of NaNs only gives NaN, as
+onnxruntime's CPU MaxPool does wherever its SIMD lanes do not change the answer; the Indices output
+points at the first maximum (at the window's first NaN when it holds NaNs only).  Average and Lp pooling
+propagate NaN.
 Source: ONNX operator spec, MaxPool-22 / AveragePool-22 / LpPool-22.
 """
 from __future__ import annotations
@@ -52,7 +55,7 @@ def _fill_value(dtype, mode):
         return 0
     dt = np.dtype(dtype)
     if dt.kind == "f":
-        return -np.inf
+        return np.nan
     return np.iinfo(dt).min
 
 
@@ -155,7 +158,7 @@ class Pooling(Operation):
             self._max_with_indices(xp, out, args, views, ws[-2:])
             return
         # max and sums are separable: one pass per spatial axis (sum(k) instead of prod(k) folds)
-        fold = xp.maximum if self.mode == "max" else xp.add
+        fold = xp.fmax if self.mode == "max" else xp.add
         nsp = len(self.kernel)
         stages = ws[1 if self._needs_pad(x.shape) else 0:] + [out]
         cur = src
@@ -173,7 +176,9 @@ class Pooling(Operation):
             xp.power(out, out.dtype.type(1.0 / self.p), out=out)
 
     def _max_with_indices(self, xp, out, args, views, masks):
-        """First maximum wins (strictly greater replaces); a NaN replaces a number and then stays."""
+        """First maximum wins (strictly greater replaces); NaN is skipped: a number replaces a NaN, and a
+        NaN of the input replaces a NaN of the padding (index -1), so a window of NaNs only points at its
+        first NaN."""
         y, ind = out
         idx, nc = args[1], args[2]
         take, valid = masks
@@ -181,11 +186,16 @@ class Pooling(Operation):
         xp.copyto(ind, idx[0])
         floating = y.dtype.kind == "f"
         for j, v in enumerate(views[1:], start=1):
-            xp.less_equal(v, y, out=take)
-            xp.logical_not(take, out=take)          # v > y, or either is NaN
             if floating:
-                xp.equal(y, y, out=valid)           # y is not NaN
-                xp.logical_and(take, valid, out=take)
+                xp.equal(v, v, out=take)                  # v is a number
+                xp.less(ind, 0, out=valid)                # y is the padding
+                xp.logical_or(take, valid, out=take)
+                xp.not_equal(y, y, out=valid)             # y is NaN
+                xp.logical_and(take, valid, out=valid)    # NaN y that v replaces
+                xp.greater(v, y, out=take)
+                xp.logical_or(take, valid, out=take)
+            else:
+                xp.greater(v, y, out=take)
             xp.copyto(y, v, where=take)
             xp.copyto(ind, idx[j], where=take)
         xp.add(ind, nc, out=ind)
@@ -197,7 +207,7 @@ class Pooling(Operation):
         if self._needs_pad(x.lens):
             pad = 2 + (self.mode == "lp" and self.p != 1.0)
         if self.indices:
-            per = 5 if x.dtype.startswith("float") else 4
+            per = 9 if x.dtype.startswith("float") else 3
             return pad + 2 + (n - 1) * per + 1
         tail = 1 if self.mode == "average" or (self.mode == "lp" and self.p != 1.0) else 0
         return pad + sum(self.kernel) + tail

@@ -8,9 +8,11 @@ version: up to 1.31 its comparisons (``a > b``, ``a == b``) are false for NaN, s
 answer depends on which selection it runs for k (a scan for k = 1, a heap for small k, nth_element
 otherwise) and follows no order.
 
-Where onnxruntime's own answer depends on how its SIMD lanes meet the NaNs (Hardmax and the max
-pooling of a line mixing NaNs and numbers), the rule implemented is checked against numpy instead:
-Hardmax marks the first maximum of the non-NaN values; GlobalMaxPool propagates NaN (np.max)."""
+Where onnxruntime's own answer depends on how its SIMD lanes meet the NaNs (Hardmax of long lines and
+the max pooling of a line mixing NaNs and numbers), the rule implemented (docs/nan_semantics.md) is
+checked against numpy instead: Hardmax marks the first maximum of the non-NaN values and gives zeros for a
+line starting with NaN (onnxruntime's scalar rule, checked against it on short lines); GlobalMaxPool
+skips NaN (np.fmax), NaN for a channel of NaNs only.  Max / Min / Relu propagate NaN, as onnxruntime."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -144,7 +146,7 @@ def _hardmax_oracle(x, axis):
     out = np.zeros_like(xs)
     clean = np.where(np.isnan(xs), -INF, xs)
     top = clean.max(axis=-1, keepdims=True)
-    hit = xs == top
+    hit = (xs == top) & ~np.isnan(xs[..., :1])  # a line starting with NaN: no maximum, all zeros
     first = hit.argmax(axis=-1)
     rows = np.nonzero(hit.any(axis=-1))
     out[rows + (first[rows],)] = 1
@@ -176,6 +178,49 @@ def test_hardmax_nan_first_non_nan_maximum(target, opset, axis, n):
     else:
         want = _hardmax_oracle(x, axis)
     run_native(model, {"x": x}, target, False, ["hardmax"], expect=[want])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_hardmax_nan_short_lines_match_onnxruntime(target, n):
+    """Lines shorter than a SIMD vector: onnxruntime's maximum is a scalar scan from the first element."""
+    x = _nan_rows(64, n)
+    run_native(_node_model("Hardmax", x, axis=1), {"x": x}, target, False, ["hardmax"])
+
+
+def test_hardmax_oracle_line_starting_with_nan():
+    got = _hardmax_oracle(np.array([[NAN, 1, 2], [1, NAN, 2], [-INF, NAN, -INF], [NAN, NAN, NAN]], np.float32), 1)
+    np.testing.assert_array_equal(got, [[0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 0, 0]])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Max / Min / Relu: NaN propagates
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Max", "Min", "Relu"])
+def test_elementwise_nan_matches_onnxruntime(target, op):
+    a = np.array([NAN, 1, NAN, -INF, INF, 0, -0.0, 2], np.float32)
+    b = np.array([1, NAN, NAN, 2, NAN, -0.0, 0, -3], np.float32)
+    feeds = {"a": a, "b": b} if op != "Relu" else {"a": a}
+    model = make_model([helper.make_node(op, list(feeds), ["y"])], feeds, ["y"], opset=13)
+    want = ort_run(model, feeds)
+    ref = {"Max": np.maximum, "Min": np.minimum}.get(op)
+    check_outputs(want, [ref(a, b)] if ref else [np.maximum(a, np.float32(0))], what="onnxruntime against numpy")
+    check_outputs(mgx_graph.compile(model, target=target).run(feeds), want)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ReduceMax / ReduceMin: NaN propagates (np.max); onnxruntime agrees on lines of NaNs only and without NaN
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_reduce_max_min_nan(target, op):
+    x = _nan_rows(20, 7)
+    model = make_model([helper.make_node(op, ["x", "a"], ["y"], keepdims=0)], {"x": x}, ["y"],
+                       {"a": np.array([1], np.int64)}, opset=18)
+    want = (np.max if op == "ReduceMax" else np.min)(x, axis=1)
+    got = mgx_graph.compile(model, target=target).run({"x": x})[0]
+    check_outputs([got], [want])
+    clean = np.where(np.isnan(x), np.float32(0), x)
+    clean[1::5] = NAN  # lines of NaNs only
+    check_outputs(mgx_graph.compile(model, target=target).run({"x": clean}), ort_run(model, {"x": clean}))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,10 +268,10 @@ def test_clip_integers(target):
 
 
 # ---------------------------------------------------------------------------------------------------
-# GlobalMaxPool: NaN kept
+# GlobalMaxPool: NaN skipped
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
-def test_global_max_pool_keeps_nan(target, hip_graph):
+def test_global_max_pool_skips_nan(target, hip_graph):
     x = R.standard_normal((2, 5, 4, 6)).astype(np.float32)
     x[0, 1, 2, 3] = NAN
     x[1, 3, 0, 0] = NAN
@@ -234,8 +279,10 @@ def test_global_max_pool_keeps_nan(target, hip_graph):
     x[0, 2, 1, 1] = INF
     x[1, 0] = -INF
     model = make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], {"x": x}, ["y"], opset=13)
-    want = np.maximum(np.max(x, axis=(2, 3), keepdims=True), np.finfo(np.float32).min)  # -inf -> lowest
-    prog = run_native(model, {"x": x}, target, hip_graph, ["reduce_max"], expect=[want])
+    want = np.maximum(np.fmax.reduce(x.reshape(2, 5, 1, -1), axis=-1, keepdims=True),
+                      np.finfo(np.float32).min)  # -inf -> lowest; NaN for a channel of NaNs only
+    assert np.isnan(want[1, 4]) and not np.isnan(want[0, 1]) and want[0, 2] == INF
+    prog = run_native(model, {"x": x}, target, hip_graph, ["pooling"], expect=[want])
     clean = np.where(np.isnan(x), np.float32(0), x)  # onnxruntime agrees wherever a channel has no NaN
     clean[1, 4] = NAN  # and on a channel of NaNs only
     check_outputs(prog.run({"x": clean}), ort_run(model, {"x": clean}))

@@ -1,6 +1,7 @@
 """Native MaxPool (with Indices), AveragePool, LpPool and GlobalLpPool against onnxruntime (CPU) on every
 target: many attribute combinations, the compiled program holds no ``onnx_op``.  NaN: AveragePool against
-onnxruntime; MaxPool against PyTorch (onnxruntime's CPU MaxPool treats NaN differently per code path)."""
+onnxruntime; MaxPool against a numpy oracle of its rule (NaN skipped, a window of NaNs only gives NaN:
+docs/nan_semantics.md) and against onnxruntime where its code paths agree."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -110,19 +111,45 @@ def test_averagepool_nan_matches_onnxruntime(target):
     assert np.isnan(got[0]).tolist() == [[[True, True, False]]]
 
 
-def test_maxpool_nan_propagates_like_pytorch(target):
-    torch = pytest.importorskip("torch")
+def _fmax_pool_oracle(x, k, s, pad):
+    """2-D max pooling by numpy: ``np.fmax`` over each window's input positions (the padding holds
+    nothing), so NaN is skipped and a window of NaNs only gives NaN; windows by ceil_mode."""
+    H, W = x.shape[2:]
+    oh, ow = -(-(H + 2 * pad - k) // s) + 1, -(-(W + 2 * pad - k) // s) + 1
+    y = np.empty(x.shape[:2] + (oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * s - pad, j * s - pad
+            win = x[:, :, max(h0, 0):h0 + k, max(w0, 0):w0 + k].reshape(x.shape[:2] + (-1,))
+            y[:, :, i, j] = np.fmax.reduce(win, axis=-1)
+    return y
+
+
+@pytest.mark.parametrize("indices", [False, True])
+def test_maxpool_skips_nan(target, indices):
     x = R.standard_normal((1, 2, 8, 9)).astype(np.float32)
     x[0, 0, 2, 3] = x[0, 1, 7, 8] = x[0, 1, 0, 0] = np.nan
-    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+    x[0, 0, 5:8, 5:9] = np.nan  # windows of NaNs only
+    x[0, 1, 3, :4] = np.inf
+    outs = ["y", "i"] if indices else ["y"]
+    node = helper.make_node("MaxPool", ["x"], outs, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                             ceil_mode=1)
-    m = make_model([node], {"x": x}, ["y"], opset=22)
+    m = make_model([node], {"x": x}, outs, opset=22)
+    got = mgx_graph.compile(m, target=target).run({"x": x})
+    want = _fmax_pool_oracle(x, 3, 2, 1)
+    assert got[0].shape == want.shape and np.isnan(want).any()
+    np.testing.assert_array_equal(got[0], want)  # NaN positions too
+    if indices:  # every index points at an element holding the output value (at a NaN for NaN)
+        np.testing.assert_array_equal(x.reshape(-1)[got[1]], got[0])
+
+
+def test_global_max_pool_nan_then_inf_matches_onnxruntime(target):
+    """The case of issue 28: GlobalMaxPool of [nan, inf, ...] is inf, as onnxruntime gives."""
+    x = np.array([[[np.nan, np.inf, 1, 2]], [[3, np.nan, -1, 2]]], np.float32).reshape(1, 2, 4)
+    m = make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], {"x": x}, ["y"], opset=13)
     got = mgx_graph.compile(m, target=target).run({"x": x})[0]
-    want = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, 1, ceil_mode=True).numpy()
-    assert got.shape == want.shape
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    assert np.isnan(got).any()
-    np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+    np.testing.assert_array_equal(got, ort_run(m, {"x": x})[0])
+    np.testing.assert_array_equal(got.reshape(-1), [np.inf, 3])
 
 
 @pytest.mark.parametrize("attrs,err,text", [

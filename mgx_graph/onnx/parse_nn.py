@@ -139,11 +139,14 @@ def _parse_global_average_pool(p, m, node, ins):
 
 @parser("GlobalMaxPool")
 def _parse_global_max_pool(p, m, node, ins):
-    """The maximum over the spatial dims, NaN kept (a NaN anywhere gives NaN), floored at the type's
-    lowest value as onnxruntime's pooling starts from it (a channel of -inf gives -FLT_MAX)."""
+    """Max pooling with a window of all the spatial dims: NaN skipped, NaN for a channel of NaNs only
+    (docs/nan_semantics.md), floored at the type's lowest value as onnxruntime's pooling starts from it
+    (a channel of -inf gives -FLT_MAX)."""
     x = ins[0]
     _global_pool_input(p, x)
-    y = p.add(m, "reduce_max", [x], axes=list(range(2, x.shape.ndim)), keepdims=1)
+    nsp = x.shape.ndim - 2
+    y = p.add(m, "pooling", [x], mode="max", kernel=list(x.shape.lens[2:]), stride=[1] * nsp,
+              dilation=[1] * nsp, pads_begin=[0] * nsp, out_lens=[1] * nsp)
     dt = np.dtype(x.shape.dtype)
     if dt.kind != "f":
         return y
