@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import zipfile
 
 import numpy as np
@@ -172,7 +171,3 @@ def expected_shapes(prog) -> list | None:
         return [(np.dtype(s.dtype), tuple(s.lens)) for s in prog.get_output_shapes()]
     except Exception:  # noqa: BLE001  (a dynamic program has no fixed output shapes)
         return None
-
-
-def finite(v) -> bool:
-    return not isinstance(v, float) or math.isfinite(v)

@@ -7,11 +7,14 @@ an MgxError; where onnxruntime refuses it, mgx_graph refuses it too.  Every case
 (:func:`memory_cap`) and, where files are involved, an open audit (:class:`OpenAudit`).
 
 ``MGX_FUZZ_REPORT=<file>`` appends each unknown failure to that file (one JSON line) instead of failing
-the test, to list all the findings of a run rather than stop at the first.
+the test, to list all the findings of a run rather than stop at the first; ``MGX_FUZZ_STATS=<file>``
+writes the count of each outcome and known defect met at exit.
 """
 from __future__ import annotations
 
+import atexit
 import base64
+import collections
 import contextlib
 import json
 import os
@@ -24,6 +27,26 @@ import mgx_graph
 from fuzz_known import KNOWN
 
 MEMORY_CAP = 512 << 20  # bytes of address space a case may add
+# onnxruntime refusals that say nothing about the model's validity: no kernel for it; an opset version
+# onnxruntime does not know as released ("under development")
+ORT_NO_VERDICT = ("NOT_IMPLEMENTED", "ValidateOpsetForDomain")
+
+
+STATS: collections.Counter = collections.Counter()
+
+
+def count(family: str, outcome: str, new_input: bool = True) -> str:
+    """Count ``outcome`` of a case of ``family`` (and the case, when ``new_input``); returns ``outcome``."""
+    STATS[f"{family} {outcome}"] += 1
+    STATS["inputs"] += new_input
+    return outcome
+
+
+@atexit.register
+def _write_stats():
+    if os.environ.get("MGX_FUZZ_STATS") and STATS:
+        with open(os.environ["MGX_FUZZ_STATS"], "w") as f:
+            json.dump(dict(sorted(STATS.items())), f, indent=1)
 
 
 # -- failures -----------------------------------------------------------------------------------------
@@ -32,10 +55,11 @@ def fail(family: str, kind: str, detail: str, case: str, exc: BaseException | No
     """Report a failure of ``kind`` (see fuzz_known.py) unless a known defect covers it."""
     error = type(exc).__name__ if exc is not None else ""
     text = f"{error}: {exc}\n{detail}" if exc is not None else detail
-    for k in KNOWN:
-        if k.matches(family, kind, error, text):
-            return
     tb = "".join(traceback.format_exception(exc)) if exc is not None else ""
+    for k in KNOWN:
+        if k.matches(family, kind, error, f"{text}\n{case}\n{tb}"):
+            STATS[f"known {k.reproducer.split(':')[0]}"] += 1
+            return
     report = os.environ.get("MGX_FUZZ_REPORT")
     if report:
         with open(report, "a") as f:
@@ -102,9 +126,12 @@ class OpenAudit:
             paths.append(os.fsdecode(args[0]))
 
     def outside(self, *folders: str) -> list[str]:
-        """The opened paths (symlinks resolved) in none of ``folders`` nor Python's own install."""
-        allowed = [os.path.realpath(p) for p in (*folders, sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                  os.path.dirname(os.path.dirname(mgx_graph.__file__)))]
+        """The opened paths (symlinks resolved) in none of ``folders``, Python's install (site-packages) and
+        mgx_graph's own package folders."""
+        from mgx_graph import operators
+
+        own = (os.path.dirname(mgx_graph.__file__), os.path.dirname(operators.__file__))  # its modules
+        allowed = [os.path.realpath(p) for p in (*folders, sys.prefix, sys.base_prefix, sys.exec_prefix, *own)]
         bad = []
         for p in self.paths:
             r = os.path.realpath(p)
@@ -167,29 +194,34 @@ def differ(ours: list, theirs: list, rtol: float = 1e-4, atol: float = 1e-5) -> 
     return None
 
 
-def check_model(model: bytes, feeds: dict | None, family: str, case: str) -> str:
-    """Run ``model`` on both under the memory cap and judge (see the module docstring); returns the outcome
-    (``match``, ``both-refused``, ``typed-refusal``, ``compiled``, ``onnxruntime-unsupported``, ``finding``)."""
+def check_model(model, feeds: dict | None, family: str, case: str, new_input: bool = True) -> str:
+    """Run ``model`` (bytes or a path) on both under the memory cap and judge it (see the module docstring);
+    returns the outcome (``match``, ``both-refused``, ``typed-refusal``, ``compiled``,
+    ``onnxruntime-unsupported``, ``known-defect``)."""
+    return count(family, _judge(model, feeds, family, case), new_input)
+
+
+def _judge(model: bytes, feeds: dict | None, family: str, case: str) -> str:
     with memory_cap():
         ort_state, theirs = run_ort(model, feeds)
         mgx_state, ours = run_mgx(model, feeds)
     if mgx_state == "untyped":
         kind = "memory" if isinstance(ours, MemoryError) else "untyped"
         fail(family, kind, f"onnxruntime: {ort_state} {_brief(theirs)}", case, ours, model)
-        return "finding"
+        return "known-defect"
     if mgx_state == "typed":
         return "both-refused" if ort_state == "refused" else "typed-refusal"
-    if ort_state == "refused" and "NOT_IMPLEMENTED" in str(theirs):
-        return "onnxruntime-unsupported"  # onnxruntime has no kernel for it: no verdict on the model
+    if ort_state == "refused" and any(w in str(theirs) for w in ORT_NO_VERDICT):
+        return "onnxruntime-unsupported"  # onnxruntime has no kernel for it or a policy: no verdict on the model
     if ort_state == "refused":
         fail(family, "accepted", f"onnxruntime refused it: {_brief(theirs)}", case, blob=model)
-        return "finding"
+        return "known-defect"
     if feeds is None:
         return "compiled"
     why = differ(ours, theirs)
     if why:
         fail(family, "mismatch", why, case, blob=model)
-        return "finding"
+        return "known-defect"
     return "match"
 
 

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import TensorProto
 
-from fuzz_oracle import OpenAudit, check_model, fail, memory_cap, run_mgx
+from fuzz_oracle import OpenAudit, check_model, count, fail, memory_cap, run_mgx
 from fuzz_seeds import make_feeds, seed
 
 DECOY = 1e6  # the value of every weight outside the model folder: outputs this large were read from there
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
 FUZZ = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                 suppress_health_check=list(HealthCheck))
 
@@ -95,6 +96,7 @@ def test_fuzz_external_data(layout, data, how):
             state, ours = run_mgx(model, feeds, **kw)
     finally:
         os.chdir(here)
+    count("external-data", f"{how} {state}")
     bad = audit.outside(str(folder))
     if bad:
         fail("external-data", "outside", f"opened {bad}; mgx_graph: {state} {ours!r:.300}", case)
@@ -107,4 +109,4 @@ def test_fuzz_external_data(layout, data, how):
              f"of the working folder: outputs {ours}", case)
     if state == "ok" and how != "bytes":
         # compiled: it must then give onnxruntime's outputs (onnxruntime reads the model from its folder)
-        check_model(str(path), feeds, "external-data", case)
+        check_model(str(path), feeds, "external-data", case, new_input=False)

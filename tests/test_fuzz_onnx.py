@@ -13,6 +13,7 @@ from fuzz_mutate import STRUCTURE, mutate_bytes
 from fuzz_oracle import check_model, describe, run_mgx, run_ort, differ
 from fuzz_seeds import SEEDS, make_feeds, seed
 
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
 FUZZ = settings(derandomize=True, deadline=None, database=None, print_blob=False,
                 suppress_health_check=list(HealthCheck))
 SEED_BYTES = {k: seed(k).SerializeToString() for k in SEEDS}
