@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from .errors import MgxError
+from .errors import MgxError, ParameterError
 from .operators.index_ops import FLOATS, ArgmaxAdvance, argmax_rows
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
@@ -44,6 +44,8 @@ class Decoder:
     """
 
     def __init__(self, program):
+        if not callable(getattr(program, "get_parameter_shapes", None)):
+            raise ParameterError(f"Decoder takes a compiled program (mgx_graph.compile), got {program!r:.80}")
         self.program = program
         shapes = program.get_parameter_shapes()
         self.rows_interface = "attention_mask" in shapes or "position_ids" in shapes
@@ -144,8 +146,23 @@ class Decoder:
         id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        self._check_token("token", token)
         self.feed(np.array([token], np.int64))
         return int(self.greedy_next()[0]) if want_next else None
+
+    def _check_token(self, name: str, token) -> None:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < self.vocab_size:
+            raise ParameterError(f"{name} must be a token id in 0..{self.vocab_size - 1}, got {token!r}")
+
+    def _check_rows(self, tokens, positions, mask) -> None:
+        """ParameterError when the step inputs of :meth:`feed` do not have the step's sizes."""
+        want = [("tokens", tokens, self.batch)]
+        if self.rows_interface:
+            want += [("positions", positions, self.batch), ("mask", mask, int(self.params["attention_mask"].size))]
+        for name, a, n in want:
+            if a is None or np.size(a) != n:
+                raise ParameterError(f"{name} must hold {n} values for this decode step, got "
+                                     f"{None if a is None else np.shape(a)}")
 
     def feed(self, tokens, positions=None, mask=None) -> None:
         """Run the step at slot :attr:`position` (then advanced by one).
@@ -154,6 +171,7 @@ class Decoder:
         position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
+        self._check_rows(tokens, positions, mask)
         self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
@@ -204,6 +222,9 @@ class Decoder:
         of several rows."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        self._check_token("token", token)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ParameterError(f"count must be an int >= 0, got {count!r}")
         self._end_chain()
         chain = self._greedy_chain(int(token), int(count))
         self._chain = weakref.ref(chain)
