@@ -29,23 +29,24 @@ def read_json(path, what: str = "") -> dict:
     """The JSON object in ``path``.  ParameterError naming ``path`` (and ``what`` the file is for) when
     it is missing, unreadable, not UTF-8, not JSON or not a JSON object."""
     path = Path(path)
-    for_ = f" ({what})" if what else ""
+    where = f"{path}{f' ({what})' if what else ''}"
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ParameterError(f"{path}: no such file{for_}") from None
+        raise ParameterError(f"{where}: no such file") from None
     except OSError as e:
-        raise ParameterError(f"{path}: cannot read the file{for_}: {e.strerror or e}") from None
+        raise ParameterError(f"{where}: cannot read the file: {e.strerror or e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ParameterError(f"{path}: not UTF-8 text{for_} (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+        raise ParameterError(f"{where}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ParameterError(f"{path}: not valid JSON{for_} (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise ParameterError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(data, dict):
-        raise ParameterError(f"{path}: expected a JSON object{for_}, got {type(data).__name__} {_given(data)}")
+        shown = json.dumps(data)
+        raise ParameterError(f"{where}: expected a JSON object, got {shown if len(shown) <= 80 else shown[:77] + '...'}")
     return data
 
 
