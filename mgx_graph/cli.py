@@ -44,6 +44,10 @@ def _load_model(name: str, progress: bool = True):
     if os.path.isdir(name):
         return load_built_info(name)  # ParameterError naming what the folder lacks or a malformed field
     if name not in list_models():
+        if os.path.exists(name):
+            raise UsageError(f"{name} is a file: give a model folder or a registry name ({', '.join(list_models())})")
+        if os.sep in name or name.endswith((".onnx", ".mxr", ".json")):
+            raise UsageError(f"{name}: no such file or folder")
         raise UsageError(f"unknown model '{name}': use one of {', '.join(list_models())} or a built model folder")
     return build(name, progress=progress)
 

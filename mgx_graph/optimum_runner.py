@@ -56,6 +56,11 @@ def read_folder(folder) -> dict:
     if not is_optimum_folder(folder):
         raise ParameterError(f"{folder} is not an optimum-style folder: needs {CONFIG} and {ONNX}")
     cfg = Fields.read(folder / CONFIG, "an optimum-style model config")
+    vocab = cfg.get("vocab_size", Int(1))
+    eos = cfg.get("eos_token_id", Ids(vocab), [])
+    pad = cfg.get("pad_token_id", Int(0, vocab - 1), None)
+    cfg.get("bos_token_id", Int(0, vocab - 1), None)
+    context = cfg.get("max_position_embeddings", Int(1), 1 << 30)
     dims = _past_dims(folder / ONNX)
     L = sum(1 for n in dims if n.startswith("past_key_values.") and n.endswith(".key"))
     want = set(INPUTS) | {f"past_key_values.{i}.{t}" for i in range(L) for t in ("key", "value")}
@@ -74,17 +79,13 @@ def read_folder(folder) -> dict:
     heads = cfg.get("num_attention_heads", Int(1), None)
     if heads is not None and heads % kv:
         raise cfg.fail("num_attention_heads", f"expected a multiple of the {kv} key / value heads, got {heads}")
-    vocab = cfg.get("vocab_size", Int(1))
-    eos = cfg.get("eos_token_id", Ids(vocab), [])
-    pad = cfg.get("pad_token_id", Int(0, vocab - 1), None)
-    cfg.get("bos_token_id", Int(0, vocab - 1), None)
     if (folder / GENERATION_CONFIG).exists():
         gen = Fields.read(folder / GENERATION_CONFIG, "generation defaults")
         eos = gen.get("eos_token_id", Ids(vocab), eos)
         pad = gen.get("pad_token_id", Int(0, vocab - 1), pad)
         gen.get("bos_token_id", Int(0, vocab - 1), None)
     return {"num_layers": L, "num_kv_heads": kv, "head_size": hd, "vocab_size": vocab,
-            "context_length": cfg.get("max_position_embeddings", Int(1), 1 << 30), "eos_token_ids": eos,
+            "context_length": context, "eos_token_ids": eos,
             "pad_token_id": pad if pad is not None else (eos[0] if eos else 0)}
 
 
