@@ -128,6 +128,10 @@ def _load(args, n_prompts: int):
 
 def _options(args, info, tokenizer, single: bool) -> dict:
     eos = args.eos_id if args.eos_id else info.config.get("eos_token_ids", [])
+    vocab = info.config.get("vocab_size")
+    bad = [e for e in args.eos_id or [] if vocab and e >= vocab]
+    if bad:
+        raise UsageError(f"--eos-id {bad[0]}: expected a token id in 0..{vocab - 1} (the model's vocabulary)")
     stream = None
     if single and not args.no_stream:
         from .streaming import TextStreamer

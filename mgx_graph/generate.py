@@ -85,6 +85,9 @@ class GenerationResult:
 # -- generation ---------------------------------------------------------------------------------------
 def _as_prompts(prompt_ids, decoder: Decoder) -> tuple[list[list[int]], bool]:
     """``(prompts, single)``: one prompt (a list of ints) or several (a list of lists), checked."""
+    if not all(hasattr(decoder, a) for a in ("batch", "vocab_size", "max_len")):
+        raise ParameterError(f"decoder must be a Decoder or a runner of mgx_graph.llm_runner.open_decoder, got "
+                             f"{decoder!r:.80}")
     seq = (list, tuple, np.ndarray)
     if not isinstance(prompt_ids, seq):
         raise ParameterError(f"prompt_ids must be a list of token ids or a list of such lists, got "

@@ -122,6 +122,10 @@ class TextStreamer:
     :meth:`end` writes ``end_text`` (default a newline)."""
 
     def __init__(self, file=None, end_text: str = "\n"):
+        if file is not None and not callable(getattr(file, "write", None)):
+            raise ParameterError(f"file must have write(str) (a text file), got {file!r:.80}")
+        if not isinstance(end_text, str):
+            raise ParameterError(f"end_text must be a str, got {end_text!r:.80}")
         self.file = file
         self.end_text = end_text
 

@@ -425,3 +425,13 @@ def test_decoder_arguments_are_checked(step):
             call()
     dec.position = 0
     assert dec.step(4) == int(np.argmax(table[4]))
+
+
+def test_generate_needs_a_decoder_and_a_streamer_a_file():
+    from mgx_graph.generate import generate
+    from mgx_graph.streaming import TextStreamer
+
+    with pytest.raises(ParameterError, match="decoder must be a Decoder"):
+        generate(None, [1, 2], 2)
+    with pytest.raises(ParameterError, match="file must have write"):
+        TextStreamer(file=5)
