@@ -12,6 +12,8 @@ the others are seeded random. Models whose shapes depend on run-time values (sil
 Reshape fed by a computed shape) are specialized for those inputs at their first run.
 A program saved by compile -o (P.mxr) runs with the target, graphs and precision it was compiled with.
 MIGRAPHX_HIP_GRAPH=1 turns graphs on as --hip-graph does.
+An error is one "mgx-graph: error: ..." line on stderr, exit status 1 (2 for a malformed flag, 130
+when interrupted); --debug or MGX_GRAPH_DEBUG=1 also prints its traceback.
 """
 from __future__ import annotations
 
@@ -361,7 +363,7 @@ def cmd_perf(args) -> int:
     with s.hinting():
         rep = measure(prog, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
                       progress=not args.no_progress)
-    prog.release()  # rep["launches_per_run"]: those of a timed run (the profiled runs count no launches)
+    prog.release()  # rep["launches_per_run"]: counted after the timed runs, before the profiled ones
     doc = {"model": s.path, "target": s.target, "inputs": _inputs_doc(s), **rep}
     lines = [format_report(rep), f"Launches per run: {rep['launches_per_run']}"]
     if s.hip_graph and s.saved is None:  # a saved program runs as it was compiled: no eager twin to compare

@@ -146,23 +146,9 @@ class Decoder:
         id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
-        self._check_token("token", token)
+        _check_token(token, self.vocab_size)
         self.feed(np.array([token], np.int64))
         return int(self.greedy_next()[0]) if want_next else None
-
-    def _check_token(self, name: str, token) -> None:
-        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < self.vocab_size:
-            raise ParameterError(f"{name} must be a token id in 0..{self.vocab_size - 1}, got {token!r}")
-
-    def _check_rows(self, tokens, positions, mask) -> None:
-        """ParameterError when the step inputs of :meth:`feed` do not have the step's sizes."""
-        want = [("tokens", tokens, self.batch)]
-        if self.rows_interface:
-            want += [("positions", positions, self.batch), ("mask", mask, int(self.params["attention_mask"].size))]
-        for name, a, n in want:
-            if a is None or np.size(a) != n:
-                raise ParameterError(f"{name} must hold {n} values for this decode step, got "
-                                     f"{None if a is None else np.shape(a)}")
 
     def feed(self, tokens, positions=None, mask=None) -> None:
         """Run the step at slot :attr:`position` (then advanced by one).
@@ -171,7 +157,7 @@ class Decoder:
         position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
-        self._check_rows(tokens, positions, mask)
+        _check_rows(self, tokens, positions, mask)
         self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
@@ -222,7 +208,7 @@ class Decoder:
         of several rows."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
-        self._check_token("token", token)
+        _check_token(token, self.vocab_size)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ParameterError(f"count must be an int >= 0, got {count!r}")
         self._end_chain()
@@ -330,6 +316,22 @@ class Decoder:
         self.ctx.synchronize(self.queue)
         return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 
+
+
+def _check_token(token, vocab: int) -> None:
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab:
+        raise ParameterError(f"token must be a token id in 0..{vocab - 1}, got {token!r}")
+
+
+def _check_rows(dec: "Decoder", tokens, positions, mask) -> None:
+    """ParameterError when the step inputs of :meth:`Decoder.feed` do not have the step's sizes."""
+    want = [("tokens", tokens, dec.batch)]
+    if dec.rows_interface:
+        want += [("positions", positions, dec.batch), ("mask", mask, int(dec.params["attention_mask"].size))]
+    for name, a, n in want:
+        if a is None or np.size(a) != n:
+            raise ParameterError(f"{name} must hold {n} values for this decode step, got "
+                                 f"{None if a is None else np.shape(a)}")
 
 
 class _CopyReader:
