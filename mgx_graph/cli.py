@@ -238,7 +238,10 @@ def cmd_compile(args) -> int:
     lines += [f"  {r['module']}: {r['instructions']} instructions" for r in doc["regions"]]
     lines += [f"peak scratch bytes: {st['scratch_bytes']}", f"literal bytes: {st['literal_bytes']}"]
     if args.output:
-        prog.save(args.output)
+        try:
+            prog.save(args.output)
+        except OSError as e:
+            raise UsageError(f"-o/--output {args.output}: cannot write the program ({e.strerror or e})") from None
         doc["saved"] = args.output
         lines.append(f"saved: {args.output}")
     _emit(args, doc, lines)
