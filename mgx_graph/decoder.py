@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from .errors import MgxError
+from .errors import MgxError, ParameterError
 from .operators.index_ops import FLOATS, ArgmaxAdvance, argmax_rows
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
@@ -44,6 +44,8 @@ class Decoder:
     """
 
     def __init__(self, program):
+        if not callable(getattr(program, "get_parameter_shapes", None)):
+            raise ParameterError(f"Decoder takes a compiled program (mgx_graph.compile), got {program!r:.80}")
         self.program = program
         shapes = program.get_parameter_shapes()
         self.rows_interface = "attention_mask" in shapes or "position_ids" in shapes
@@ -144,6 +146,7 @@ class Decoder:
         id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        _check_token(token, self.vocab_size)
         self.feed(np.array([token], np.int64))
         return int(self.greedy_next()[0]) if want_next else None
 
@@ -154,6 +157,7 @@ class Decoder:
         position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
+        _check_rows(self, tokens, positions, mask)
         self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
@@ -204,6 +208,9 @@ class Decoder:
         of several rows."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        _check_token(token, self.vocab_size)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ParameterError(f"count must be an int >= 0, got {count!r}")
         self._end_chain()
         chain = self._greedy_chain(int(token), int(count))
         self._chain = weakref.ref(chain)
@@ -309,6 +316,22 @@ class Decoder:
         self.ctx.synchronize(self.queue)
         return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 
+
+
+def _check_token(token, vocab: int) -> None:
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab:
+        raise ParameterError(f"token must be a token id in 0..{vocab - 1}, got {token!r}")
+
+
+def _check_rows(dec: "Decoder", tokens, positions, mask) -> None:
+    """ParameterError when the step inputs of :meth:`Decoder.feed` do not have the step's sizes."""
+    want = [("tokens", tokens, dec.batch)]
+    if dec.rows_interface:
+        want += [("positions", positions, dec.batch), ("mask", mask, int(dec.params["attention_mask"].size))]
+    for name, a, n in want:
+        if a is None or np.size(a) != n:
+            raise ParameterError(f"{name} must hold {n} values for this decode step, got "
+                                 f"{None if a is None else np.shape(a)}")
 
 
 class _CopyReader:

@@ -85,9 +85,18 @@ class GenerationResult:
 # -- generation ---------------------------------------------------------------------------------------
 def _as_prompts(prompt_ids, decoder: Decoder) -> tuple[list[list[int]], bool]:
     """``(prompts, single)``: one prompt (a list of ints) or several (a list of lists), checked."""
+    if not all(hasattr(decoder, a) for a in ("batch", "vocab_size", "max_len")):
+        raise ParameterError(f"decoder must be a Decoder or a runner of mgx_graph.llm_runner.open_decoder, got "
+                             f"{decoder!r:.80}")
+    seq = (list, tuple, np.ndarray)
+    if not isinstance(prompt_ids, seq):
+        raise ParameterError(f"prompt_ids must be a list of token ids or a list of such lists, got "
+                             f"{type(prompt_ids).__name__} {prompt_ids!r:.80}")
     if len(prompt_ids) == 0:
         raise ParameterError("empty prompt")
-    single = not isinstance(prompt_ids[0], (list, tuple, np.ndarray))
+    single = not isinstance(prompt_ids[0], seq)
+    if not single and not all(isinstance(p, seq) for p in prompt_ids):
+        raise ParameterError("prompt_ids mixes token ids and lists: give one list of ids or a list of lists")
     prompts = [list(prompt_ids)] if single else [list(p) for p in prompt_ids]
     if len(prompts) > decoder.batch:
         raise ParameterError(f"{len(prompts)} prompts given; this decode step takes at most {decoder.batch} rows "
@@ -116,7 +125,13 @@ def _per_prompt(value, n: int, single: bool, name: str) -> list:
     raise ParameterError(f"{name} must be {want}, got {value!r}")
 
 
-def _token_ids(value, name: str, vocab: int) -> list[int]:
+def _token_ids(value, name: str, vocab: int, many: bool = True) -> list[int]:
+    """``value`` (None, a token id, or with ``many`` a list / tuple of them) as a list of ints in
+    0..vocab - 1; ParameterError naming ``name`` otherwise."""
+    if value is not None and not isinstance(value, (int, np.integer)) and \
+            not (many and isinstance(value, (list, tuple, np.ndarray))):
+        raise ParameterError(f"{name} must be a token id in 0..{vocab - 1}{' or a list of them' if many else ''}, "
+                             f"got {value!r}")
     items = [] if value is None else [value] if isinstance(value, (int, np.integer)) else list(value)
     for t in items:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < vocab:
@@ -291,16 +306,20 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     prompts, single = _as_prompts(prompt_ids, decoder)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    config = SamplingConfig(do_sample=bool(do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
+    config = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                             min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     eos = _token_ids(eos_token_id, "eos_token_id", decoder.vocab_size)
-    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size)
+    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size, many=False)
     pad = pad[0] if pad else eos[0] if eos else 0
     stops = check_stop_strings(stop)
     n = len(prompts)
     streams = _per_prompt(streamer, n, single, "streamer")
+    if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+        raise ParameterError(f"tokenizer must have decode(ids, skip_special_tokens=True) -> str, got {tokenizer!r:.80}")
     if tokenizer is None and (stops or any(streams)):
         raise ParameterError("stop strings and streamers work on text: pass tokenizer=")
+    if not isinstance(output_logits, (bool, np.bool_)):
+        raise ParameterError(f"output_logits must be True or False, got {output_logits!r}")
     texts = [RowText(tokenizer, stops, s) if tokenizer is not None else None for s in streams]
     sampler = TokenSampler(config, decoder.batch, decoder.vocab_size)
     rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),

@@ -73,6 +73,8 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise ParameterError(f"do_sample must be True or False, got {self.do_sample!r}")
         _number("temperature", self.temperature, 0.0, np.inf, low_open=True)
         _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _number("repetition_penalty", self.repetition_penalty, 0.0, np.inf, low_open=True)

@@ -236,7 +236,7 @@ def test_perf_progress_offload_copy_and_layout(sym, target, capsys):
     per_ins = out.split("\n\nSummary:")[0].splitlines()
     assert per_ins and all(re.fullmatch(r"main:@\d+ .+: [\d.e+-]+ms, \d+%", ln) for ln in per_ins), per_ins
     rc, out, err = cli(capsys, "perf", sym, "--target", target, "-n", "0")
-    assert rc == 1 and "-n/--iterations must be at least 1" in err
+    assert rc == 2 and "argument -n/--iterations: expected an int >= 1, got '0'" in err
 
 
 def test_json_on_every_command_that_reports_numbers(sym, target, tmp_path, capsys):
