@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import MgxError
 from .operators.index_ops import FLOATS, ArgmaxAdvance, argmax_rows
+from .operators.token_sampling_gpu import SampleAdvance
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
 ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
@@ -87,6 +88,8 @@ class Decoder:
         self._chain = None  # weak reference to the open greedy_tokens generator
         self._slot_written = None  # (cache_position array, the slot queued into it), or None: unknown
         self._advance = None  # the ArgmaxAdvance of the greedy tail (gpu), made at its first use
+        self._sample = None  # the SampleAdvance of the sampling tail (gpu), made at its first use
+        self._seen_of = None  # the TokenSampler whose seen mask the device holds
 
     def _bind_cache(self) -> None:
         """A static program gets the cache arrays bound once as its state (``bind_state``) and each
@@ -202,10 +205,18 @@ class Decoder:
         is full.  :attr:`last_logits`
         belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
         of several rows."""
+        return self.sampled_tokens(token, count, None)
+
+    def sampled_tokens(self, token: int, count: int, sampler):
+        """:meth:`greedy_tokens` with the next id chosen by ``sampler`` (a
+        :class:`~mgx_graph.sampling.TokenSampler` of one row, fresh: its seen mask is the prompt's;
+        None: greedy), by the rule's kernels on the device (gpu:
+        :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`) or by the sampler on the host
+        (ref), so a sampled row pipelines as a greedy one.  Each step advances ``sampler.step``."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
         self._end_chain()
-        chain = self._greedy_chain(int(token), int(count))
+        chain = self._greedy_chain(int(token), int(count), sampler)
         self._chain = weakref.ref(chain)
         return chain
 
@@ -216,15 +227,15 @@ class Decoder:
         if chain is not None:
             chain.close()
 
-    def _greedy_chain(self, token: int, count: int):
+    def _greedy_chain(self, token: int, count: int, sampler=None):
         reader = self._id_reader()
         start, queued, yielded = self.position, 0, 0
         try:
-            self._queue_greedy_step(token, reader)
+            self._queue_greedy_step(token, reader, sampler)
             queued = 1
             while yielded < queued:
                 if queued < count and self.position < self.max_len:
-                    self._queue_greedy_step(None, reader)
+                    self._queue_greedy_step(None, reader, sampler)
                     queued += 1
                 tok = int(reader.wait().reshape(-1)[0])
                 yielded += 1
@@ -244,9 +255,9 @@ class Decoder:
             r = self._reader = make(shape, np.int64) if make is not None else _CopyReader(self.ctx)
         return r
 
-    def _queue_greedy_step(self, token, reader) -> None:
-        """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax into
-        ``input_ids`` and the read-back of that id."""
+    def _queue_greedy_step(self, token, reader, sampler=None) -> None:
+        """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax (or the id
+        ``sampler`` chooses: :meth:`_queue_sample_tail`) into ``input_ids`` and the read-back of that id."""
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
         p, ctx, q = self.params, self.ctx, self.queue
@@ -255,8 +266,10 @@ class Decoder:
             if token is not None:
                 ids.fill(int(token))
             self._run_at_position(q)
-            tail = self._greedy_tail(reader)
-            if tail is not None:  # one kernel: the id into input_ids and the reader, the next slot
+            tail = self._greedy_tail(reader) if sampler is None else None
+            if sampler is not None:
+                self._queue_sample_tail(sampler, reader)
+            elif tail is not None:  # one kernel: the id into input_ids and the reader, the next slot
                 slot, logits, nxt = p["cache_position"], self.last_logits, self.position + 1
                 reader.start_written(lambda host: tail(logits, ids, host, slot, nxt), q)
                 self._slot_written = (slot, nxt)
@@ -279,6 +292,59 @@ class Decoder:
         if tail is None or tail.dtype != logits.dtype or tail.n != logits.size:
             tail = self._advance = ArgmaxAdvance(self.ctx, logits.size, logits.dtype)
         return tail
+
+    def _sample_kernel(self, sampler):
+        """The :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance` for the last logits on a
+        device target (float rows in standard layout), holding ``sampler``'s seen mask, or None (the
+        host rule: ``ref``)."""
+        logits = self.last_logits
+        if self.xp is np or logits.dtype.name not in FLOATS or not logits.flags.c_contiguous:
+            return None
+        dev = self._sample
+        if dev is None or dev.dtype != logits.dtype:
+            dev = self._sample = SampleAdvance(self.ctx, self.batch, self.vocab_size, logits.dtype)
+            self._seen_of = None
+        if self._seen_of is not sampler:  # a new generation: its prompts' seen mask
+            if sampler.seen is not None:
+                dev.set_seen(sampler.seen, self.queue)
+            self._seen_of = sampler
+        return dev
+
+    def _queue_sample_tail(self, sampler, reader) -> None:
+        """Queue the sampled (or penalized greedy) id of the last step into ``input_ids`` and its
+        read-back through ``reader``, inside ``on_queue``: the rule's kernels on a device target (the id
+        written into page-locked memory where the reader takes it, with the next slot), else the host
+        rule on the read logits (the id then marked seen at once: the next step is chosen before the
+        caller sees this id)."""
+        ids, q = self.params["input_ids"], self.queue
+        dev = self._sample_kernel(sampler)
+        if dev is None:
+            chosen = sampler.choose(self.logits_rows())
+            sampler.observe(0, chosen[:1])
+            self.ctx.copy_from_host(ids, chosen.reshape(ids.shape), q)
+            reader.start(ids, q)
+            return
+        logits, cfg, seed, step = self.last_logits, sampler.config, sampler.seed, sampler.next_step()
+        if getattr(reader, "kernel_writable", False):
+            slot, nxt = self.params["cache_position"], self.position + 1
+            reader.start_written(lambda host: dev(logits, ids, cfg, seed, step, host, slot, nxt), q)
+            self._slot_written = (slot, nxt)
+        else:
+            dev(logits, ids, cfg, seed, step)
+            reader.start(ids, q)
+
+    def sample_next(self, sampler) -> np.ndarray:
+        """The ids ``sampler`` chooses from the last step's logits (int64 [B]), by the rule's kernels on a
+        device target (one read-back of B ids, no logits read) or on the host (ref).  The device keeps
+        its own seen mask, taken from ``sampler`` at the first call of a generation and updated with each
+        id; ``sampler.step`` advances."""
+        with self.ctx.on_queue(self.queue):
+            dev = self._sample_kernel(sampler)
+            if dev is None:
+                return sampler.choose(self.logits_rows())
+            ids = self.xp.empty((self.batch,), np.int64)
+            dev(self.last_logits, ids, sampler.config, sampler.seed, sampler.next_step())
+            return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1)
 
     def greedy_next(self) -> np.ndarray:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
