@@ -298,27 +298,31 @@ struct TsRow {
     long long top_k;
 };
 
-// Fewer than TS_FAST candidates, in shared memory: each thread ranks its own against all of them (the
-// count and e-mass strictly above, summed in candidate order); w[t] gets e where the rule keeps it, else 0.
+// At most TS_FAST candidates, in shared memory: each is ranked against all of them (the count and e-mass
+// strictly above it, summed in candidate order); w[t] gets e where the rule keeps it, else 0.
 __device__ void ts_weigh_fast(const float* a, float* e, float* w, int n, TsRow r, float* red) {
-    const int t = threadIdx.x;
-    if (t < n) e[t] = expf(a[t] - r.m);
+    for (int t = threadIdx.x; t < n; t += blockDim.x) e[t] = expf(a[t] - r.m);
     __syncthreads();
-    unsigned int gt = 0;
-    float above = 0.0f, mine = 0.0f;
-    if (t < n) {
-        mine = a[t];
+    float zpart = 0.0f;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        unsigned int gt = 0;
+        float above = 0.0f;
+        const float mine = a[t];
         for (int j = 0; j < n; ++j) {
             if (a[j] > mine) {
                 ++gt;
                 above += e[j];
             }
         }
+        const bool in_k = r.top_k <= 0 || gt < (unsigned long long)r.top_k;
+        w[t] = in_k ? above : -1.0f;  // the mass above, or -1: dropped by top-k
+        if (in_k) zpart += e[t];
     }
-    const bool in_k = t < n && (r.top_k <= 0 || gt < (unsigned long long)r.top_k);
-    const float z = r.top_k > 0 ? ts_sum(in_k ? e[t] : 0.0f, red) : r.z;
-    const bool keep = in_k && (r.top_p >= 1.0f || above < r.top_p * z) && e[t] >= r.min_p;
-    if (t < n) w[t] = keep ? e[t] : 0.0f;
+    const float z = r.top_k > 0 ? ts_sum(zpart, red) : r.z;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const float above = w[t];
+        w[t] = above >= 0.0f && (r.top_p >= 1.0f || above < r.top_p * z) && e[t] >= r.min_p ? e[t] : 0.0f;
+    }
     __syncthreads();
 }
 
@@ -390,7 +394,7 @@ __device__ int ts_draw(const float* w, int n, float target, float* red, int* pic
 extern "C" __global__ void ts_select(const float* cs, const int* ci, const unsigned int* cn, int blocks,
                                      const float* rowm, const float* zrow, const unsigned int* ncand,
                                      long long v, long long top_k, float top_p, float min_p,
-                                     unsigned int seed_lo, unsigned int seed_hi, long long step, float* gs,
+                                     long long seed, long long step, float* gs,
                                      int* gi, long long* ids, long long* host, unsigned char* seen, long long* pos,
                                      long long next) {
     __shared__ float sa[TS_FAST], se[TS_FAST], sw[TS_FAST];
@@ -432,8 +436,9 @@ extern "C" __global__ void ts_select(const float* cs, const int* ci, const unsig
     float part = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) part += w[i];
     const float total = ts_sum(part, red);
-    const unsigned int x0 = ts_philox((unsigned int)step, (unsigned int)((unsigned long long)step >> 32),
-                                      (unsigned int)row, 0u, seed_lo, seed_hi);
+    const unsigned long long key = (unsigned long long)seed, ctr = (unsigned long long)step;
+    const unsigned int x0 = ts_philox((unsigned int)ctr, (unsigned int)(ctr >> 32), (unsigned int)row, 0u,
+                                      (unsigned int)key, (unsigned int)(key >> 32));
     const float u = (float)(x0 >> 8) * 5.9604644775390625e-8f;  // 2**-24
     const int k = ts_draw(w, n, u * total, red, pick);
     if (threadIdx.x == 0) ts_emit(row, k >= 0 ? idx[k] : 0, v, ids, host, seen, pos, next);

@@ -70,6 +70,7 @@ class SampleAdvance:
         self.cs, self.ci = xp.empty((b, nb * CHUNK), np.float32), xp.empty((b, nb * CHUNK), np.int32)
         self.cn = xp.empty((b, nb), np.uint32)
         self.gs, self.gi = xp.empty((b, v), np.float32), xp.empty((b, v), np.int32)
+        self.select_threads = SELECT  # threads of ts_select (any multiple of 32 up to 1024 works)
 
     def set_seen(self, seen, queue) -> None:
         """Queue the seen mask (bool [rows, vocab], host) of a new generation; None clears it."""
@@ -88,26 +89,29 @@ class SampleAdvance:
                 or ids.dtype != np.int64 or ids.size != self.rows or not ids.flags.c_contiguous:
             raise ShapeError(f"SampleAdvance: logits {x.dtype}{list(x.shape)} and ids {ids.dtype}{list(ids.shape)}: "
                              f"expected {self.rows}x{self.vocab} contiguous {self.dtype} and int64 [{self.rows}]")
+        for name, grid, block, args in self.launches(x, ids, config, seed, step, host_ptr, pos, next_pos):
+            _function(self.dtype.name, name)(grid, block, args)
+
+    def launches(self, x, ids, config, seed: int, step: int, host_ptr: int = 0, pos=None, next_pos: int = 0) -> list:
+        """``[(kernel name, grid, block, args), ...]`` of :meth:`__call__` (null pointers as ``uint64(0)``)."""
         ctx, b, v, nb = self.ctx, self.rows, self.vocab, self.blocks
         penalized = config.repetition_penalty != 1.0
         seen = self.seen if penalized else np.uint64(0)
         greedy = not config.do_sample
         host, nxt = np.uint64(host_ptr), np.int64(next_pos)
         pos_ptr = np.uint64(ctx.data_ptr(pos)) if pos is not None else np.uint64(0)
-        name = self.dtype.name
-        _function(name, "ts_prepare")((nb, b), (BLOCK,), (
+        out = [("ts_prepare", (nb, b), (BLOCK,), (
             x, np.int64(v), seen, np.float32(config.repetition_penalty), np.float32(config.temperature), self.s,
-            self.part_m, self.part_i, self.rowm, self.count[0], np.int32(greedy), ids, host, seen, pos_ptr, nxt))
+            self.part_m, self.part_i, self.rowm, self.count[0], np.int32(greedy), ids, host, seen, pos_ptr, nxt))]
         if greedy:
-            return
+            return out
         top_k = np.int64(min(config.top_k or 0, v))  # >= vocab: off
         min_p = np.float32(config.min_p if config.min_p is not None else 0.0)
-        _function(name, "ts_levels")((nb, b), (BLOCK,), (
-            self.s, np.int64(v), self.rowm, self.hist_c, self.hist_m, self.count[1], top_k,
-            np.float32(config.top_p), min_p, self.cut, self.z, self.ncand))
-        _function(name, "ts_compact")((nb, b), (BLOCK,), (self.s, np.int64(v), self.rowm, self.cut, self.cs,
-                                                          self.ci, self.cn))
-        _function(name, "ts_select")((b,), (SELECT,), (
-            self.cs, self.ci, self.cn, np.int32(nb), self.rowm, self.z, self.ncand, np.int64(v), top_k,
-            np.float32(config.top_p), min_p, np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32),
-            np.int64(step), self.gs, self.gi, ids, host, seen, pos_ptr, nxt))
+        return out + [
+            ("ts_levels", (nb, b), (BLOCK,), (self.s, np.int64(v), self.rowm, self.hist_c, self.hist_m, self.count[1],
+                                              top_k, np.float32(config.top_p), min_p, self.cut, self.z, self.ncand)),
+            ("ts_compact", (nb, b), (BLOCK,), (self.s, np.int64(v), self.rowm, self.cut, self.cs, self.ci, self.cn)),
+            ("ts_select", (b,), (self.select_threads,), (
+                self.cs, self.ci, self.cn, np.int32(nb), self.rowm, self.z, self.ncand, np.int64(v), top_k,
+                np.float32(config.top_p), min_p, np.uint64(seed), np.int64(step), self.gs, self.gi, ids, host, seen,
+                pos_ptr, nxt))]
