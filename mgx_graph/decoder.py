@@ -14,9 +14,9 @@ import weakref
 
 import numpy as np
 
+from .decoder_sampling import SampledSteps
 from .errors import MgxError
 from .operators.index_ops import FLOATS, ArgmaxAdvance, argmax_rows
-from .operators.token_sampling_gpu import SampleAdvance
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
 ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
@@ -27,7 +27,7 @@ def program_alias(program) -> dict:
     return dict(program.alias)
 
 
-class Decoder:
+class Decoder(SampledSteps):
     """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) one slot at a time.
 
     ``program`` has the parameters of one of the two interfaces of the module docstring and an
@@ -292,59 +292,6 @@ class Decoder:
         if tail is None or tail.dtype != logits.dtype or tail.n != logits.size:
             tail = self._advance = ArgmaxAdvance(self.ctx, logits.size, logits.dtype)
         return tail
-
-    def _sample_kernel(self, sampler):
-        """The :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance` for the last logits on a
-        device target (float rows in standard layout), holding ``sampler``'s seen mask, or None (the
-        host rule: ``ref``)."""
-        logits = self.last_logits
-        if self.xp is np or logits.dtype.name not in FLOATS or not logits.flags.c_contiguous:
-            return None
-        dev = self._sample
-        if dev is None or dev.dtype != logits.dtype:
-            dev = self._sample = SampleAdvance(self.ctx, self.batch, self.vocab_size, logits.dtype)
-            self._seen_of = None
-        if self._seen_of is not sampler:  # a new generation: its prompts' seen mask
-            if sampler.seen is not None:
-                dev.set_seen(sampler.seen, self.queue)
-            self._seen_of = sampler
-        return dev
-
-    def _queue_sample_tail(self, sampler, reader) -> None:
-        """Queue the sampled (or penalized greedy) id of the last step into ``input_ids`` and its
-        read-back through ``reader``, inside ``on_queue``: the rule's kernels on a device target (the id
-        written into page-locked memory where the reader takes it, with the next slot), else the host
-        rule on the read logits (the id then marked seen at once: the next step is chosen before the
-        caller sees this id)."""
-        ids, q = self.params["input_ids"], self.queue
-        dev = self._sample_kernel(sampler)
-        if dev is None:
-            chosen = sampler.choose(self.logits_rows())
-            sampler.observe(0, chosen[:1])
-            self.ctx.copy_from_host(ids, chosen.reshape(ids.shape), q)
-            reader.start(ids, q)
-            return
-        logits, cfg, seed, step = self.last_logits, sampler.config, sampler.seed, sampler.next_step()
-        if getattr(reader, "kernel_writable", False):
-            slot, nxt = self.params["cache_position"], self.position + 1
-            reader.start_written(lambda host: dev(logits, ids, cfg, seed, step, host, slot, nxt), q)
-            self._slot_written = (slot, nxt)
-        else:
-            dev(logits, ids, cfg, seed, step)
-            reader.start(ids, q)
-
-    def sample_next(self, sampler) -> np.ndarray:
-        """The ids ``sampler`` chooses from the last step's logits (int64 [B]), by the rule's kernels on a
-        device target (one read-back of B ids, no logits read) or on the host (ref).  The device keeps
-        its own seen mask, taken from ``sampler`` at the first call of a generation and updated with each
-        id; ``sampler.step`` advances."""
-        with self.ctx.on_queue(self.queue):
-            dev = self._sample_kernel(sampler)
-            if dev is None:
-                return sampler.choose(self.logits_rows())
-            ids = self.xp.empty((self.batch,), np.int64)
-            dev(self.last_logits, ids, sampler.config, sampler.seed, sampler.next_step())
-            return np.asarray(self.ctx.to_host(ids, self.queue), np.int64).reshape(-1)
 
     def greedy_next(self) -> np.ndarray:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
