@@ -28,6 +28,7 @@ typedef float T;
 #define TS_SHFL_UP(v, o) __shfl_up_sync(0xffffffffu, (v), (o))
 #endif
 
+#define TS_INF __int_as_float(0x7f800000)  // NVRTC has no INFINITY
 #define TS_BLOCK 256     // threads of the multi-block kernels
 #define TS_CHUNK 2048    // values of a row per block of the multi-block kernels
 #define TS_BINS 65       // 64 bins of 0.25 nat below the row max, then one for everything further down
@@ -150,7 +151,7 @@ extern "C" __global__ void ts_prepare(const T* x, long long v, const unsigned ch
     __shared__ bool last;
     const long long row = blockIdx.y, lo = (long long)blockIdx.x * TS_CHUNK;
     const long long hi = lo + TS_CHUNK < v ? lo + TS_CHUNK : v;
-    float best = -INFINITY;
+    float best = -TS_INF;
     long long bi = -1;
     for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         float a = (float)x[row * v + i];
@@ -279,7 +280,7 @@ extern "C" __global__ void ts_compact(const float* s, long long v, const float* 
     float n;
     for (long long base = lo; base < hi; base += blockDim.x) {  // ranks by a scan of 0 / 1 (exact in float)
         const long long i = base + threadIdx.x;
-        const float a = i < hi ? s[row * v + i] : -INFINITY;
+        const float a = i < hi ? s[row * v + i] : -TS_INF;
         const bool take = i < hi && ts_bin(a, m) <= jc;
         const unsigned int r = at + (unsigned int)ts_scan(take ? 1.0f : 0.0f, red, &n) - (take ? 1u : 0u);
         if (take) {
