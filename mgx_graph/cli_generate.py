@@ -252,6 +252,8 @@ def outside_parts(dec, args) -> list:
     (``dec.host_op_parts``) and the read of the next token (an argmax, or the logits read back when
     sampling or a repetition penalty needs them)."""
     sampled = args.do_sample or args.repetition_penalty != 1.0
+    if sampled and hasattr(dec, "sample_op_parts"):  # the sampling rule's kernels, or the logits read back
+        return list(dec.sample_op_parts(args.do_sample))
     read = "logits read-back" if sampled else "argmax"
     parts = dec.host_op_parts if sampled or getattr(dec, "batch", 1) != 1 else \
         getattr(dec, "greedy_op_parts", dec.host_op_parts)

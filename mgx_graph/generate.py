@@ -19,13 +19,15 @@ Each prompt is fed one token per step (prefill through the decode step), then to
 (:mod:`mgx_graph.sampling`: greedy or sampled) until an end-of-sequence id, a stop string
 (:mod:`mgx_graph.streaming`), ``max_new_tokens`` or the cache length. Per step the host writes
 the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
-B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back either
-B argmax ids (greedy) or the B logits rows (sampling or a repetition penalty: B * vocab float32).
-One greedy row runs pipelined (:meth:`Decoder.greedy_tokens`): the argmax is written on the device
-into the next step's ``input_ids``, the next step is queued, and only then is the id read back
-(through page-locked memory on ``gpu``), so the host's work overlaps the device's.  On ``gpu`` one
-kernel after the program does the whole tail of a greedy step (the argmax into ``input_ids``, into
-the page-locked read-back buffer and the next slot into ``cache_position``), so nothing else is
+B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back the B
+chosen ids: the argmax (greedy) or the id the sampling rule chose on the device (gpu: the kernels of
+:class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`; ref: the host rule).  The logits rows
+(B * vocab float32) are read back only with ``output_logits``, and the host rule then chooses.
+One row runs pipelined, greedy or sampled (:meth:`Decoder.sampled_tokens`): the id is written on the
+device into the next step's ``input_ids``, the next step is queued, and only then is the id read back
+(through page-locked memory on ``gpu``), so the host's work overlaps the device's.  On ``gpu`` the
+tail of a greedy step is one kernel (the argmax into ``input_ids``, into the page-locked read-back
+buffer and the next slot into ``cache_position``) and that of a sampled step four, so nothing else is
 queued between two steps' programs.
 """
 from __future__ import annotations
@@ -197,14 +199,14 @@ class _Rows:
 
 
 def _pipelines(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> bool:
-    """Whether the generation can run as :meth:`Decoder.greedy_tokens`: one row, greedy, no logits kept."""
+    """Whether the generation can run as :meth:`Decoder.sampled_tokens`: one row, no logits kept."""
     return (isinstance(decoder, Decoder) and not decoder.rows_interface and decoder.batch == 1
-            and len(rows.prompts) == 1 and not sampler.needs_logits and not rows.keep_logits)
+            and len(rows.prompts) == 1 and not rows.keep_logits)
 
 
-def _greedy_loop(decoder: Decoder, rows: _Rows) -> tuple[float, float, list]:
-    """:func:`_decode_loop` for one greedy row, through :meth:`Decoder.greedy_tokens` (each id fed
-    back on the device, the next step queued before the id is read)."""
+def _greedy_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
+    """:func:`_decode_loop` for one row, through :meth:`Decoder.sampled_tokens` (each id chosen and fed
+    back on the device, the next step queued before the id is read; greedy: the argmax tail)."""
     t0 = time.perf_counter()
     prompt = rows.prompts[0]
     decoder.position = 0
@@ -214,7 +216,7 @@ def _greedy_loop(decoder: Decoder, rows: _Rows) -> tuple[float, float, list]:
     prefill_s, t1, host = time.perf_counter() - t0, None, []
     count = min(rows.max_new, decoder.max_len - decoder.position)
     if count > 0:
-        ids = decoder.greedy_tokens(int(prompt[-1]), count)
+        ids = decoder.sampled_tokens(int(prompt[-1]), count, sampler if sampler.needs_logits else None)
         try:
             for tok in ids:
                 host.append(decoder.last_host_s)
@@ -238,7 +240,7 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
     """Feed every slot, choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s,
     host seconds per generated step)``."""
     if _pipelines(decoder, rows, sampler):
-        out = _greedy_loop(decoder, rows)
+        out = _greedy_loop(decoder, rows, sampler)
         _finish_rows(rows)
         return out
     t0 = time.perf_counter()
@@ -254,8 +256,11 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
         if slot < rows.longest - 1:
             continue
         host.append(decoder.last_host_s)
-        logits = decoder.logits_rows() if sampler.needs_logits or rows.keep_logits else None
-        chosen = sampler.choose(logits) if logits is not None else decoder.greedy_next()
+        logits = decoder.logits_rows() if rows.keep_logits else None
+        if logits is not None:
+            chosen = sampler.choose(logits)
+        else:
+            chosen = decoder.sample_next(sampler) if sampler.needs_logits else decoder.greedy_next()
         if t1 is None:
             t1 = time.perf_counter()  # decode timing starts after the first generated token
         rows.accept(chosen, logits)
