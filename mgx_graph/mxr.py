@@ -31,7 +31,7 @@ import zipfile
 import numpy as np
 
 from .compile_result import CompileResult
-from .errors import CompileError, MgxError, ParseError
+from .errors import CompileError, MgxError, ParseError, ShapeError
 from .mxr_archive import MAX_HEADER_BYTES, MAX_MODEL_BYTES, Archive
 from .mxr_checks import check_options, check_program, check_result, walk_document
 
@@ -197,7 +197,14 @@ def _load_dynamic(data: bytes, header: dict, where: str, device_id):
         raise ParseError(f"{where}: member {MODEL}: tensor '{ext[0].name}' refers to external data "
                          f"('{location_of(ext[0])[:200]}'); a saved program must hold all its data")
     options["target"] = target
-    return compile_model(model, **options)
+    try:
+        return compile_model(model, **options)
+    except (ParseError, ShapeError) as e:
+        raise ParseError(f"{where}: member {MODEL}: {e}") from None
+    except CompileError as e:
+        if str(e).startswith(("the program needs", "out of host memory")):  # the file may be fine
+            raise
+        raise ParseError(f"{where}: member {MODEL}: {e}") from None
 
 
 def _load_static(header: dict, arrays: dict, where: str, device_id):
@@ -232,6 +239,10 @@ def _load_static(header: dict, arrays: dict, where: str, device_id):
     device = resolve_device(target, options.get("device_id"))
     try:
         executor = finalize(program, result, device, graph_budget(options))
+    except CompileError as e:
+        if str(e).startswith("the program needs"):  # more memory than the device has: the file may be fine
+            raise
+        raise ParseError(f"{where}: {e}") from None
     except MgxError:
         raise
     except Exception as e:  # noqa: BLE001 - finalize left nothing allocated

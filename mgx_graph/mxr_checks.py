@@ -79,7 +79,7 @@ OPTIONS = {
               lambda v: v is None or v == "auto" or _str_map(v, lambda x: isinstance(x, str))),
     "min_partition_size": ("an int >= 1", lambda v: _is_int(v, 1)),
     "host_ops": ("a tuple of op names", lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v)),
-    "device_id": ("None or an int >= 0", _opt_int(0)),
+    "device_id": ("None or a device index (0 to 65535)", lambda v: v is None or (_is_int(v) and v < 1 << 16)),
     "warmup": ("an int >= 0", lambda v: _is_int(v)),
     "debug": ("None or a bool", lambda v: v is None or isinstance(v, bool)),
     "max_graphs": ("None or an int >= 1", _opt_int(1)),
@@ -159,13 +159,59 @@ def check_program(program, where: str) -> None:
     for m in program.modules.values():
         for k, ins in enumerate(m.instructions):
             at = f"{where}: instruction {m.name}:@{k} {ins.op.name}"
-            _check_meta(ins, at)
-            if ins.op.name == "@param" and not (isinstance(ins.shape, Shape) and ins.shape.standard()):
-                raise ParseError(f"{at}: parameter '{ins.op.parameter}' must have a standard (packed) layout, given "
-                                 f"{ins.shape}")
+            _check_instruction(ins, at)
             if "bind_param" in ins.meta and main is not None:
                 _check_binding(ins, main, at)
+            _check_kept_modules(ins, at, 0)
         _check_outputs(m, where, m is main)
+
+
+def _is_shape(v) -> bool:
+    return isinstance(v, Shape) or (isinstance(v, tuple) and all(isinstance(x, Shape) for x in v))
+
+
+def _check_instruction(ins, at: str) -> None:
+    _check_meta(ins, at)
+    if not _is_shape(ins.shape):
+        raise ParseError(f"{at}: shape: expected a shape or a tuple of shapes, given {type(ins.shape).__name__}")
+    if ins.op.name == "@param" and not (isinstance(ins.shape, Shape) and ins.shape.standard()):
+        raise ParseError(f"{at}: parameter '{ins.op.parameter}' must have a standard (packed) layout, given "
+                         f"{ins.shape}")
+
+
+def _computed(ins, at: str):
+    try:
+        return ins.op.compute_shape([i.shape for i in ins.inputs], ins.module_inputs)
+    except Exception as e:  # noqa: BLE001 - any failure of a saved op on its saved inputs is a bad file
+        raise ParseError(f"{at}: compute_shape fails on its inputs ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _check_kept_modules(ins, at: str, depth: int) -> None:
+    """The modules an op keeps (a fused op's): each instruction's metadata, shape (what compute_shape
+    gives), inputs (earlier instructions), and one @return at the end."""
+    from .ir import Module
+
+    for key, sub in ins.op.attrs.items():
+        if not isinstance(sub, Module):
+            continue
+        w = f"{at}: attribute {key} (module {sub.name})"
+        if depth > 8:
+            raise ParseError(f"{w}: kept modules nested deeper than 8 levels")
+        rets = [i for i in sub.instructions if i.op.name == "@return"]
+        if not sub.instructions or len(rets) != 1 or sub.instructions[-1] is not rets[0]:
+            raise ParseError(f"{w}: must end with its only @return")
+        for k, i in enumerate(sub.instructions):
+            wi = f"{w}:@{k} {i.op.name}"
+            if i.module_inputs:
+                raise ParseError(f"{wi}: a kept module's instruction runs no module")
+            _check_meta(i, wi)
+            if not _is_shape(i.shape):
+                raise ParseError(f"{wi}: shape: expected a shape or a tuple of shapes, given {type(i.shape).__name__}")
+            if i.op.name not in ("@param", "@return"):
+                want = _computed(i, wi)
+                if want != i.shape:
+                    raise ParseError(f"{wi}: has shape {i.shape} but compute_shape gives {want}")
+            _check_kept_modules(i, wi, depth + 1)
 
 
 def _check_meta(ins, at: str) -> None:
@@ -183,6 +229,13 @@ def _check_binding(ins, main, at: str) -> None:
     names = (b,) if isinstance(b, str) else b
     if len(names) != len(shapes):
         raise ParseError(f"{at}: metadata 'bind_param' names {len(names)} parameters for {len(shapes)} results")
+    layout = ins.meta.get("bind_layout")
+    if layout is not None:
+        want = _computed(ins, at)
+        wants = want if isinstance(want, tuple) else (want,)
+        if not isinstance(layout, type(ins.shape)) or len(wants) != len(shapes) or any(
+                not isinstance(w, Shape) or w.dtype != s.dtype or w.lens != s.lens for w, s in zip(wants, shapes)):
+            raise ParseError(f"{at}: metadata 'bind_layout' {layout} is not a layout of what the op computes ({want})")
     for name, s in zip(names, shapes):
         if name is None:
             continue
