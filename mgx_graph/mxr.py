@@ -21,6 +21,12 @@ is recomputed (deterministic: the same IR gives the same plan), and graphs are c
 the warmup runs, as in a fresh compile).  A dynamic-shape program is saved as its ONNX model and
 compile options: loading compiles it again (spec 0 where the model allows) and its specializations
 compile on first use, as after :func:`mgx_graph.compile`.
+
+A saved program is data from whoever wrote it: :func:`load` checks every member's declared sizes
+before inflating it and reads only the arrays the program references (:mod:`mgx_graph.mxr_archive`),
+checks every field of ``program.json`` (:mod:`mgx_graph.mxr_checks`, :mod:`mgx_graph.ir_codec`), and
+refuses a ``model.onnx`` that refers to external data; each failure is a ParseError naming the file
+and the member or field (README.md, "Trust model").
 """
 from __future__ import annotations
 

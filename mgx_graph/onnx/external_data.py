@@ -9,7 +9,8 @@ them, so :func:`load_external` reads such a tensor only when:
   refused; ``basepath`` entries are ignored);
 * the file is a regular file (a FIFO, a device or a folder is refused without being opened for read);
 * ``offset`` and ``length`` are non-negative integers inside the file, and ``length`` is the size the
-  tensor's dims and type need (checked before a byte is read).
+  tensor's dims and type need (without a ``length``, that size is read from ``offset``), all checked
+  before a byte is read.
 
 An in-memory model (bytes, a ``ModelProto``) has no folder: its external tensors need an explicit
 one (``external_data_dir``), never the process's current directory.  Every refusal is a ParseError
@@ -136,7 +137,9 @@ def _expected_bytes(t: TensorProto, where: str) -> int | None:
         return None
     if any(d < 0 for d in t.dims):
         raise ParseError(f"{where}: tensor '{t.name}': negative dims {list(t.dims)}")
-    bits = {TensorProto.INT4: 4, TensorProto.UINT4: 4}.get(t.data_type)
+    four = [getattr(TensorProto, n, None) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")]
+    bits = {k: (2 if n.endswith("2") else 4) for k, n in zip(four, ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"))
+            if k is not None}.get(t.data_type)
     n = math.prod(t.dims)
     if bits is not None:
         return (n * bits + 7) // 8
@@ -159,12 +162,12 @@ def _read(t: TensorProto, root: str, base: str, where: str) -> bytes:
         if offset > size:
             raise ParseError(f"{where}: tensor '{t.name}': external data offset {offset} is past the end of "
                              f"'{loc}' ({size} bytes)")
-        if length is None:
-            length = size - offset
+        want = _expected_bytes(t, where)
+        if length is None:  # no length entry: the tensor's own size from the offset (else the rest of the file)
+            length = want if want is not None else size - offset
         if offset + length > size:
             raise ParseError(f"{where}: tensor '{t.name}': external data offset {offset} + length {length} is past "
                              f"the end of '{loc}' ({size} bytes)")
-        want = _expected_bytes(t, where)
         if want is not None and length != want:
             raise ParseError(f"{where}: tensor '{t.name}': dims {list(t.dims)} need {want} bytes, its external data "
                              f"in '{loc}' has {length}")
