@@ -219,3 +219,24 @@ def test_missing_external_file_names_the_tensor(tmp_path):
     path = model_folder(tmp_path, add_model(dims=(3, 4), location="gone.bin"))
     with pytest.raises(mgx_graph.ParseError, match=r"external data file 'gone\.bin' of tensor 'w' not found in"):
         mgx_graph.compile(str(path), target="ref")
+
+
+def test_onnx_saved_external_data_with_several_tensors_in_one_file(tmp_path):
+    """What onnx.save writes (aligned offsets and lengths, every tensor in one file) loads as onnxruntime
+    reads it."""
+    model = add_model(dims=(3, 4))
+    b = numpy_helper.from_array(np.linspace(-1, 1, 4).astype(np.float32), "b")
+    model.graph.initializer.append(b)
+    model.graph.node[0].output[0] = "s"
+    model.graph.node.append(helper.make_node("Mul", ["s", "b"], ["y"]))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save_model(model, str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    stored = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    assert all(t.data_location == TensorProto.EXTERNAL for t in stored.graph.initializer)
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    np.testing.assert_allclose(mgx_graph.compile(str(folder / "model.onnx"), target="ref").run({"x": X})[0],
+                               want[0], rtol=1e-6)
