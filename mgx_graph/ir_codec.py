@@ -250,8 +250,8 @@ def _tensor_dtype(name, where: str) -> np.dtype:
 def _index_list(v, where: str, what: str) -> list:
     if not isinstance(v, list) or len(v) > MAX_RANK or not all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise ParseError(f"{where}: shape {what}: expected at most {MAX_RANK} non-negative ints, given {_brief_json(v)}"
-                         + (f" {v[:8]}" if isinstance(v, list) else ""))
+        given = str(v[:8])[:120] if isinstance(v, list) else _brief_json(v)
+        raise ParseError(f"{where}: shape {what}: expected at most {MAX_RANK} non-negative ints, given {given}")
     return v
 
 
@@ -438,8 +438,8 @@ def _refs(v, where: str, before: int) -> list:
     """The inputs of an instruction of a kept module: indices of earlier instructions."""
     if not isinstance(v, list) or not all(isinstance(j, int) and not isinstance(j, bool) and 0 <= j < before
                                           for j in v):
-        raise ParseError(f"{where}: inputs: expected indices of earlier instructions (0 to {before - 1}), given "
-                         f"{_brief_json(v)} {v[:8] if isinstance(v, list) else ''}")
+        given = str(v[:8])[:120] if isinstance(v, list) else _brief_json(v)
+        raise ParseError(f"{where}: inputs: expected indices of earlier instructions (0 to {before - 1}), given {given}")
     return v
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -115,7 +116,8 @@ def load(path, *, device_id: int | None = None):
     try:
         with zipfile.ZipFile(where) as zf:
             return _load_archive(Archive(zf, where), where, device_id)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, NotImplementedError,
+            RuntimeError) as e:
         if isinstance(e, MgxError):
             raise
         raise ParseError(f"{where}: not a readable saved program ({type(e).__name__}: {e})") from None

@@ -240,3 +240,13 @@ def test_onnx_saved_external_data_with_several_tensors_in_one_file(tmp_path):
     want = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": X})
     np.testing.assert_allclose(mgx_graph.compile(str(folder / "model.onnx"), target="ref").run({"x": X})[0],
                                want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [("foo", "1"), ("location", "w.bin")])
+def test_unknown_or_repeated_external_data_keys_are_refused(tmp_path, extra):
+    model = add_model(dims=(3, 4), location="w.bin")
+    model.graph.initializer[0].external_data.add(key=extra[0], value=extra[1])
+    path = model_folder(tmp_path, model, {"w.bin": W.tobytes()})
+    with pytest.raises(mgx_graph.ParseError, match=rf"tensor 'w': external data keys \['{extra[0]}'\] are unknown or "
+                                                   "repeated"):
+        mgx_graph.compile(str(path), target="ref")

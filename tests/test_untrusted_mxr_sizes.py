@@ -163,3 +163,11 @@ def test_an_array_key_that_is_a_path_is_refused(tmp_path, good, inflated):
     members["program.json"] = deflated(json.dumps(doc).encode())
     write_zip(tmp_path / "key.mxr", members)
     refused(tmp_path / "key.mxr", r"key\.mxr: array key '\.\./\.\./program' is not a valid name", inflated)
+
+
+def test_a_corrupt_deflated_member_is_a_parse_error(tmp_path, good, inflated):
+    members, _ = good
+    method, raw, crc, size = members["program.json"]
+    members["program.json"] = (method, b"\xff" * 8 + raw[8:], crc, size)
+    write_zip(tmp_path / "zlib.mxr", members)
+    refused(tmp_path / "zlib.mxr", r"zlib\.mxr: not a readable saved program \((error|BadZipFile)", inflated)

@@ -10,7 +10,8 @@ them, so :func:`load_external` reads such a tensor only when:
 * the file is a regular file (a FIFO, a device or a folder is refused without being opened for read);
 * ``offset`` and ``length`` are non-negative integers inside the file, and ``length`` is the size the
   tensor's dims and type need (without a ``length``, that size is read from ``offset``), all checked
-  before a byte is read.
+  before a byte is read; keys other than the spec's (``location``, ``offset``, ``length``,
+  ``checksum``, ``basepath``), or one given twice, are refused.
 
 An in-memory model (bytes, a ``ModelProto``) has no folder: its external tensors need an explicit
 one (``external_data_dir``), never the process's current directory.  Every refusal is a ParseError
@@ -89,7 +90,15 @@ def load_external(model: onnx.ModelProto, base: str, where: str) -> None:
         del t.external_data[:]
 
 
+KEYS = ("location", "offset", "length", "checksum", "basepath")  # the ONNX spec's external_data keys
+
+
 def _entries(t: TensorProto, where: str) -> tuple[str, int, int | None]:
+    keys = [e.key for e in t.external_data]
+    odd = sorted({k for k in keys if k not in KEYS or keys.count(k) > 1})
+    if odd:
+        raise ParseError(f"{where}: tensor '{t.name}': external data keys {[k[:40] for k in odd[:5]]} are unknown or "
+                         f"repeated (expected each of {', '.join(KEYS)} at most once)")
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     fields = {}
