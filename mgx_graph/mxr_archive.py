@@ -101,7 +101,7 @@ def _npy_header(f, where: str, name: str):
         version = fmt.read_magic(f)
         reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, fortran, dtype = reader(f, max_header_size=10000)
-    except (ValueError, SyntaxError, RecursionError, MemoryError, TypeError, EOFError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - numpy's header parser raises ValueError, SyntaxError, TokenError, ...
         raise ParseError(f"{where}: member {name}: not a valid .npy array ({type(e).__name__}: {str(e)[:200]})") \
             from None
     if dtype.kind not in ARRAY_KINDS or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:

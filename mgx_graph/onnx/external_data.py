@@ -6,12 +6,12 @@ them, so :func:`load_external` reads such a tensor only when:
 
 * ``location`` is a relative path with no ``..`` part, and the file it names, all symbolic links
   resolved, is inside the folder (an absolute path, ``../secret`` or a link out of the folder is
-  refused; ``basepath`` entries are ignored);
+  refused);
 * the file is a regular file (a FIFO, a device or a folder is refused without being opened for read);
 * ``offset`` and ``length`` are non-negative integers inside the file, and ``length`` is the size the
   tensor's dims and type need (without a ``length``, that size is read from ``offset``), all checked
   before a byte is read; keys other than the spec's (``location``, ``offset``, ``length``,
-  ``checksum``, ``basepath``), or one given twice, are refused.
+  ``checksum``; onnx's own ``basepath`` too, as onnxruntime refuses it), or one given twice, are refused.
 
 An in-memory model (bytes, a ``ModelProto``) has no folder: its external tensors need an explicit
 one (``external_data_dir``), never the process's current directory.  Every refusal is a ParseError
@@ -90,7 +90,7 @@ def load_external(model: onnx.ModelProto, base: str, where: str) -> None:
         del t.external_data[:]
 
 
-KEYS = ("location", "offset", "length", "checksum", "basepath")  # the ONNX spec's external_data keys
+KEYS = ("location", "offset", "length", "checksum")  # the ONNX spec's external_data keys, as onnxruntime reads them
 
 
 def _entries(t: TensorProto, where: str) -> tuple[str, int, int | None]:
