@@ -21,6 +21,7 @@ import math
 import os
 import re
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -101,6 +102,8 @@ def _npy_header(f, where: str, name: str):
         version = fmt.read_magic(f)
         reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, fortran, dtype = reader(f, max_header_size=10000)
+    except (zipfile.BadZipFile, zlib.error, OSError):
+        raise  # the zip itself (a CRC, a corrupt stream): load() names it
     except Exception as e:  # noqa: BLE001 - numpy's header parser raises ValueError, SyntaxError, TokenError, ...
         raise ParseError(f"{where}: member {name}: not a valid .npy array ({type(e).__name__}: {str(e)[:200]})") \
             from None
