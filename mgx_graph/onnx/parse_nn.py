@@ -12,6 +12,7 @@ from ..errors import ShapeError
 from .op_parser import attr, check_axis, check_min, decode, parser, unsupported
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
+from .parse_recurrent import check_recurrent
 
 
 @parser("MatMul")
@@ -233,14 +234,12 @@ def _parse_lstm(p, m, node, ins):
     """LSTM (inputs X, W, R, B, sequence_lens, initial_h, initial_c, P) as one ``lstm`` instruction
     with zero bias / initial states where omitted; outputs Y, Y_h, Y_c.  Layout 1 and peepholes run on
     the host; raises UnsupportedOpError (see :func:`_lstm_unsupported`) for what nothing computes."""
+    direction, D, H, _ = check_recurrent(p, node, ins)
     _lstm_unsupported(p, node, ins)
     if _lstm_on_host(node, ins):
         return parse_generic(p, m, node, ins)
-    H = attr(node, "hidden_size")
-    direction = decode(attr(node, "direction", b"forward"))
     args = [ins[0], ins[1], ins[2]]
     dt = ins[0].shape.dtype
-    D = 2 if direction == "bidirectional" else 1
     B = ins[0].shape.lens[1]
     bias = ins[3] if len(ins) > 3 and ins[3] is not None else p.lit(m, np.zeros((D, 8 * H), dt))
     h0 = ins[5] if len(ins) > 5 and ins[5] is not None else p.lit(m, np.zeros((D, B, H), dt))
