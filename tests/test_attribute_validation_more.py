@@ -66,10 +66,6 @@ def RNN(id, attrs, name, op="RNN", G=1, H=2, D=1, W=None, R=None, B=None, h0=Non
 RECURRENT = [
     RNN("rnn-direction", {"direction": "sideways"}, "direction"),
     RNN("rnn-hidden_size", {"hidden_size": 3}, "hidden_size"),
-    K("rnn-no-hidden_size", "RNN", {}, "hidden_size", feeds={"x": XR},
-      inits={"w": np.zeros((1, 2, 3), F), "r": np.zeros((1, 2, 2), F)}, outs=(TP.FLOAT, TP.FLOAT), opset=14),
-    K("lstm-no-hidden_size", "LSTM", {}, "hidden_size", feeds={"x": XR},
-      inits={"w": np.zeros((1, 8, 3), F), "r": np.zeros((1, 8, 2), F)}, outs=(TP.FLOAT, TP.FLOAT), opset=14),
     RNN("rnn-W-hidden", {"hidden_size": 2}, "W", W=np.zeros((1, 3, 3), F)),
     RNN("rnn-W-input", {"hidden_size": 2}, "W", W=np.zeros((1, 2, 4), F)),
     RNN("rnn-W-directions", {"direction": "bidirectional"}, "W", R=np.zeros((2, 2, 2), F)),
@@ -280,7 +276,6 @@ OTHER = [
     K("dropout-ratio", "Dropout", {}, "ratio", inits={"r": np.array(1.5, F)}),
     K("cumsum-exclusive", "CumSum", {"exclusive": 2}, "exclusive", inits={"a": I64(1)}),
     K("cumsum-reverse", "CumSum", {"reverse": -1}, "reverse", inits={"a": I64(1)}),
-    K("lrn-even-size", "LRN", {"size": 2}, "size", feeds={"x": X4}),
     K("reversesequence-lens-range", "ReverseSequence", {"batch_axis": 1, "time_axis": 0}, "sequence_lens",
       inits={"l": I64(5, 0, 1)}),
     K("nms-iou_threshold", "NonMaxSuppression", {}, "iou_threshold", feeds={"x": BOX},
@@ -375,6 +370,8 @@ CONTRIB = [
       inits={"s": np.zeros((1, 2, 8), F), "g": np.ones(4, F)}, domain=MS),
     K("skiplayernorm-rank", "SkipLayerNormalization", {}, "input", feeds={"x": np.zeros(8, F)},
       inits={"s": np.zeros(8, F), "g": np.ones(8, F), "b": np.zeros(8, F)}, domain=MS),
+    K("skiplayernorm-rank4", "SkipLayerNormalization", {}, "input", feeds={"x": np.zeros((1, 1, 2, 8), F)},
+      inits={"s": np.zeros((1, 1, 2, 8), F), "g": np.ones(8, F), "b": np.zeros(8, F)}, domain=MS),
     K("fastgelu-bias", "FastGelu", {}, "bias", feeds={"x": Q8}, inits={"b": np.zeros(4, F)}, domain=MS),
     K("biasgelu-bias", "BiasGelu", {}, "bias", feeds={"x": Q8}, inits={"b": np.zeros(4, F)}, domain=MS),
     K("mha-num_heads", "MultiHeadAttention", {"num_heads": 3}, "num_heads", feeds={"x": Q8},
@@ -458,3 +455,46 @@ def test_attribute_onnxruntime_accepts_gives_its_values(target, c):
     for g, w in zip(got, want):
         assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype, (np.shape(g), w.shape)
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# -- control flow: subgraph bodies whose inputs / outputs do not fit the node
+def _body(name, n_in, n_out, shape=(3,)):
+    """A graph of ``n_in`` float inputs (the first two of a Loop body typed as it needs) and ``n_out``
+    Identity outputs of its last input."""
+    ins = [helper.make_tensor_value_info(f"{name}_i{k}", TP.FLOAT, list(shape)) for k in range(n_in)]
+    nodes = [helper.make_node("Identity", [ins[-1].name if ins else "c"], [f"{name}_o{k}"]) for k in range(n_out)]
+    outs = [helper.make_tensor_value_info(f"{name}_o{k}", TP.FLOAT, list(shape)) for k in range(n_out)]
+    inits = [] if ins else [numpy_helper.from_array(np.ones(shape, F), "c")]
+    return helper.make_graph(nodes, name, ins, outs, inits)
+
+
+def _loop_body(n_in):
+    ins = [helper.make_tensor_value_info("it", TP.INT64, []), helper.make_tensor_value_info("cin", TP.BOOL, [])] + \
+        [helper.make_tensor_value_info(f"v{k}", TP.FLOAT, [3]) for k in range(n_in - 2)]
+    nodes = [helper.make_node("Identity", ["cin"], ["cout"]), helper.make_node("Identity", ["v0"], ["vout"])]
+    outs = [helper.make_tensor_value_info("cout", TP.BOOL, []), helper.make_tensor_value_info("vout", TP.FLOAT, [3])]
+    return helper.make_graph(nodes, "body", ins, outs)
+
+
+V3 = np.zeros(3, F)
+CONTROL = [
+    K("if-branch-outputs", "If", {"then_branch": _body("t", 0, 1), "else_branch": _body("e", 0, 2)}, "else_branch",
+      feeds={"x": np.array(True)}),
+    K("loop-body-inputs", "Loop", {"body": _loop_body(4)}, "body", feeds={"x": V3},
+      inits={"m": I64(2).reshape(()), "c": np.array(True)}, order=["m", "c", "x"]),
+    K("scan-num_scan_inputs", "Scan", {"body": _body("s", 1, 1), "num_scan_inputs": 2}, "num_scan_inputs",
+      feeds={"x": np.zeros((2, 3), F)}, opset=16),
+    K("scan-input-axes", "Scan", {"body": _body("s", 1, 1), "num_scan_inputs": 1, "scan_input_axes": [2]},
+      "scan_input_axes", feeds={"x": np.zeros((2, 3), F)}, opset=16),
+    K("scan-input-axes-count", "Scan", {"body": _body("s", 1, 1), "num_scan_inputs": 1, "scan_input_axes": [0, 1]},
+      "scan_input_axes", feeds={"x": np.zeros((2, 3), F)}, opset=16),
+    K("scan-output-axes", "Scan", {"body": _body("s", 1, 1), "num_scan_inputs": 1, "scan_output_axes": [-3]},
+      "scan_output_axes", feeds={"x": np.zeros((2, 3), F)}, opset=16),
+    K("scan-directions", "Scan", {"body": _body("s", 1, 1), "num_scan_inputs": 1, "scan_input_directions": [2]},
+      "scan_input_directions", feeds={"x": np.zeros((2, 3), F)}, opset=16),
+]
+
+
+@pytest.mark.parametrize("c", CONTROL)
+def test_invalid_control_flow_raises_typed_error(c):
+    test_invalid_attribute_raises_typed_error(c)

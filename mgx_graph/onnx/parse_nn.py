@@ -154,9 +154,9 @@ def _parse_global_max_pool(p, m, node, ins):
     return p.add(m, "max", [y, p.lit(m, np.array(np.finfo(dt).min, dtype=dt))])
 
 
-@parser("Conv")
-def _parse_conv(p, m, node, ins):
-    x, w = ins[0], ins[1]
+def conv_geometry(p, node, x, w) -> tuple:
+    """``(pads, strides, dilations, group)`` of a Conv / ConvInteger / QLinearConv node over X ``x`` and W
+    ``w``, its attributes checked against the spec and the input shapes (ParseError naming them)."""
     from .parse_spatial import _spatial_attrs
 
     if w.shape.ndim != x.shape.ndim:
@@ -186,6 +186,14 @@ def _parse_conv(p, m, node, ins):
         if span < dil[i] * (kshape[i] - 1) + 1:
             raise p.err(f"'kernel_shape' = {kshape} with 'dilations' = {dil} spans more than X {list(x.shape.lens)} "
                         f"padded by 'pads' = {pads} on spatial axis {i}: expected an output of at least 1")
+    return pads, strides, dil, group
+
+
+@parser("Conv")
+def _parse_conv(p, m, node, ins):
+    x, w = ins[0], ins[1]
+    pads, strides, dil, group = conv_geometry(p, node, x, w)
+    M = w.shape.lens[0]
     args = [x, w] + ([ins[2]] if len(ins) > 2 and ins[2] is not None else [])
     if len(args) > 2 and list(args[2].shape.lens) != [M]:
         raise p.err(f"B {list(args[2].shape.lens)} must be 1-D [M] = [{M}]")

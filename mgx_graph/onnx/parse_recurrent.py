@@ -82,10 +82,8 @@ def check_recurrent(p, node, ins) -> tuple:
         if v is None or v.shape.ndim != 3:
             raise p.err(f"{what} must be 3-D, got {None if v is None else list(v.shape.lens)}")
     D, G = 1 + (direction == "bidirectional"), _GATES[node.op_type]
-    H = attr(node, "hidden_size")
-    if H is None:  # optional in the spec; onnxruntime requires it
-        raise p.err(f"'hidden_size' is missing: expected a positive int (R {list(r.shape.lens)})")
-    H = check_min(p, H, 1, "hidden_size")[0]
+    H = attr(node, "hidden_size")  # optional in the spec (onnxruntime requires it): R's last dim
+    H = check_min(p, r.shape.lens[2] if H is None else H, 1, "hidden_size")[0]
     _check_shape(p, r, [D, G * H, H], "R", f"[num_directions, {G}*hidden_size, hidden_size] for 'hidden_size' = {H}, "
                                            f"'direction' = '{direction}'")
     T, B = (x.shape.lens[1], x.shape.lens[0]) if layout else x.shape.lens[:2]
