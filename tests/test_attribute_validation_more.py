@@ -17,6 +17,7 @@ from util import ort_run
 F = np.float32
 X3 = np.zeros((2, 3, 4), F)
 X4 = np.zeros((1, 4, 4, 4), F)
+W33 = np.zeros((4, 4, 3, 3), F)
 MS = "com.microsoft"
 
 
@@ -388,7 +389,16 @@ CONTRIB = [
       feeds={"x": Q8}, inits={"k": np.zeros((1, 2, 8), F), "v": np.zeros((1, 2, 8), F)}, opset=23),
 ]
 
-ALL = RECURRENT + RESIZE + SPATIAL + OTHER + QUANT + CONTRIB
+SCHEMA = [  # nodes against their op's schema
+    K("add-one-input", "Add", {}, "inputs"),
+    K("relu-two-outputs", "Relu", {}, "outputs", outs=(TP.FLOAT, TP.FLOAT)),
+    K("conv-empty-X", "Conv", {}, "X", feeds={}, inits={"w": W33}, order=["", "w"]),
+    K("matmul-unknown-attribute", "MatMul", {"axis": 0}, "axis", feeds={"x": X2, "y": X2.T.copy()}),
+    K("gather-axis-floats", "Gather", {"axis": [1.0]}, "axis", inits={"i": I64(0)}),
+    K("cast-to-string-attribute", "Cast", {"to": "FLOAT"}, "to"),
+]
+
+ALL = RECURRENT + RESIZE + SPATIAL + OTHER + QUANT + CONTRIB + SCHEMA
 
 
 @pytest.mark.parametrize("c", ALL)
