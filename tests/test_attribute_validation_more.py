@@ -7,6 +7,7 @@ ParseError / ShapeError naming the node, its op type and the attribute (or input
 accepts give its values."""
 import numpy as np
 import pytest
+from onnx import AttributeProto
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -19,6 +20,10 @@ X3 = np.zeros((2, 3, 4), F)
 X4 = np.zeros((1, 4, 4, 4), F)
 W33 = np.zeros((4, 4, 3, 3), F)
 MS = "com.microsoft"
+
+
+def EMPTY_INTS(name):
+    return helper.make_attribute(name, [], attr_type=AttributeProto.INTS)
 
 
 def I64(*v):
@@ -38,7 +43,9 @@ def build(c):
     feeds, inits = c["feeds"], c["inits"]
     names = c["order"] if c["order"] is not None else list(feeds) + list(inits)
     outs = [f"y{i}" for i in range(len(c["outs"]))]
-    node = helper.make_node(c["op"], names, outs, name=f"bad_{c['op'].lower()}", domain=c["domain"], **c["attrs"])
+    plain = {k: v for k, v in c["attrs"].items() if not isinstance(v, AttributeProto)}
+    node = helper.make_node(c["op"], names, outs, name=f"bad_{c['op'].lower()}", domain=c["domain"], **plain)
+    node.attribute.extend(v for v in c["attrs"].values() if isinstance(v, AttributeProto))
     ins = [helper.make_tensor_value_info(k, numpy_helper.from_array(v).data_type, v.shape) for k, v in feeds.items()]
     g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, c["outs"])],
                           [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
@@ -101,16 +108,10 @@ SC2 = np.array([1, 1, 2, 2], F)
 
 
 def RS(id, attrs, name, scales=SC2, sizes=None, roi=None, opset=18, x=X4):
-    inits, order = {}, ["x", "", ""]
-    if roi is not None:
-        inits["roi"] = roi
-        order[1] = "roi"
-    if scales is not None:
-        inits["sc"] = scales
-        order[2] = "sc"
-    if sizes is not None:
-        inits["sz"] = sizes
-        order.append("sz")
+    if opset < 11:  # X, scales
+        return K(id, "Resize", attrs, name, feeds={"x": x}, inits={"sc": scales}, opset=opset)
+    inits = {k: v for k, v in (("roi", roi), ("sc", scales), ("sz", sizes)) if v is not None}
+    order = ["x", "roi" if roi is not None else "", "sc" if scales is not None else ""] + ["sz"] * (sizes is not None)
     return K(id, "Resize", attrs, name, feeds={"x": x}, inits=inits, opset=opset, order=order)
 
 
@@ -132,7 +133,7 @@ RESIZE = [
     RS("resize-roi-count", {"coordinate_transformation_mode": "tf_crop_and_resize"}, "roi",
        roi=np.array([0, 0, 1, 1], F)),
     RS("resize-antialias-cubic-exclude", {"mode": "nearest", "antialias": 1}, "antialias"),
-    RS("resize10-mode", {"mode": "cubic"}, "mode", opset=10),
+    RS("resize10-mode", {"mode": "area"}, "mode", opset=10),
     RS("resize10-scales-count", {}, "scales", scales=np.array([2, 2], F), opset=10),
     K("upsample-mode", "Upsample", {"mode": "foo"}, "mode", feeds={"x": X4}, inits={"sc": SC2}, opset=9),
     K("upsample-scales-count", "Upsample", {}, "scales", feeds={"x": X4}, inits={"sc": np.array([2, 2], F)}, opset=9),
@@ -155,6 +156,8 @@ def PL(id, op, attrs, name, x=X4, outs=(TP.FLOAT,), opset=18):
 
 SPATIAL = [
     CT("convtranspose-pads-count", {"pads": [1, 1]}, "pads"),
+    CT("convtranspose-dilations-empty", {"dilations": EMPTY_INTS("dilations")}, "dilations"),
+    PL("maxpool-pads-empty", "MaxPool", {"kernel_shape": [2, 2], "pads": EMPTY_INTS("pads")}, "pads"),
     CT("convtranspose-strides-count", {"strides": [1]}, "strides"),
     CT("convtranspose-dilations-count", {"dilations": [1, 1, 1]}, "dilations"),
     CT("convtranspose-dilations-zero", {"dilations": [0, 1]}, "dilations"),
@@ -447,6 +450,8 @@ ACCEPTED = [  # onnxruntime accepts these: mgx_graph must give its values
     K("range-delta-against", "Range", {}, "delta", feeds={}, inits={"s": np.array(0, F), "l": np.array(4, F),
                                                                      "d": np.array(-1, F)}),
     RS("resize-exclude_outside2", {"mode": "cubic", "exclude_outside": 2}, "exclude_outside"),
+    RS("resize10-cubic", {"mode": "cubic"}, "mode", opset=10),
+    K("upsample-cubic", "Upsample", {"mode": "cubic"}, "mode", feeds={"x": X4}, inits={"sc": SC2}, opset=9),
     RS("resize-antialias2", {"mode": "linear", "antialias": 2}, "antialias", scales=np.array([1, 1, .5, .5], F)),
     K("gridsample-align_corners2", "GridSample", {"align_corners": 2}, "align_corners", feeds={"x": X4},
       inits={"g": np.full((1, 2, 2, 2), 0.5, F)}, opset=16),

@@ -33,10 +33,12 @@ def _spatial_attrs(p, node, x, kernel=None):
     nsp = x.shape.ndim - 2
     if nsp < 1:
         raise p.err(f"X must be [N, C, spatial...] (rank >= 3), got {list(x.shape.lens)}")
-    kernel = list(attr(node, "kernel_shape") or kernel or [])
-    strides = list(attr(node, "strides") or [1] * nsp)
-    dil = list(attr(node, "dilations") or [1] * nsp)
-    pads = list(attr(node, "pads") or [0] * (2 * nsp))
+    def given(name, default):  # an attribute given empty is checked as given (onnxruntime refuses it)
+        v = attr(node, name)
+        return list(default if v is None else v)
+
+    kernel = given("kernel_shape", kernel or [])
+    strides, dil, pads = given("strides", [1] * nsp), given("dilations", [1] * nsp), given("pads", [0] * (2 * nsp))
     auto = check_choice(p, decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET", _AUTO_PADS, "auto_pad")
     for what, v, n in (("kernel_shape", kernel, nsp), ("strides", strides, nsp), ("dilations", dil, nsp),
                        ("pads", pads, 2 * nsp)):
@@ -225,7 +227,8 @@ def _resize_attrs(p, node, x):
     nearest = "simple" if legacy else decode(attr(node, "nearest_mode", b"round_prefer_floor"))
     a = dict(mode=mode, coord_mode=ctm, nearest_mode=nearest, cubic_a=float(attr(node, "cubic_coeff_a", -0.75)),
              exclude_outside=bool(attr(node, "exclude_outside", 0)), antialias=bool(attr(node, "antialias", 0)))
-    check_choice(p, mode, _RESIZE_MODES[:2] if legacy else _RESIZE_MODES, "mode")
+    # Upsample and Resize-10 take cubic as onnxruntime does (their spec lists nearest and linear)
+    check_choice(p, mode, _RESIZE_MODES, "mode")
     check_choice(p, ctm, COORDINATE_MODES, "coordinate_transformation_mode")
     check_choice(p, nearest, NEAREST_MODES[:4] if not legacy else NEAREST_MODES, "nearest_mode")
     if a["antialias"] and mode == "nearest":
