@@ -23,6 +23,7 @@ from ..operators.dynamic import NeedsValue
 from ..shape import Shape, onnx_dtype
 from . import op_parser
 from .loader import load_model, symbolic_inputs, without_weights
+from .schema_check import check_attributes
 from .topology import check_acyclic, check_definitions, needed_nodes, node_label, topological_order, used_names
 
 MIN_OPSET, MAX_OPSET = 1, onnx.defs.onnx_opset_version()
@@ -223,6 +224,7 @@ class OnnxParser:
             self.node = node
             self.node_name = node_label(node, idx)
             fn = self._parser_of(node)
+            check_attributes(self, node)
             outs = fn(self, m, node, self._inputs_of(node))
             self._bind_outputs(node, outs)
 
