@@ -35,14 +35,6 @@ SCHEMA = (r"has input size \d+ not in range|is marked single but has an empty st
 PARSERS = r"mgx_graph/onnx/parse_\w+\.py|operators/\w+\.py\", line \d+, in (__init__|compute_shape|_geometry)"
 
 KNOWN: list[Known] = [
-    Known("onnx-*", "untyped|accepted", "", SCHEMA,
-          "F1: nodes are not checked against their op's schema: a missing input (Add with one input, Conv with "
-          "input '' ), an attribute of another type (Conv pads=-7 as INT, Gather axis as FLOATS) or unknown "
-          "(MatMul axis=0) crashes the parser (IndexError / ValueError / TypeError / AttributeError) or is "
-          "accepted; see fuzz_findings.md"),
-    Known("onnx-*", "untyped", "", PARSERS,
-          "F2: attribute / input values out of range crash the parsers or an op's shape function "
-          "(Split axis=-2**63: IndexError in _parse_split; Conv dilations=[1]: IndexError in nn._geometry)"),
     Known("onnx-*", "accepted", "", r"Invalid 'mode' attribute value",
           "F5: Pad mode '' / 'NOTSET' (not constant / reflect / edge / wrap) is accepted as constant"),
     Known("onnx-*", "accepted", "", r"Unsupported model IR version|Missing model IR version",
