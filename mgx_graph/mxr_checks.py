@@ -147,6 +147,7 @@ META = {
     "bind_layout": ("a shape or a tuple of shapes",
                     lambda v: isinstance(v, Shape) or (isinstance(v, tuple) and all(isinstance(x, Shape) for x in v))),
     "fixed_inputs": ("a list of names", _names),
+    "gemv": ("a bool", lambda v: isinstance(v, bool)),  # a dot the gpu lowering chose a GEMV kernel for
     "movable_inputs": ("a list of names", _names),
     "on_host": ("a bool", lambda v: isinstance(v, bool)),
     "trip_key": ("a str", lambda v: isinstance(v, str)),

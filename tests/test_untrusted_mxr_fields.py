@@ -298,3 +298,21 @@ def test_every_field_swept_gives_a_parse_error_or_a_working_program(tmp_path, sa
     good = crafted(tmp_path, saved, name)
     np.testing.assert_allclose(mgx_graph.load(good).run({"x": X})[0], ort_run(model, {"x": X})[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_every_metadata_key_the_code_sets_is_known_to_the_load_checks():
+    """A key some pass or lowering writes into ``ins.meta`` (and a saved program then holds) must be one the
+    load checks know, or programs using it would not load (a gpu-only key once did not)."""
+    import re
+    from pathlib import Path
+
+    from mgx_graph.ir_codec import NOT_SAVED_META
+    from mgx_graph.mxr_checks import META
+
+    root = Path(__file__).resolve().parents[1]
+    set_keys = set()
+    for folder in ("mgx_graph", "operators"):
+        for path in (root / folder).rglob("*.py"):
+            set_keys |= set(re.findall(r"meta\[\"(\w+)\"\]\s*=(?!=)", path.read_text()))
+    assert set_keys, "no metadata writes found: the pattern is stale"
+    assert set_keys - set(NOT_SAVED_META) <= set(META), sorted(set_keys - set(NOT_SAVED_META) - set(META))
