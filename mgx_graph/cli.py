@@ -388,7 +388,7 @@ def cmd_perf(args) -> int:
 # -- the parser -------------------------------------------------------------------------------------
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Raw description, a fixed width, every option's default, and options shown as in Python 3.11
-    (``-n N, --iterations N``) on every Python version, so the help texts in README.md stay exact."""
+    (``-n N, --iterations N``) on every Python version, so the help texts in docs/cli.md stay exact."""
 
     def __init__(self, prog):
         super().__init__(prog, width=100, max_help_position=32)
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def help_texts() -> dict:
-    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as README.md shows them)."""
+    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as docs/cli.md shows them)."""
     ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     return {"mgx-graph --help": ap.format_help(),
