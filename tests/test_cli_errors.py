@@ -251,3 +251,20 @@ def test_perf_counts_the_launches_of_a_run_not_of_the_profiled_runs(tmp_path, ca
         rc, out, err = run_cli(capsys, "perf", saved, "-n", n, "--no-progress", "--json")
         assert rc == 0, err
         assert json.loads(out)["launches_per_run"] == want, (n, out)
+
+
+def test_profiled_runs_leave_the_programs_launch_count_as_a_run_leaves_it():
+    """``stats()["launches_per_run"]`` after the per-step profile that perf makes equals what a plain run gives
+    (it once kept adding the graph launches of every profiled run)."""
+    nodes = [helper.make_node("MatMul", ["x", "x"], ["a"]), helper.make_node("Softmax", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])])
+    prog = mgx_graph.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), target="ref",
+                             hip_graph=True)
+    x = np.ones((4, 4), np.float32)
+    for _ in range(4):  # warmup, warmup, capture, replay
+        prog.run({"x": x})
+    want = prog.stats()["launches_per_run"]
+    for _ in range(3):
+        prog.executor.profile_steps({"x": x}, device=False)
+        assert prog.stats()["launches_per_run"] == want
