@@ -228,17 +228,22 @@ def test_the_real_entry_point(bad):
     assert r.returncode == 1 and "Traceback" in r.stderr and "ParseError" in r.stderr
 
 
-def test_perf_counts_the_launches_of_a_run_not_of_the_profiled_runs(tmp_path, capsys):
-    """A saved program compiled with graphs: perf's launches per run is what the program's stats say
-    after plain runs of it (1 graph launch), whatever -n is."""
+def _chain_model():
+    """MatMul and Softmax alternating (they do not fuse): one graph region of 6 launches."""
     nodes, prev = [], "x"
-    for i in range(6):  # MatMul and Softmax do not fuse: a region of 6 launches
+    for i in range(6):
         nodes.append(helper.make_node("MatMul", [prev, "x"], [f"t{i}"]) if i % 2 == 0 else
                      helper.make_node("Softmax", [prev], [f"t{i}"]))
         prev = f"t{i}"
     g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
                           [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [4, 4])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "chain.onnx"))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_perf_counts_the_launches_of_a_run_not_of_the_profiled_runs(tmp_path, capsys):
+    """A saved program compiled with graphs: perf's launches per run is what the program's stats say
+    after plain runs of it (1 graph launch), whatever -n is."""
+    onnx.save(_chain_model(), str(tmp_path / "chain.onnx"))
     saved = tmp_path / "chain.mxr"
     rc, _, err = run_cli(capsys, "compile", tmp_path / "chain.onnx", "--target", "ref", "--hip-graph", "-o", saved)
     assert rc == 0, err
@@ -256,15 +261,12 @@ def test_perf_counts_the_launches_of_a_run_not_of_the_profiled_runs(tmp_path, ca
 def test_profiled_runs_leave_the_programs_launch_count_as_a_run_leaves_it():
     """``stats()["launches_per_run"]`` after the per-step profile that perf makes equals what a plain run gives
     (it once kept adding the graph launches of every profiled run)."""
-    nodes = [helper.make_node("MatMul", ["x", "x"], ["a"]), helper.make_node("Softmax", ["a"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])])
-    prog = mgx_graph.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), target="ref",
-                             hip_graph=True)
+    prog = mgx_graph.compile(_chain_model(), target="ref", hip_graph=True)
     x = np.ones((4, 4), np.float32)
     for _ in range(4):  # warmup, warmup, capture, replay
         prog.run({"x": x})
     want = prog.stats()["launches_per_run"]
+    assert len(prog.stats()["regions"]) == 1
     for _ in range(3):
         prog.executor.profile_steps({"x": x}, device=False)
         assert prog.stats()["launches_per_run"] == want
