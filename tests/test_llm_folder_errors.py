@@ -71,7 +71,12 @@ def _with(path: str, value, base=GENAI):
     return cfg
 
 
-DELETE = object()
+class _Delete:
+    def __repr__(self) -> str:  # a stable test id (an object's default repr holds its address)
+        return "<deleted>"
+
+
+DELETE = _Delete()
 
 
 def test_a_good_genai_config_reads_every_field(tmp_path):
@@ -381,7 +386,7 @@ GENERATE_BAD = [
     (dict(eos_token_id="abc"), "eos_token_id"),
     (dict(pad_token_id=[1]), "pad_token_id must be a token id in 0..31, got"), (dict(pad_token_id=-1), "pad_token_id"),
     (dict(on_token=5), "on_token must be a callable"), (dict(streamer="x"), "streamer must be a callable"),
-    (dict(tokenizer=object()), "tokenizer must have decode"), (dict(output_logits="no"), "output_logits"),
+    (dict(tokenizer=_Delete()), "tokenizer must have decode"), (dict(output_logits="no"), "output_logits"),
     (dict(stop="x"), "pass tokenizer="),
 ]
 
