@@ -29,34 +29,7 @@ class Known(NamedTuple):
                 and re.search(self.message, text, re.S) is not None)
 
 
-# onnxruntime's words for a node that breaks its op's schema (input count, attribute names / types / sizes)
-SCHEMA = (r"has input size \d+ not in range|is marked single but has an empty string|Unrecognized attribute"
-          r"|Mismatched attribute type|Required attribute '\w+' is missing|Attribute \w+ has incorrect size")
-PARSERS = r"mgx_graph/onnx/parse_\w+\.py|operators/\w+\.py\", line \d+, in (__init__|compute_shape|_geometry)"
-
 KNOWN: list[Known] = [
-    Known("onnx-*", "untyped|accepted", "", SCHEMA,
-          "F1: nodes are not checked against their op's schema: a missing input (Add with one input, Conv with "
-          "input '' ), an attribute of another type (Conv pads=-7 as INT, Gather axis as FLOATS) or unknown "
-          "(MatMul axis=0) crashes the parser (IndexError / ValueError / TypeError / AttributeError) or is "
-          "accepted; see fuzz_findings.md"),
-    Known("onnx-*", "untyped", "", PARSERS,
-          "F2: attribute / input values out of range crash the parsers or an op's shape function "
-          "(Split axis=-2**63: IndexError in _parse_split; Conv dilations=[1]: IndexError in nn._geometry)"),
-    Known("onnx-*", "accepted", "", r"Invalid 'mode' attribute value",
-          "F5: Pad mode '' / 'NOTSET' (not constant / reflect / edge / wrap) is accepted as constant"),
-    Known("onnx-*", "accepted", "", r"Unsupported model IR version|Missing model IR version",
-          "F6: the model's ir_version is not checked: 0 (missing) or above onnx's (18, 127) is accepted"),
-    Known("onnx-*", "accepted", "", r"of output arg \(\w+\) of node \(\w*\) does not match expected type",
-          "F7: a graph output's declared elem_type is not checked against the computed one (y declared "
-          "float8e4m3fn, computed float32: accepted, a float32 output)"),
-    Known("onnx-*", "accepted", "", r"Type parameter \(\w+\) of Optype \(\w+\) bound to different types"
-          r"|Type '[\w()]+' of input parameter \(\w+\) of operator \(\w+\) in node \(\w*\) is invalid",
-          "F8: input types are not checked against the op's type constraints (Pad of a bool x with a float "
-          "constant_value; Split at opset 1 with an int64 second input)"),
-    Known("onnx-*", "accepted", "", r"Out of bounds dimensions|ValidateEmbeddedTensorProto",
-          "F9: an initializer with a negative dim is accepted: numpy's reshape infers -1 (z dims [-1, 2] with "
-          "8 values becomes [4, 2])"),
     Known("mxr", "untyped", "error", r"while decompressing data",
           "M1: a corrupt deflated member (program.json) raises zlib.error from load(), not ParseError"),
     Known("mxr", "untyped", "", r"mxr\.py\", line \d+, in _options|in graph_budget|onnx_parser\.py\", line \d+, in __init__",
@@ -81,9 +54,6 @@ KNOWN: list[Known] = [
           "working directory (onnx.numpy_helper.to_array with base_dir '')"),
     Known("external-data", "accepted", "", r"model format error",
           "E2: unknown or repeated external_data keys ('foo', two 'location') are accepted; onnxruntime refuses"),
-    Known("onnx-*", "mismatch", "", r"keepdims=(-\d|[2-9]|\d\d)",
-          "F3: ReduceSum keepdims other than 0 / 1 keeps the axis; onnxruntime (and onnx shape inference: "
-          "keepdims == 1) drops it"),
     Known("onnx-*", "mismatch", "", r"nan location mismatch.*MaxPool",
           "F4: MaxPool propagates NaN (numpy max); onnxruntime's MaxPool skips NaN ([[nan, 1], [2, 3]] -> 3)"),
 ]

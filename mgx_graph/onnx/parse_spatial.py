@@ -35,10 +35,11 @@ def _spatial_attrs(p, node, x, kernel=None):
     nsp = x.shape.ndim - 2
     if nsp < 1:
         raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
-    kernel = list(attr(node, "kernel_shape") or kernel or [])
-    strides = list(attr(node, "strides") or [1] * nsp)
-    dil = list(attr(node, "dilations") or [1] * nsp)
-    pads = list(attr(node, "pads") or [0] * (2 * nsp))
+    # an attribute given with no values is checked (wrong size), not taken for its default
+    kernel = list(attr(node, "kernel_shape", kernel or []))
+    strides = list(attr(node, "strides", [1] * nsp))
+    dil = list(attr(node, "dilations", [1] * nsp))
+    pads = list(attr(node, "pads", [0] * (2 * nsp)))
     auto = decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
     if auto not in _AUTO_PADS:
         raise p.err(f"auto_pad '{auto}' is not one of {', '.join(_AUTO_PADS)}")
