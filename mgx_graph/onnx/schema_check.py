@@ -58,7 +58,8 @@ def _check_graph(g, ctx, lex, where: str) -> None:
                 for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
                     _check_graph(sub, ctx, lex, f"{label}: attribute '{a.name}': ")
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if domain in ONNX_DOMAINS and onnx.defs.has(node.op_type, domain):
+        if domain in ONNX_DOMAINS and onnx.defs.has(node.op_type, domain) and \
+                not _deprecated(node.op_type, opset_of(ctx, domain), domain):
             try:
                 onnx.checker.C.check_node(_light_copy(node, domain).SerializeToString(), ctx, lex)
             except onnx.checker.ValidationError as e:
@@ -66,6 +67,22 @@ def _check_graph(g, ctx, lex, where: str) -> None:
             except UnicodeDecodeError:  # the checker's message quotes a name that is not UTF-8
                 raise ParseError(f"{label}: breaks its op's schema, and a name or string in it is not "
                                  f"valid UTF-8") from None
+
+
+def opset_of(ctx, domain: str) -> int:
+    """The opset ``ctx`` imports for ``domain`` (``""`` and ``ai.onnx`` alike); 0 when none."""
+    imports = ctx.opset_imports
+    return imports.get(domain, imports.get("ai.onnx", 0) if domain == "" else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _deprecated(op_type: str, opset: int, domain: str) -> bool:
+    """True when onnx marks the op's schema at ``opset`` deprecated (onnxruntime, built with another onnx
+    release, may still run it: GroupNormalization-18)."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain).deprecated
+    except onnx.defs.SchemaError:
+        return False
 
 
 def _light_copy(node, domain: str):
