@@ -226,7 +226,7 @@ class OnnxParser:
             ins = self._inputs_of(node)
             check_input_types(self, node, ins)
             outs = fn(self, m, node, ins)
-            self._bind_outputs(node, outs)
+            self._bind_outputs(m, node, outs)
 
     def _parser_of(self, node):
         domain = node.domain or ""
@@ -249,14 +249,14 @@ class OnnxParser:
                 ins.append(self.values[name])
         return ins
 
-    def _bind_outputs(self, node, outs) -> None:
+    def _bind_outputs(self, m: Module, node, outs) -> None:
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
         for name, val in zip(node.output, outs):
             if name == "" or val is None:
                 continue
             self._check(name, val)
-            if name in self.declared:
+            if name in self.declared and m is self.program.get_main_module():
                 check_output_type(self, name, self.declared[name], val)
             self.values[name] = val
             self.tensor_of.setdefault(id(val), name)
