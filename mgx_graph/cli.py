@@ -12,6 +12,8 @@ the others are seeded random. Models whose shapes depend on run-time values (sil
 Reshape fed by a computed shape) are specialized for those inputs at their first run.
 A program saved by compile -o (P.mxr) runs with the target, graphs and precision it was compiled with.
 MIGRAPHX_HIP_GRAPH=1 turns graphs on as --hip-graph does.
+An error is one "mgx-graph: error: ..." line on stderr, exit status 1 (2 for a malformed flag, 130
+when interrupted); --debug or MGX_GRAPH_DEBUG=1 also prints its traceback.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import sys
 
 import numpy as np
 
+from .cli_errors import Parser, debug_wanted, float_in, int_at_least, report
 from .cli_generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 from .cli_saved import is_saved_program, open_saved
@@ -37,13 +40,16 @@ def _warn(msg: str) -> None:
 
 
 def _load_model(name: str, progress: bool = True):
-    from .models import build, list_models, load_info
+    from .folder_config import load_built_info
+    from .models import build, list_models
 
     if os.path.isdir(name):
-        if not os.path.exists(os.path.join(name, "model.json")):
-            raise UsageError(f"folder '{name}' holds no model.json (a model built by mgx_graph.models)")
-        return load_info(name)
+        return load_built_info(name)  # ParameterError naming what the folder lacks or a malformed field
     if name not in list_models():
+        if os.path.exists(name):
+            raise UsageError(f"{name} is a file: give a model folder or a registry name ({', '.join(list_models())})")
+        if os.sep in name or name.endswith((".onnx", ".mxr", ".json")):
+            raise UsageError(f"{name}: no such file or folder")
         raise UsageError(f"unknown model '{name}': use one of {', '.join(list_models())} or a built model folder")
     return build(name, progress=progress)
 
@@ -182,7 +188,32 @@ def _specialized(prog):
     return d.last() if d is not None else None
 
 
+def _check_output_file(path, flag: str) -> None:
+    """UsageError, before anything is compiled, when ``path`` cannot be written as a file: it is a
+    folder, or its folder does not exist or is a file."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a folder; give a file name (e.g. {os.path.join(path, 'model.mxr')})")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        what = "is not a folder" if os.path.exists(parent) else "does not exist"
+        raise UsageError(f"{flag} {path}: {parent} {what}")
+
+
+def _make_output_dir(path) -> None:
+    """Make the folder ``path`` (and its parents) before the model runs; UsageError naming the flag when
+    that cannot be done (a file is in the way, no permission)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--output-dir {path}: is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--output-dir {path}: cannot make the folder ({e.strerror or e})") from None
+
+
 def cmd_compile(args) -> int:
+    _check_output_file(args.output, "-o/--output")
     s = _Session(args)
     prog = s.compile()
     dynamic = not prog.is_compiled()
@@ -207,7 +238,10 @@ def cmd_compile(args) -> int:
     lines += [f"  {r['module']}: {r['instructions']} instructions" for r in doc["regions"]]
     lines += [f"peak scratch bytes: {st['scratch_bytes']}", f"literal bytes: {st['literal_bytes']}"]
     if args.output:
-        prog.save(args.output)
+        try:
+            prog.save(args.output)
+        except OSError as e:
+            raise UsageError(f"-o/--output {args.output}: cannot write the program ({e.strerror or e})") from None
         doc["saved"] = args.output
         lines.append(f"saved: {args.output}")
     _emit(args, doc, lines)
@@ -307,10 +341,10 @@ def cmd_verify(args) -> int:
 
 def cmd_run(args) -> int:
     s = _Session(args)
+    _make_output_dir(args.output_dir)
     prog = s.compile()
     outs = s.run(prog)
     names = s.output_names or [f"output_{k}" for k in range(len(outs))]
-    os.makedirs(args.output_dir, exist_ok=True)
     lines, saved = [f"Running [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"], []
     for name, o in zip(names, outs):
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
@@ -327,15 +361,12 @@ def cmd_run(args) -> int:
 def cmd_perf(args) -> int:
     from .cli_perf import format_report, measure, measure_graphs
 
-    if args.iterations < 1:
-        raise UsageError("-n/--iterations must be at least 1")
     s = _Session(args)
     prog = s.compile(hip_graph=False)
     with s.hinting():
         rep = measure(prog, s.prog_feeds, args.iterations, offload=args.enable_offload_copy,
                       progress=not args.no_progress)
-    rep["launches_per_run"] = prog.stats()["launches_per_run"]
-    prog.release()
+    prog.release()  # rep["launches_per_run"]: counted after the timed runs, before the profiled ones
     doc = {"model": s.path, "target": s.target, "inputs": _inputs_doc(s), **rep}
     lines = [format_report(rep), f"Launches per run: {rep['launches_per_run']}"]
     if s.hip_graph and s.saved is None:  # a saved program runs as it was compiled: no eager twin to compare
@@ -357,7 +388,7 @@ def cmd_perf(args) -> int:
 # -- the parser -------------------------------------------------------------------------------------
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Raw description, a fixed width, every option's default, and options shown as in Python 3.11
-    (``-n N, --iterations N``) on every Python version, so the help texts in README.md stay exact."""
+    (``-n N, --iterations N``) on every Python version, so the help texts in docs/cli.md stay exact."""
 
     def __init__(self, prog):
         super().__init__(prog, width=100, max_help_position=32)
@@ -421,7 +452,7 @@ def _model_options(c, saved: bool) -> None:
                    help="fill the named inputs, or all others when no name is given, with 0 (default: random)")
     c.add_argument("--fill1", nargs="*", metavar="name",
                    help="fill the named inputs, or all others when no name is given, with 1 (default: random)")
-    c.add_argument("--seed", type=int, default=0,
+    c.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the random inputs: floats in [-1, 1), integers in {0, 1}; a scalar integer "
                         "the model compares with a constant takes that constant")
     c.add_argument("--json", action="store_true", help="print the report as one JSON object (default: text)")
@@ -430,9 +461,11 @@ def _model_options(c, saved: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    ap = argparse.ArgumentParser(prog="mgx-graph", description=__doc__, **_parser_kw())
+    ap = Parser(prog="mgx-graph", description=__doc__, **_parser_kw())
     ap.add_argument("--version", action="version", version=f"mgx-graph {__version__}",
                     help="print the version and exit")
+    ap.add_argument("--debug", action="store_true",
+                    help="print the traceback of an error (default: off, or on with MGX_GRAPH_DEBUG=1)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf}")
     add_generate_parser(sub, _parser_kw(), cmd_generate)
     commands = (
@@ -457,12 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="save the compiled program to FILE (.mxr), for mgx_graph.load and for compile, run "
                                 "and perf as MODEL (default: not saved)")
         elif name == "verify":
-            c.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance of float outputs")
-            c.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of float outputs")
+            c.add_argument("--rtol", type=float_in(0.0), default=1e-3, help="relative tolerance of float outputs")
+            c.add_argument("--atol", type=float_in(0.0), default=1e-4, help="absolute tolerance of float outputs")
         elif name == "run":
             c.add_argument("--output-dir", default="mgx_outputs", help="folder for the outputs' .npy files")
         elif name == "perf":
-            c.add_argument("-n", "--iterations", type=int, default=100, help="timed runs of each kind")
+            c.add_argument("-n", "--iterations", type=int_at_least(1), default=100, help="timed runs of each kind")
             c.add_argument("--enable-offload-copy", action="store_true",
                            help="copy the inputs in and the outputs out in every timed run (default: off: "
                                 "inputs stay on the device)")
@@ -472,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def help_texts() -> dict:
-    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as README.md shows them)."""
+    """``{command line: its --help text}`` for ``mgx-graph`` and each command (as docs/cli.md shows them)."""
     ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     return {"mgx-graph --help": ap.format_help(),
@@ -480,27 +513,23 @@ def help_texts() -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from .errors import MgxError
-
+    """Run ``mgx-graph`` with ``argv`` (default: sys.argv[1:]); returns the exit status.  An error is one
+    ``mgx-graph: error: ...`` line on stderr (status 1; 2 for a malformed flag, 130 when interrupted),
+    with its traceback only under ``--debug`` or MGX_GRAPH_DEBUG=1."""
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         return args.fn(args)
-    except (MgxError, UsageError) as e:
-        print(f"mgx-graph: error: {e}", file=sys.stderr)
-        return 1
+    except SystemExit as e:  # argparse: --help, --version, a malformed flag
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except BrokenPipeError:  # e.g. piped into head
         try:
             sys.stdout = open(os.devnull, "w")
         except OSError:
             pass
         return 0
-    except Exception as e:  # a build or environment problem: one clear line, not a traceback
-        name = type(e).__name__
-        if name in ("BuildError", "VerificationError", "ValueError", "FileNotFoundError", "PermissionError",
-                    "OSError", "ImportError", "ModuleNotFoundError"):
-            print(f"mgx-graph: error: {name}: {e}", file=sys.stderr)
-            return 1
-        raise
+    except (Exception, KeyboardInterrupt) as e:  # one clear line, not a traceback
+        return report(e, debug_wanted(args))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .cli_errors import float_in, int_at_least
 from .cli_inputs import UsageError
 
 DESCRIPTION = ("Text generation with a decoder and its KV cache: greedy, or sampled (--do-sample) with\n"
@@ -30,20 +31,20 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
                         "batch (default: none; give --prompt or --batch-prompts)")
     g.add_argument("--batch-prompts", metavar="FILE",
                    help="a file with one prompt per line, decoded as one batch after any --prompt (default: none)")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
+    g.add_argument("--max-new-tokens", type=int_at_least(1), default=32, help="tokens to generate per prompt")
     g.add_argument("--do-sample", action="store_true", help="sample the next token (default: off: greedy)")
-    g.add_argument("--temperature", type=float, default=1.0, help="divides the logits when sampling")
-    g.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: off")
-    g.add_argument("--top-p", type=float, default=1.0,
+    g.add_argument("--temperature", type=float_in(0.0, low_open=True), default=1.0, help="divides the logits when sampling")
+    g.add_argument("--top-k", type=int_at_least(0), default=50, help="sample among the k most likely tokens; 0: off")
+    g.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0,
                    help="sample among the most likely tokens whose probability adds up to p; 1: off")
-    g.add_argument("--min-p", type=float,
+    g.add_argument("--min-p", type=float_in(0.0, 1.0),
                    help="drop tokens less likely than p times the most likely one (default: off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
+    g.add_argument("--repetition-penalty", type=float_in(0.0, low_open=True), default=1.0,
                    help="divides positive, multiplies negative logits of tokens already seen; 1: off")
-    g.add_argument("--seed", type=int, help="seed of the sampling (default: a new seed each run)")
+    g.add_argument("--seed", type=int_at_least(0), help="seed of the sampling (default: a new seed each run)")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop when the text holds TEXT, which is cut off; repeatable (default: none)")
-    g.add_argument("--eos-id", action="append", type=int, metavar="ID",
+    g.add_argument("--eos-id", action="append", type=int_at_least(0), metavar="ID",
                    help="an end-of-sequence token id; repeatable (default: the model's eos ids)")
     g.add_argument("--no-stream", action="store_true",
                    help="print the text when it is complete (default: one prompt streams to stdout)")
@@ -52,7 +53,7 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
     g.add_argument("--hip-graph", action="store_true",
                    help="wrap the step in graph_launch (default: off, or on with MIGRAPHX_HIP_GRAPH=1)")
     g.add_argument("--fp16", action="store_true", help="run in half precision (default: off)")
-    g.add_argument("--max-length", type=int, metavar="N",
+    g.add_argument("--max-length", type=int_at_least(1), metavar="N",
                    help="onnxruntime-genai / optimum-style folders: KV cache rows per prompt, prompt included (default: the "
                         "power of two holding the longest prompt plus --max-new-tokens, at most the context)")
     g.set_defaults(fn=cmd)
@@ -73,7 +74,10 @@ def _prompt_texts(args) -> list[str]:
             with open(args.batch_prompts, encoding="utf-8") as f:
                 prompts += [line.rstrip("\n") for line in f if line.strip()]
         except OSError as e:
-            raise UsageError(f"--batch-prompts: cannot read {args.batch_prompts}: {e.strerror}") from None
+            raise UsageError(f"--batch-prompts: cannot read {args.batch_prompts}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--batch-prompts: {args.batch_prompts} is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
     if not prompts:
         raise UsageError("give a prompt: --prompt TEXT (repeatable) or --batch-prompts FILE")
     return prompts
@@ -124,6 +128,10 @@ def _load(args, n_prompts: int):
 
 def _options(args, info, tokenizer, single: bool) -> dict:
     eos = args.eos_id if args.eos_id else info.config.get("eos_token_ids", [])
+    vocab = info.config.get("vocab_size")
+    bad = [e for e in args.eos_id or [] if vocab and e >= vocab]
+    if bad:
+        raise UsageError(f"--eos-id {bad[0]}: expected a token id in 0..{vocab - 1} (the model's vocabulary)")
     stream = None
     if single and not args.no_stream:
         from .streaming import TextStreamer
@@ -143,12 +151,13 @@ def cmd_generate(args) -> int:
     from .models.oracle import chat_prompt_ids
     from .targets import resolve_target
 
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be at least 1")
     texts = _prompt_texts(args)
     genai = _genai_setup(args, texts, chat_prompt_ids)
     if genai is not None:
         return _generate_and_print(args, *genai)
+    if args.max_length is not None:
+        raise UsageError("--max-length applies to onnxruntime-genai and optimum-style folders; the KV cache of "
+                         f"'{args.model}' has the length it was built with")
     info = _load(args, len(texts))
     ids = [_prompt_ids(info, t, chat_prompt_ids) for t in texts]
     cache = info.config.get("max_cache_len")
@@ -188,7 +197,9 @@ def _genai_setup(args, texts, chat_prompt_ids):
     info = SimpleNamespace(name=os.path.basename(os.path.normpath(str(folder))), tokenizer_dir=tok,
                            config={"eos_token_ids": eos, "vocab_size": vocab})
     ids = [_prompt_ids(info, t, chat_prompt_ids) for t in texts]
-    m = args.max_length or length_bucket(max(len(p) for p in ids) + args.max_new_tokens, ctx)
+    m = args.max_length
+    if m is None:
+        m = length_bucket(max(len(p) for p in ids) + args.max_new_tokens, ctx)
     if not 1 <= m <= ctx:
         raise UsageError(f"--max-length must be in 1..{ctx} (the context length), got {m}")
     for p in ids:
@@ -241,6 +252,8 @@ def outside_parts(dec, args) -> list:
     (``dec.host_op_parts``) and the read of the next token (an argmax, or the logits read back when
     sampling or a repetition penalty needs them)."""
     sampled = args.do_sample or args.repetition_penalty != 1.0
+    if sampled and hasattr(dec, "sample_op_parts"):  # the sampling rule's kernels, or the logits read back
+        return list(dec.sample_op_parts(args.do_sample))
     read = "logits read-back" if sampled else "argmax"
     parts = dec.host_op_parts if sampled or getattr(dec, "batch", 1) != 1 else \
         getattr(dec, "greedy_op_parts", dec.host_op_parts)

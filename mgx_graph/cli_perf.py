@@ -141,6 +141,7 @@ def measure(prog, feeds: dict, n: int, offload: bool = False, progress: bool = T
     with tqdm(total=3 * n + 1, desc="perf", unit="run", file=sys.stderr, disable=not progress, leave=False) as bar:
         _timed_runs(prog, feeds, dev, 1, offload, bar)  # untimed: the first run of the timed kind
         totals = _timed_runs(prog, feeds, dev, n, offload, bar)
+        launches = prog.stats()["launches_per_run"]  # of a whole run (the profiled runs are not counted)
         rows, outside, run_ms = _profiled_runs(ex, feeds, dev, n, offload, bar)
         dry = _dry_runs(ex, {n_: ex.param_buffers[n_] for n_ in feeds} if offload else dev, n, bar)
     per_ins = [(lab, op, common_average(t)) for lab, op, t in rows]
@@ -153,7 +154,7 @@ def measure(prog, feeds: dict, n: int, offload: bool = False, progress: bool = T
     outside_ms = float(np.mean(outside))
     profiled_ms = float(np.mean(run_ms))
     return {
-        "iterations": n, "offload_copy": offload, "batch_size": 1,
+        "iterations": n, "offload_copy": offload, "batch_size": 1, "launches_per_run": launches,
         "rate_per_sec": 1000.0 / total if total > 0 else math.inf,
         "total_time_ms": total, "min_ms": min(totals), "max_ms": max(totals),
         "mean_ms": float(np.mean(totals)), "median_ms": median(totals),

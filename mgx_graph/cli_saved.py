@@ -25,8 +25,11 @@ def is_saved_program(path: str) -> bool:
 
     if not os.path.isfile(path) or not zipfile.is_zipfile(path):
         return False
-    with zipfile.ZipFile(path) as zf:
-        return HEADER in zf.namelist()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return HEADER in zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):  # a damaged zip: mgx_graph.load names the fault
+        return path.endswith(".mxr")
 
 
 def interface_model(prog):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 
 import numpy as np
 
-from .errors import MgxError
-from .operators.index_ops import FLOATS, ArgmaxAdvance, argmax_rows
+from .decoder_pipeline import PipelinedSteps, check_token
+from .decoder_sampling import SampledSteps
+from .errors import MgxError, ParameterError
+from .operators.index_ops import FLOATS, argmax_rows
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
 ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
@@ -26,7 +27,7 @@ def program_alias(program) -> dict:
     return dict(program.alias)
 
 
-class Decoder:
+class Decoder(PipelinedSteps, SampledSteps):
     """Runs a compiled decode step (a :class:`~mgx_graph.compiled.CompiledProgram`) one slot at a time.
 
     ``program`` has the parameters of one of the two interfaces of the module docstring and an
@@ -44,6 +45,8 @@ class Decoder:
     """
 
     def __init__(self, program):
+        if not callable(getattr(program, "get_parameter_shapes", None)):
+            raise ParameterError(f"Decoder takes a compiled program (mgx_graph.compile), got {program!r:.80}")
         self.program = program
         shapes = program.get_parameter_shapes()
         self.rows_interface = "attention_mask" in shapes or "position_ids" in shapes
@@ -87,6 +90,8 @@ class Decoder:
         self._chain = None  # weak reference to the open greedy_tokens generator
         self._slot_written = None  # (cache_position array, the slot queued into it), or None: unknown
         self._advance = None  # the ArgmaxAdvance of the greedy tail (gpu), made at its first use
+        self._sample = None  # the SampleAdvance of the sampling tail (gpu), made at its first use
+        self._seen_of = None  # the TokenSampler whose seen mask the device holds
 
     def _bind_cache(self) -> None:
         """A static program gets the cache arrays bound once as its state (``bind_state``) and each
@@ -144,6 +149,7 @@ class Decoder:
         id (or None). Raises MgxError on a step of several rows (use :meth:`feed`)."""
         if self.rows_interface:
             raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
+        check_token(token, self.vocab_size)
         self.feed(np.array([token], np.int64))
         return int(self.greedy_next()[0]) if want_next else None
 
@@ -154,6 +160,7 @@ class Decoder:
         position id) and ``mask`` int [B, max_len] (1 where a row attends to a slot). A one-row
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
+        _check_rows(self, tokens, positions, mask)
         self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
@@ -184,101 +191,6 @@ class Decoder:
             outs = self.program.run_async(step, q)
             self.last_host_s = time.perf_counter() - h0
         self.last_logits = outs[self.logits_index]
-
-    def greedy_tokens(self, token: int, count: int):
-        """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a
-        one-row step, pipelined: each step's argmax is written on the device into ``input_ids`` (the
-        next step's input) and read back through page-locked memory
-        (:class:`~mgx_graph.targets.host_reader.HostReader`) while the next step is already queued,
-        so the host's work for a step overlaps the device's run of the step before it.
-
-        A generator of ints.  Closing it early (``close()``, leaving a ``for`` loop) waits for the
-        step queued ahead, which wrote the slot after the last id yielded; :attr:`position` then
-        counts the slots of the ids consumed (the next feed writes that slot again), unless it was
-        set in the meantime.  Another ``greedy_tokens`` call, :meth:`feed`, :meth:`step` and
-        :meth:`reset` close an open generator first (it then yields nothing more), so two never
-        share the read-back buffers; :attr:`params` must not be written while it is open (the step
-        queued next takes its slot from the step before on the device).  It ends early when the cache
-        is full.  :attr:`last_logits`
-        belongs to the step queued ahead, not to the last id yielded.  Raises MgxError on a step
-        of several rows."""
-        if self.rows_interface:
-            raise MgxError(f"this decode step takes {self.batch} rows with an attention mask: use Decoder.feed")
-        self._end_chain()
-        chain = self._greedy_chain(int(token), int(count))
-        self._chain = weakref.ref(chain)
-        return chain
-
-    def _end_chain(self) -> None:
-        """Close the open :meth:`greedy_tokens` generator, if any."""
-        chain = self._chain() if self._chain is not None else None
-        self._chain = None
-        if chain is not None:
-            chain.close()
-
-    def _greedy_chain(self, token: int, count: int):
-        reader = self._id_reader()
-        start, queued, yielded = self.position, 0, 0
-        try:
-            self._queue_greedy_step(token, reader)
-            queued = 1
-            while yielded < queued:
-                if queued < count and self.position < self.max_len:
-                    self._queue_greedy_step(None, reader)
-                    queued += 1
-                tok = int(reader.wait().reshape(-1)[0])
-                yielded += 1
-                yield tok
-        finally:
-            while reader.pending:
-                reader.wait()
-            if self.position == start + queued:  # not set by the caller since
-                self.position = start + yielded
-            self._slot_written = None  # the caller may write params between calls: the next step fills
-
-    def _id_reader(self):
-        r = getattr(self, "_reader", None)
-        if r is None:
-            make = getattr(self.ctx, "host_reader", None)
-            shape = self.params["input_ids"].shape
-            r = self._reader = make(shape, np.int64) if make is not None else _CopyReader(self.ctx)
-        return r
-
-    def _queue_greedy_step(self, token, reader) -> None:
-        """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax into
-        ``input_ids`` and the read-back of that id."""
-        if self.position >= self.max_len:
-            raise MgxError(f"the KV cache is full ({self.max_len} positions)")
-        p, ctx, q = self.params, self.ctx, self.queue
-        ids = p["input_ids"]
-        with ctx.on_queue(q):
-            if token is not None:
-                ids.fill(int(token))
-            self._run_at_position(q)
-            tail = self._greedy_tail(reader)
-            if tail is not None:  # one kernel: the id into input_ids and the reader, the next slot
-                slot, logits, nxt = p["cache_position"], self.last_logits, self.position + 1
-                reader.start_written(lambda host: tail(logits, ids, host, slot, nxt), q)
-                self._slot_written = (slot, nxt)
-            else:
-                self._argmax_into(ids.reshape(1))
-                reader.start(ids, q)
-        self.position += 1
-
-    def _greedy_tail(self, reader):
-        """The :class:`~mgx_graph.operators.index_ops.ArgmaxAdvance` of this step's logits when the
-        reader takes kernel-written results (page-locked memory, gpu), the logits are one contiguous
-        float row and ``input_ids`` / ``cache_position`` are int64 (the kernel writes one int64 to each),
-        else None (argmax, then a read-back copy)."""
-        logits, p = self.last_logits, self.params
-        if not getattr(reader, "kernel_writable", False) or logits.dtype.name not in FLOATS or \
-                not logits.flags.c_contiguous or p["input_ids"].dtype != np.int64 or \
-                p["cache_position"].dtype != np.int64:
-            return None
-        tail = self._advance
-        if tail is None or tail.dtype != logits.dtype or tail.n != logits.size:
-            tail = self._advance = ArgmaxAdvance(self.ctx, logits.size, logits.dtype)
-        return tail
 
     def greedy_next(self) -> np.ndarray:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
@@ -311,18 +223,15 @@ class Decoder:
 
 
 
-class _CopyReader:
-    """:class:`~mgx_graph.targets.host_reader.HostReader`'s interface on a context without page-locked
-    read-back (``ref``): the copy is made at ``start``."""
-
-    def __init__(self, ctx):
-        self.ctx, self.pending = ctx, []
-
-    def start(self, arr, queue) -> None:
-        self.pending.append(np.asarray(self.ctx.to_host(arr, queue)).copy())
-
-    def wait(self) -> np.ndarray:
-        return self.pending.pop(0)
+def _check_rows(dec: "Decoder", tokens, positions, mask) -> None:
+    """ParameterError when the step inputs of :meth:`Decoder.feed` do not have the step's sizes."""
+    want = [("tokens", tokens, dec.batch)]
+    if dec.rows_interface:
+        want += [("positions", positions, dec.batch), ("mask", mask, int(dec.params["attention_mask"].size))]
+    for name, a, n in want:
+        if a is None or np.size(a) != n:
+            raise ParameterError(f"{name} must hold {n} values for this decode step, got "
+                                 f"{None if a is None else np.shape(a)}")
 
 
 def describe_host_ops(parts) -> str:

@@ -272,6 +272,7 @@ class Executor:
             r0 = time.perf_counter()
             self.bind(params, device=device, queue=q)
             times = []
+            self.loop.launches = 0  # counted as a run counts them (stats' launches_per_run)
             with ctx.on_queue(q):
                 ctx.current_queue = q
                 for step in self.loop.steps["main"]:
@@ -279,6 +280,7 @@ class Executor:
                     step(self.env, q)
                     ctx.synchronize(q)
                     times.append((time.perf_counter() - t0) * 1e3)
+            self.loop.launches += self.loop.launch_totals.get("main", 0)
             if not device:
                 for s in self.out_slots:
                     ctx.to_host(self.env[s], q)

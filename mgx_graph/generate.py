@@ -19,13 +19,15 @@ Each prompt is fed one token per step (prefill through the decode step), then to
 (:mod:`mgx_graph.sampling`: greedy or sampled) until an end-of-sequence id, a stop string
 (:mod:`mgx_graph.streaming`), ``max_new_tokens`` or the cache length. Per step the host writes
 the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
-B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back either
-B argmax ids (greedy) or the B logits rows (sampling or a repetition penalty: B * vocab float32).
-One greedy row runs pipelined (:meth:`Decoder.greedy_tokens`): the argmax is written on the device
-into the next step's ``input_ids``, the next step is queued, and only then is the id read back
-(through page-locked memory on ``gpu``), so the host's work overlaps the device's.  On ``gpu`` one
-kernel after the program does the whole tail of a greedy step (the argmax into ``input_ids``, into
-the page-locked read-back buffer and the next slot into ``cache_position``), so nothing else is
+B * (max_cache_len + 2) int64 and one fill), runs the program on the queue, and reads back the B
+chosen ids: the argmax (greedy) or the id the sampling rule chose on the device (gpu: the kernels of
+:class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`; ref: the host rule).  The logits rows
+(B * vocab float32) are read back only with ``output_logits``, and the host rule then chooses.
+One row runs pipelined, greedy or sampled (:meth:`Decoder.sampled_tokens`): the id is written on the
+device into the next step's ``input_ids``, the next step is queued, and only then is the id read back
+(through page-locked memory on ``gpu``), so the host's work overlaps the device's.  On ``gpu`` the
+tail of a greedy step is one kernel (the argmax into ``input_ids``, into the page-locked read-back
+buffer and the next slot into ``cache_position``) and that of a sampled step four, so nothing else is
 queued between two steps' programs.
 """
 from __future__ import annotations
@@ -85,9 +87,18 @@ class GenerationResult:
 # -- generation ---------------------------------------------------------------------------------------
 def _as_prompts(prompt_ids, decoder: Decoder) -> tuple[list[list[int]], bool]:
     """``(prompts, single)``: one prompt (a list of ints) or several (a list of lists), checked."""
+    if not all(hasattr(decoder, a) for a in ("batch", "vocab_size", "max_len")):
+        raise ParameterError(f"decoder must be a Decoder or a runner of mgx_graph.llm_runner.open_decoder, got "
+                             f"{decoder!r:.80}")
+    seq = (list, tuple, np.ndarray)
+    if not isinstance(prompt_ids, seq):
+        raise ParameterError(f"prompt_ids must be a list of token ids or a list of such lists, got "
+                             f"{type(prompt_ids).__name__} {prompt_ids!r:.80}")
     if len(prompt_ids) == 0:
         raise ParameterError("empty prompt")
-    single = not isinstance(prompt_ids[0], (list, tuple, np.ndarray))
+    single = not isinstance(prompt_ids[0], seq)
+    if not single and not all(isinstance(p, seq) for p in prompt_ids):
+        raise ParameterError("prompt_ids mixes token ids and lists: give one list of ids or a list of lists")
     prompts = [list(prompt_ids)] if single else [list(p) for p in prompt_ids]
     if len(prompts) > decoder.batch:
         raise ParameterError(f"{len(prompts)} prompts given; this decode step takes at most {decoder.batch} rows "
@@ -116,7 +127,13 @@ def _per_prompt(value, n: int, single: bool, name: str) -> list:
     raise ParameterError(f"{name} must be {want}, got {value!r}")
 
 
-def _token_ids(value, name: str, vocab: int) -> list[int]:
+def _token_ids(value, name: str, vocab: int, many: bool = True) -> list[int]:
+    """``value`` (None, a token id, or with ``many`` a list / tuple of them) as a list of ints in
+    0..vocab - 1; ParameterError naming ``name`` otherwise."""
+    if value is not None and not isinstance(value, (int, np.integer)) and \
+            not (many and isinstance(value, (list, tuple, np.ndarray))):
+        raise ParameterError(f"{name} must be a token id in 0..{vocab - 1}{' or a list of them' if many else ''}, "
+                             f"got {value!r}")
     items = [] if value is None else [value] if isinstance(value, (int, np.integer)) else list(value)
     for t in items:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < vocab:
@@ -182,14 +199,14 @@ class _Rows:
 
 
 def _pipelines(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> bool:
-    """Whether the generation can run as :meth:`Decoder.greedy_tokens`: one row, greedy, no logits kept."""
+    """Whether the generation can run as :meth:`Decoder.sampled_tokens`: one row, no logits kept."""
     return (isinstance(decoder, Decoder) and not decoder.rows_interface and decoder.batch == 1
-            and len(rows.prompts) == 1 and not sampler.needs_logits and not rows.keep_logits)
+            and len(rows.prompts) == 1 and not rows.keep_logits)
 
 
-def _greedy_loop(decoder: Decoder, rows: _Rows) -> tuple[float, float, list]:
-    """:func:`_decode_loop` for one greedy row, through :meth:`Decoder.greedy_tokens` (each id fed
-    back on the device, the next step queued before the id is read)."""
+def _greedy_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
+    """:func:`_decode_loop` for one row, through :meth:`Decoder.sampled_tokens` (each id chosen and fed
+    back on the device, the next step queued before the id is read; greedy: the argmax tail)."""
     t0 = time.perf_counter()
     prompt = rows.prompts[0]
     decoder.position = 0
@@ -199,7 +216,7 @@ def _greedy_loop(decoder: Decoder, rows: _Rows) -> tuple[float, float, list]:
     prefill_s, t1, host = time.perf_counter() - t0, None, []
     count = min(rows.max_new, decoder.max_len - decoder.position)
     if count > 0:
-        ids = decoder.greedy_tokens(int(prompt[-1]), count)
+        ids = decoder.sampled_tokens(int(prompt[-1]), count, sampler if sampler.needs_logits else None)
         try:
             for tok in ids:
                 host.append(decoder.last_host_s)
@@ -223,7 +240,7 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
     """Feed every slot, choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s,
     host seconds per generated step)``."""
     if _pipelines(decoder, rows, sampler):
-        out = _greedy_loop(decoder, rows)
+        out = _greedy_loop(decoder, rows, sampler)
         _finish_rows(rows)
         return out
     t0 = time.perf_counter()
@@ -239,8 +256,11 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
         if slot < rows.longest - 1:
             continue
         host.append(decoder.last_host_s)
-        logits = decoder.logits_rows() if sampler.needs_logits or rows.keep_logits else None
-        chosen = sampler.choose(logits) if logits is not None else decoder.greedy_next()
+        logits = decoder.logits_rows() if rows.keep_logits else None
+        if logits is not None:
+            chosen = sampler.choose(logits)
+        else:
+            chosen = decoder.sample_next(sampler) if sampler.needs_logits else decoder.greedy_next()
         if t1 is None:
             t1 = time.perf_counter()  # decode timing starts after the first generated token
         rows.accept(chosen, logits)
@@ -291,16 +311,20 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     prompts, single = _as_prompts(prompt_ids, decoder)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    config = SamplingConfig(do_sample=bool(do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
+    config = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                             min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     eos = _token_ids(eos_token_id, "eos_token_id", decoder.vocab_size)
-    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size)
+    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size, many=False)
     pad = pad[0] if pad else eos[0] if eos else 0
     stops = check_stop_strings(stop)
     n = len(prompts)
     streams = _per_prompt(streamer, n, single, "streamer")
+    if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+        raise ParameterError(f"tokenizer must have decode(ids, skip_special_tokens=True) -> str, got {tokenizer!r:.80}")
     if tokenizer is None and (stops or any(streams)):
         raise ParameterError("stop strings and streamers work on text: pass tokenizer=")
+    if not isinstance(output_logits, (bool, np.bool_)):
+        raise ParameterError(f"output_logits must be True or False, got {output_logits!r}")
     texts = [RowText(tokenizer, stops, s) if tokenizer is not None else None for s in streams]
     sampler = TokenSampler(config, decoder.batch, decoder.vocab_size)
     rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),

@@ -28,14 +28,14 @@ queue and reads back B argmax ids (greedy) or the B logits rows (sampling).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import MgxError, ParameterError
+from .errors import MgxError, ParameterError, ParseError
+from .folder_config import Fields, Ids, Int, NameTemplate, Str, load_built_info
 from .generate import describe_host_ops
 
 GENAI_CONFIG = "genai_config.json"
@@ -72,34 +72,97 @@ class GenaiLayout:
 
     @classmethod
     def read(cls, folder) -> "GenaiLayout":
-        """Read ``folder/genai_config.json``. Raises ParameterError when it is missing or lacks a field
-        (naming it), or when the decoder has inputs this runner does not feed (position_ids)."""
+        """Read ``folder/genai_config.json``, every field checked (:mod:`mgx_graph.folder_config`).
+        Raises ParameterError naming the file and the field when it is missing, not a JSON object, or a
+        field is missing or of the wrong type or range, or when the decoder has inputs this runner does
+        not feed (position_ids); ParseError when ``decoder.filename`` leaves the folder."""
         folder = Path(folder)
         path = folder / GENAI_CONFIG
+        if not path.is_file():
+            raise ParameterError(f"{folder} is not an onnxruntime-genai folder: no {GENAI_CONFIG}")
+        cfg = Fields.read(path, "an onnxruntime-genai config").section("model")
+        dec = cfg.section("decoder")
+        ins, outs = dec.section("inputs"), dec.section("outputs")
+        extra = sorted(set(ins.data) - {"input_ids", "attention_mask", "past_key_names", "past_value_names"})
+        if extra:
+            raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
+                                 f"input_ids, attention_mask and the past key / value buffers)")
+        vocab = cfg.get("vocab_size", Int(1))
+        kv = dec.get("num_key_value_heads", Int(1))
+        heads = dec.get("num_attention_heads", Int(1), kv)
+        if heads % kv:
+            raise dec.fail("num_attention_heads", f"expected a multiple of num_key_value_heads ({kv}), got {heads}")
+        dec.get("hidden_size", Int(1), None)
+        cfg.get("bos_token_id", Int(0, vocab - 1), None)
+        eos = cfg.get("eos_token_id", Ids(vocab))
+        names = {k: ins.get(k, Str()) for k in ("input_ids", "attention_mask")}
+        names.update(logits=outs.get("logits", Str()))
+        names.update({f: sec.get(k, NameTemplate()) for f, sec, k in (
+            ("past_key", ins, "past_key_names"), ("past_value", ins, "past_value_names"),
+            ("present_key", outs, "present_key_names"), ("present_value", outs, "present_value_names"))})
+        return cls(folder=folder, onnx_path=dec.path_in("filename", folder),
+                   num_layers=dec.get("num_hidden_layers", Int(1)), num_kv_heads=kv,
+                   head_size=dec.get("head_size", Int(1)), vocab_size=vocab,
+                   context_length=cfg.get("context_length", Int(1)), eos_token_ids=eos,
+                   pad_token_id=cfg.get("pad_token_id", Int(0, vocab - 1), eos[0]), **names)
+
+    def check_graph(self) -> None:
+        """ParameterError when a name of ``genai_config.json`` is not an input / output of the ONNX graph
+        (naming the field), or a past input's fixed dims disagree with the head counts; ParseError when
+        the graph cannot be read."""
+        import onnx
+
         try:
-            cfg = json.loads(path.read_text())["model"]
-            dec, ins, outs = cfg["decoder"], cfg["decoder"]["inputs"], cfg["decoder"]["outputs"]
-            eos = cfg["eos_token_id"]
-            eos = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-            extra = sorted(set(ins) - {"input_ids", "attention_mask", "past_key_names", "past_value_names"})
-            if extra:
-                raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
-                                     f"input_ids, attention_mask and the past key / value buffers)")
-            return cls(folder=folder, onnx_path=folder / dec["filename"], num_layers=int(dec["num_hidden_layers"]),
-                       num_kv_heads=int(dec["num_key_value_heads"]), head_size=int(dec["head_size"]),
-                       vocab_size=int(cfg["vocab_size"]), context_length=int(cfg["context_length"]),
-                       eos_token_ids=eos, pad_token_id=int(cfg.get("pad_token_id", eos[0])),
-                       input_ids=ins["input_ids"], attention_mask=ins["attention_mask"],
-                       past_key=ins["past_key_names"], past_value=ins["past_value_names"], logits=outs["logits"],
-                       present_key=outs["present_key_names"], present_value=outs["present_value_names"])
-        except FileNotFoundError:
-            raise ParameterError(f"{folder} is not an onnxruntime-genai folder: no {GENAI_CONFIG}") from None
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ParameterError(f"{path}: cannot read the decoder description ({type(e).__name__}: {e})") from None
+            graph = onnx.load(str(self.onnx_path), load_external_data=False).graph
+        except Exception as e:  # protobuf DecodeError, OSError
+            raise ParseError(f"{self.onnx_path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
+        have = {"inputs": {i.name: i for i in graph.input}, "outputs": {o.name: o for o in graph.output}}
+        path = self.folder / GENAI_CONFIG
+        L = range(self.num_layers)
+        wanted = [("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
+                  ("inputs", "past_key_names", [self.past_key % i for i in L]),
+                  ("inputs", "past_value_names", [self.past_value % i for i in L]),
+                  ("outputs", "logits", [self.logits]),
+                  ("outputs", "present_key_names", [self.present_key % i for i in L]),
+                  ("outputs", "present_value_names", [self.present_value % i for i in L])]
+        for side, key, names in wanted:
+            missing = [n for n in names if n not in have[side]]
+            if missing:
+                raise ParameterError(f"{path}: field 'model.decoder.{side}.{key}': {missing[0]!r} is not one of the "
+                                     f"{side} of {self.onnx_path.name} ({sorted(have[side])[:8]}; "
+                                     f"num_hidden_layers {self.num_layers})")
+        dims = [d.dim_value if d.HasField("dim_value") else None
+                for d in have["inputs"][self.past_key % 0].type.tensor_type.shape.dim]
+        for axis, key, want in ((1, "num_key_value_heads", self.num_kv_heads), (3, "head_size", self.head_size)):
+            if len(dims) == 4 and dims[axis] is not None and dims[axis] != want:
+                raise ParameterError(f"{path}: field 'model.decoder.{key}': {want}, but {self.past_key % 0} of "
+                                     f"{self.onnx_path.name} has {dims[axis]} on axis {axis}")
 
     def cache_names(self) -> list[str]:
         """The past key / value input names, layer by layer."""
         return [pat % i for i in range(self.num_layers) for pat in (self.past_key, self.past_value)]
+
+
+def _positive_int(name: str, value, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 or \
+            (high is not None and value > high):
+        span = f"an int in 1..{high}" + (" (the context length)" if name == "max_length" else "") \
+            if high is not None else "a positive int"
+        raise ParameterError(f"{name} must be {span}, got {value!r}")
+
+
+def check_runner_options(batch, max_length, context_length: int, target, hip_graph, fp16) -> None:
+    """ParameterError naming the first keyword argument of a runner that is out of range: ``batch`` a
+    positive int, ``max_length`` an int in 1..``context_length``, ``target`` "auto", "gpu", "ref" or
+    "cpu", ``hip_graph`` a bool or None, ``fp16`` a bool."""
+    _positive_int("batch", batch)
+    _positive_int("max_length", max_length, context_length)
+    if not isinstance(target, str) or target.lower() not in ("auto", "gpu", "ref", "cpu"):
+        raise ParameterError(f"target must be one of 'auto', 'gpu', 'ref', got {target!r}")
+    if hip_graph is not None and not isinstance(hip_graph, (bool, np.bool_)):
+        raise ParameterError(f"hip_graph must be True, False or None, got {hip_graph!r}")
+    if not isinstance(fp16, (bool, np.bool_)):
+        raise ParameterError(f"fp16 must be True or False, got {fp16!r}")
 
 
 def is_genai_folder(path) -> bool:
@@ -141,11 +204,8 @@ class GenaiRunner:
     def __init__(self, folder, *, batch: int = 1, max_length: int = 256, target: str = "auto",
                  hip_graph: bool | None = None, fp16: bool = False):
         self.layout = lay = GenaiLayout.read(folder)
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ParameterError(f"batch must be a positive int, got {batch!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= lay.context_length:
-            raise ParameterError(f"max_length must be an int in 1..{lay.context_length} (the context length), "
-                                 f"got {max_length!r}")
+        check_runner_options(batch, max_length, lay.context_length, target, hip_graph, fp16)
+        lay.check_graph()
         self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
         self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
         self.programs: dict = {}
@@ -285,8 +345,13 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
     ``(runner, tokenizer folder or None, eos ids, info or None)``. Raises ParameterError.
     """
-    from .models import build, list_models, load_info
+    from .models import build, list_models
 
+    if not isinstance(model, (str, Path)):
+        raise ParameterError(f"model must be a folder path or a registry name (str), got {model!r}")
+    _positive_int("batch", batch)
+    if max_length is not None:
+        _positive_int("max_length", max_length)
     info = None
     folder = Path(model) if Path(model).is_dir() else None
     if folder is None and model in list_models():
@@ -296,13 +361,13 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
         raise ParameterError(f"{model!r} is neither a model folder nor a registry name ({list_models()})")
     if is_genai_folder(folder):
         lay = GenaiLayout.read(folder)
-        m = max_length or min(256, lay.context_length)
+        m = max_length if max_length is not None else min(256, lay.context_length)
         runner = GenaiRunner(folder, batch=batch, max_length=m, target=target, hip_graph=hip_graph, fp16=fp16)
         return runner, folder, lay.eos_token_ids, info
     from .optimum_runner import OptimumRunner, is_optimum_folder
 
     if is_optimum_folder(folder):
-        runner = OptimumRunner(folder, batch=batch, max_length=max_length or 64, target=target,
+        runner = OptimumRunner(folder, batch=batch, max_length=64 if max_length is None else max_length, target=target,
                                hip_graph=hip_graph, fp16=fp16)
         tok = folder if (folder / "tokenizer.json").is_file() else None
         return runner, tok, runner.info["eos_token_ids"], info
@@ -313,6 +378,7 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
 
     from .generate import Decoder
 
-    info = info or load_info(folder)
+    info = info or load_built_info(folder)
     prog = mgx_graph.compile(str(info.onnx_path), target=target, hip_graph=hip_graph, fp16=fp16)
     return Decoder(prog), info.tokenizer_dir, list(info.config.get("eos_token_ids", [])), info
+

@@ -21,17 +21,26 @@ is recomputed (deterministic: the same IR gives the same plan), and graphs are c
 the warmup runs, as in a fresh compile).  A dynamic-shape program is saved as its ONNX model and
 compile options: loading compiles it again (spec 0 where the model allows) and its specializations
 compile on first use, as after :func:`mgx_graph.compile`.
+
+A saved program is data from whoever wrote it: :func:`load` checks every member's declared sizes
+before inflating it and reads only the arrays the program references (:mod:`mgx_graph.mxr_archive`),
+checks every field of ``program.json`` (:mod:`mgx_graph.mxr_checks`, :mod:`mgx_graph.ir_codec`), and
+refuses a ``model.onnx`` that refers to external data; each failure is a ParseError naming the file
+and the member or field (README.md, "Trust model").
 """
 from __future__ import annotations
 
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
 from .compile_result import CompileResult
-from .errors import CompileError, MgxError, ParseError
+from .errors import CompileError, MgxError, ParseError, ShapeError
+from .mxr_archive import MAX_HEADER_BYTES, MAX_MODEL_BYTES, Archive
+from .mxr_checks import check_options, check_program, check_result, walk_document
 
 FORMAT = "mgx_graph program"
 FORMAT_VERSION = 1
@@ -91,46 +100,69 @@ def load(path, *, device_id: int | None = None):
     its target (see the module docstring).  ``device_id``: the GPU to load it on (None: the device it
     was compiled for when one was given, else the current device).
 
-    Raises ParseError naming the file: not a saved program, corrupt (a bad zip, CRC or JSON, a
-    missing member, an unknown op, a malformed or invalid program), or written in another format
-    version; CompileError when its target cannot run here (``gpu`` without a usable GPU) or the
-    program needs more memory than the device has; DeviceError for a device id out of range."""
+    The file is data: every member's size is checked before it is inflated
+    (:mod:`mgx_graph.mxr_archive`), every field of ``program.json`` before it is used
+    (:mod:`mgx_graph.mxr_checks`), and a dynamic program's model must hold all its tensors (no
+    external data).  Raises ParseError naming the file and the member / field: not a saved program,
+    corrupt (a bad zip, CRC or JSON, a missing member, a member larger than its bound, an unknown op,
+    a malformed or invalid program), or written in another format version; CompileError when its
+    target cannot run here (``gpu`` without a usable GPU) or the program needs more memory than the
+    device has; DeviceError for a device id out of range."""
     where = os.fspath(path)
     if not os.path.exists(where):
         raise ParseError(f"{where}: no such file")
+    if not os.path.isfile(where):
+        raise ParseError(f"{where}: not a regular file")
     try:
         with zipfile.ZipFile(where) as zf:
-            header = _header(zf, where)
-            names = zf.namelist()
-            if header["kind"] == "dynamic":
-                if MODEL not in names:
-                    raise ParseError(f"{where}: a dynamic-shape program without its {MODEL}")
-                model = zf.read(MODEL)
-            else:
-                arrays = {n[len(ARRAYS):-4]: np.lib.format.read_array(zf.open(n), allow_pickle=False)
-                          for n in names if n.startswith(ARRAYS) and n.endswith(".npy")}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
+            return _load_archive(Archive(zf, where), where, device_id)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, NotImplementedError,
+            RuntimeError) as e:
+        if isinstance(e, MgxError):
+            raise
         raise ParseError(f"{where}: not a readable saved program ({type(e).__name__}: {e})") from None
+
+
+def _load_archive(archive: Archive, where: str, device_id):
+    header = _header(archive, where)
     if header["kind"] == "dynamic":
+        try:
+            model = archive.read(MODEL, MAX_MODEL_BYTES)
+        except KeyError:
+            raise ParseError(f"{where}: a dynamic-shape program without its {MODEL}") from None
         return _load_dynamic(model, header, where, device_id)
+    if not isinstance(header.get("program"), dict):
+        raise ParseError(f"{where}: a static program without its 'program' field")
+    refs = walk_document(header["program"], where)
+    arrays = {key: archive.array(key, want if _plain_want(want) else None) for key, want in refs.items()}
     return _load_static(header, arrays, where, device_id)
 
 
-def _header(zf: zipfile.ZipFile, where: str) -> dict:
+def _plain_want(want) -> bool:
+    return (isinstance(want, (list, tuple)) and len(want) == 2 and isinstance(want[0], str) and isinstance(want[1], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in want[1]))
+
+
+def _header(archive: Archive, where: str) -> dict:
     try:
-        header = json.loads(zf.read(HEADER))
+        data = archive.read(HEADER, MAX_HEADER_BYTES)
     except KeyError:
         raise ParseError(f"{where}: not a saved mgx_graph program (no {HEADER})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ParseError(f"{where}: {HEADER} is not valid JSON ({e})") from None
+    try:
+        header = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integers too long to convert
+        raise ParseError(f"{where}: {HEADER} is not valid JSON ({str(e)[:200]})") from None
+    except RecursionError:
+        raise ParseError(f"{where}: {HEADER} nests deeper than JSON is read here") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ParseError(f"{where}: not a saved mgx_graph program ({HEADER} does not say format '{FORMAT}')")
     version = header.get("format_version")
     if version != FORMAT_VERSION:
-        raise ParseError(f"{where}: format version {version} (written by mgx_graph "
-                         f"{header.get('mgx_graph_version', '?')}); this mgx_graph reads version {FORMAT_VERSION}")
+        raise ParseError(f"{where}: format version {str(version)[:40]} (written by mgx_graph "
+                         f"{str(header.get('mgx_graph_version', '?'))[:40]}); this mgx_graph reads version "
+                         f"{FORMAT_VERSION}")
     if header.get("kind") not in ("static", "dynamic"):
-        raise ParseError(f"{where}: unknown program kind {header.get('kind')!r}")
+        raise ParseError(f"{where}: unknown program kind {str(header.get('kind'))[:40]!r}")
     return header
 
 
@@ -139,7 +171,7 @@ def _target(header: dict, where: str) -> str:
 
     saved = header.get("target")
     if saved not in ("ref", "gpu"):
-        raise ParseError(f"{where}: unknown target {saved!r}")
+        raise ParseError(f"{where}: unknown target {str(saved)[:40]!r}")
     try:
         return resolve_target(saved)
     except CompileError as e:
@@ -150,18 +182,16 @@ def _options(header: dict, where: str, device_id) -> dict:
     from .ir_codec import ValueCodec
 
     options = ValueCodec().decode(header.get("options", {"dict": []}), f"{where}: compile options")
-    if not isinstance(options, dict):
-        raise ParseError(f"{where}: malformed compile options")
+    options = check_options(options, header["kind"], where)
     if device_id is not None:
         options["device_id"] = device_id
     return options
 
 
 def _load_dynamic(data: bytes, header: dict, where: str, device_id):
-    import inspect
-
     import onnx
 
+    from .onnx.external_data import external_tensors, location_of
     from .program import compile as compile_model
 
     target = _target(header, where)
@@ -170,12 +200,19 @@ def _load_dynamic(data: bytes, header: dict, where: str, device_id):
         model = onnx.load_from_string(data)
     except Exception as e:  # protobuf DecodeError
         raise ParseError(f"{where}: {MODEL} is not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
-    known = inspect.signature(compile_model).parameters
-    unknown = sorted(k for k in options if k not in known or k in ("model", "external_data_dir"))
-    if unknown:
-        raise ParseError(f"{where}: unknown compile options {unknown}")
+    ext = external_tensors(model)
+    if ext:
+        raise ParseError(f"{where}: member {MODEL}: tensor '{ext[0].name}' refers to external data "
+                         f"('{location_of(ext[0])[:200]}'); a saved program must hold all its data")
     options["target"] = target
-    return compile_model(model, **options)
+    try:
+        return compile_model(model, **options)
+    except (ParseError, ShapeError) as e:
+        raise ParseError(f"{where}: member {MODEL}: {e}") from None
+    except CompileError as e:
+        if str(e).startswith(("the program needs", "out of host memory")):  # the file may be fine
+            raise
+        raise ParseError(f"{where}: member {MODEL}: {e}") from None
 
 
 def _load_static(header: dict, arrays: dict, where: str, device_id):
@@ -191,16 +228,32 @@ def _load_static(header: dict, arrays: dict, where: str, device_id):
     options = _options(header, where, device_id)
     try:
         program = decode_program(header["program"], arrays)
-        saved = ValueCodec().decode(header["result"], f"{where}: compile result")
-        result = CompileResult(**{k: saved[k] for k in RESULT_FIELDS})
+        saved = check_result(ValueCodec().decode(header.get("result"), f"{where}: compile result"), where)
+        result = CompileResult(**saved)
+        check_program(program, where)
         validate_program(program)
     except MgxError as e:
-        raise ParseError(f"{where}: {e}") from None
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        raise ParseError(f"{where}: malformed program ({type(e).__name__}: {e})") from None
+        raise ParseError(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, OverflowError) as e:
+        raise ParseError(f"{where}: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
     if result.target != target:
         raise ParseError(f"{where}: the compile result names target {result.target!r}, the file {target!r}")
-    Lowering(target).select_kernels(program)
-    result.memory_plan = MemoryColoring().plan(program)
-    executor = finalize(program, result, resolve_device(target, options.get("device_id")), graph_budget(options))
+    try:
+        Lowering(target).select_kernels(program)
+        result.memory_plan = MemoryColoring().plan(program)
+    except Exception as e:  # noqa: BLE001 - a validated program the target cannot take is still a bad file
+        raise ParseError(f"{where}: the program does not lower to '{target}' ({type(e).__name__}: "
+                         f"{str(e)[:200]})") from None
+    device = resolve_device(target, options.get("device_id"))
+    try:
+        executor = finalize(program, result, device, graph_budget(options))
+    except CompileError as e:
+        if str(e).startswith("the program needs"):  # more memory than the device has: the file may be fine
+            raise
+        raise ParseError(f"{where}: {e}") from None
+    except MgxError:
+        raise
+    except Exception as e:  # noqa: BLE001 - finalize left nothing allocated
+        raise ParseError(f"{where}: the program cannot be made ready to run ({type(e).__name__}: "
+                         f"{str(e)[:200]})") from None
     return CompiledProgram(program, result, executor=executor, options=options)

@@ -25,16 +25,17 @@ tokens, as :class:`mgx_graph.llm_runner.GenaiRunner`.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ParameterError
-from .llm_runner import GenaiRunner
+from .errors import ParameterError, ParseError
+from .folder_config import Fields, Ids, Int
+from .llm_runner import GenaiRunner, check_runner_options
 
 CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
 ONNX = "model.onnx"
 INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -47,35 +48,57 @@ def is_optimum_folder(path) -> bool:
 
 def read_folder(folder) -> dict:
     """The decoder's sizes: ``num_layers``, ``num_kv_heads``, ``head_size`` (from the graph's past
-    inputs), ``vocab_size``, ``context_length`` (max_position_embeddings), ``eos_token_ids``,
-    ``pad_token_id`` (from config.json). Raises ParameterError naming what is missing."""
-    import onnx
-
+    inputs, checked against config.json's head counts when it has them), ``vocab_size``,
+    ``context_length`` (max_position_embeddings), ``eos_token_ids``, ``pad_token_id`` (from config.json;
+    eos and pad from generation_config.json when it names them, as transformers' ``generate``).
+    Every field is checked (:mod:`mgx_graph.folder_config`): ParameterError naming the file and the field."""
     folder = Path(folder)
     if not is_optimum_folder(folder):
         raise ParameterError(f"{folder} is not an optimum-style folder: needs {CONFIG} and {ONNX}")
-    try:
-        cfg = json.loads((folder / CONFIG).read_text())
-        graph = onnx.load(str(folder / ONNX), load_external_data=False).graph
-    except (OSError, ValueError, onnx.onnx_cpp2py_export.checker.ValidationError) as e:
-        raise ParameterError(f"{folder}: cannot read {CONFIG} / {ONNX} ({type(e).__name__}: {e})") from None
-    dims = {i.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim]
-            for i in graph.input}
+    cfg = Fields.read(folder / CONFIG, "an optimum-style model config")
+    vocab = cfg.get("vocab_size", Int(1))
+    eos = cfg.get("eos_token_id", Ids(vocab), [])
+    pad = cfg.get("pad_token_id", Int(0, vocab - 1), None)
+    cfg.get("bos_token_id", Int(0, vocab - 1), None)
+    context = cfg.get("max_position_embeddings", Int(1), 1 << 30)
+    dims = _past_dims(folder / ONNX)
     L = sum(1 for n in dims if n.startswith("past_key_values.") and n.endswith(".key"))
     want = set(INPUTS) | {f"past_key_values.{i}.{t}" for i in range(L) for t in ("key", "value")}
     if L == 0 or set(dims) != want:
         raise ParameterError(f"{folder / ONNX}: inputs {sorted(dims)} are not the dynamic-past decoder's "
                              f"(input_ids, attention_mask, position_ids, past_key_values.N.key / value)")
-    kv, hd = dims["past_key_values.0.key"][1], dims["past_key_values.0.key"][3]
-    eos = cfg.get("eos_token_id")
-    eos = [int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])]
+    past = dims["past_key_values.0.key"]
+    if len(past) != 4 or not all(isinstance(d, int) and d > 0 for d in (past[1], past[3])):
+        raise ParameterError(f"{folder / ONNX}: input past_key_values.0.key has dims {past}; expected [batch, "
+                             f"kv heads, past length, head size] with fixed head counts and sizes")
+    kv, hd = past[1], past[3]
+    for key, have in (("num_hidden_layers", L), ("num_key_value_heads", kv), ("head_dim", hd)):
+        got = cfg.get(key, Int(1), None)
+        if got is not None and got != have:
+            raise cfg.fail(key, f"expected {have} (as {ONNX} has), got {got}")
+    heads = cfg.get("num_attention_heads", Int(1), None)
+    if heads is not None and heads % kv:
+        raise cfg.fail("num_attention_heads", f"expected a multiple of the {kv} key / value heads, got {heads}")
+    if (folder / GENERATION_CONFIG).exists():
+        gen = Fields.read(folder / GENERATION_CONFIG, "generation defaults")
+        eos = gen.get("eos_token_id", Ids(vocab), eos)
+        pad = gen.get("pad_token_id", Int(0, vocab - 1), pad)
+        gen.get("bos_token_id", Int(0, vocab - 1), None)
+    return {"num_layers": L, "num_kv_heads": kv, "head_size": hd, "vocab_size": vocab,
+            "context_length": context, "eos_token_ids": eos,
+            "pad_token_id": pad if pad is not None else (eos[0] if eos else 0)}
+
+
+def _past_dims(path: Path) -> dict:
+    """``{input name: dims}`` of the ONNX graph in ``path`` (an int per fixed dim, else its name)."""
+    import onnx
+
     try:
-        return {"num_layers": L, "num_kv_heads": int(kv), "head_size": int(hd), "vocab_size": int(cfg["vocab_size"]),
-                "context_length": int(cfg.get("max_position_embeddings", 1 << 30)), "eos_token_ids": eos,
-                "pad_token_id": int(cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None
-                                    else (eos[0] if eos else 0))}
-    except (KeyError, TypeError, ValueError) as e:
-        raise ParameterError(f"{folder}: cannot read the decoder's sizes ({type(e).__name__}: {e})") from None
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as e:  # protobuf DecodeError, OSError
+        raise ParseError(f"{path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
+    return {i.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim]
+            for i in graph.input}
 
 
 class OptimumRunner(GenaiRunner):
@@ -92,12 +115,7 @@ class OptimumRunner(GenaiRunner):
                  hip_graph: bool | None = None, fp16: bool = False):
         self.folder = Path(folder)
         self.info = info = read_folder(folder)
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ParameterError(f"batch must be a positive int, got {batch!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or \
-                not 1 <= max_length <= info["context_length"]:
-            raise ParameterError(f"max_length must be an int in 1..{info['context_length']} (the context "
-                                 f"length), got {max_length!r}")
+        check_runner_options(batch, max_length, info["context_length"], target, hip_graph, fp16)
         self.batch, self.max_len, self.vocab_size = batch, max_length, info["vocab_size"]
         self.cache = [f"past_key_values.{i}.{t}" for i in range(info["num_layers"]) for t in ("key", "value")]
         self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)

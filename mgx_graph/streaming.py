@@ -33,14 +33,16 @@ from .errors import ParameterError
 
 
 def check_stop_strings(stop) -> tuple[str, ...]:
-    """``stop`` (None, one string, or a sequence of strings) as a tuple of non-empty strings;
-    ParameterError for an empty or non-string entry."""
+    """``stop`` (None, one string, or a list / tuple of strings) as a tuple of non-empty strings;
+    ParameterError naming ``stop`` for anything else or an empty or non-string entry."""
     if stop is None:
         return ()
+    if not isinstance(stop, (str, list, tuple)):
+        raise ParameterError(f"stop must be a non-empty str or a list of them, got {type(stop).__name__} {stop!r}")
     items = [stop] if isinstance(stop, str) else list(stop)
     for s in items:
         if not isinstance(s, str) or not s:
-            raise ParameterError(f"stop strings must be non-empty str, got {s!r}")
+            raise ParameterError(f"stop must be a non-empty str or a list of them; an entry is {s!r}")
     return tuple(items)
 
 
@@ -120,6 +122,10 @@ class TextStreamer:
     :meth:`end` writes ``end_text`` (default a newline)."""
 
     def __init__(self, file=None, end_text: str = "\n"):
+        if file is not None and not callable(getattr(file, "write", None)):
+            raise ParameterError(f"file must have write(str) (a text file), got {file!r:.80}")
+        if not isinstance(end_text, str):
+            raise ParameterError(f"end_text must be a str, got {end_text!r:.80}")
         self.file = file
         self.end_text = end_text
 

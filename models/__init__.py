@@ -67,7 +67,8 @@ Each build lands in ``<cache>/models/<name>-<hash>/`` with ``model.onnx``,
 ``$XDG_CACHE_HOME/mgx_graph``, else ``~/.cache/mgx_graph``. The hash covers the model name,
 the normalized options (defaults filled in, ``verify`` excluded), the weight source and
 :data:`BUILDER_VERSION`. Builds happen in a temporary sibling folder that is renamed into
-place only when complete.
+place only when complete, under a lock of the cache (``<cache>/locks/``): processes sharing a cache
+build each model once, the others wait for it.
 
 Importing this package needs only the standard library; torch, transformers, gguf,
 onnx, onnxruntime and tqdm are imported when a build runs.
@@ -86,7 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import cache_root, dump_json
+from .cache import cache_lock, cache_root, dump_json
 from .errors import BuildError, MissingExtraError, VerificationError
 from .export import ALIAS_METADATA_KEY
 
@@ -310,16 +311,23 @@ def build(
     """
     root = cache_root(cache_dir)
     builder, opts, digest = _options_and_hash(name, options, root)
-    models = root / "models"
-    final = models / f"{name}-{digest}"
+    final = root / "models" / f"{name}-{digest}"
     if not force and (final / _INFO_FILE).is_file():
         return load_info(final)
+    builder.check_requirements(opts)  # before any folder is made
+    with cache_lock(root, final.name):  # a process building the same model: wait for it, then use its build
+        if not force and (final / _INFO_FILE).is_file():
+            return load_info(final)
+        return _build_into(name, builder, opts, root, final, progress, force)
 
+
+def _build_into(name: str, builder, opts: dict, root: Path, final: Path, progress: bool, force: bool) -> ModelInfo:
+    """:func:`build`'s build, under its lock: into a temp sibling of ``final``, then moved into place."""
     from .progress import Steps, quiet_third_party
 
-    builder.check_requirements(opts)  # before any folder is made
+    models = final.parent
     models.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{digest}-", dir=models))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=models))
     os.chmod(tmp, 0o755)
     steps = Steps(name, enabled=progress)
     t0 = time.perf_counter()

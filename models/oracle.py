@@ -92,9 +92,9 @@ def _tokenizer(info: ModelInfo):
     tok = _TOKENIZERS.get(key)
     if tok is None:
         require_modules(info.name, ("transformers",), "the tokenizer")
-        from transformers import AutoTokenizer
+        from ..folder_config import load_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(key)
+        tok = load_tokenizer(key)  # ParameterError naming a corrupt tokenizer file
         _TOKENIZERS[key] = tok
     return tok
 

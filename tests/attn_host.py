@@ -143,14 +143,16 @@ def build(source: str):
     full = _SHIM + source + _wrappers(sigs)
     os.makedirs(_DIR, exist_ok=True)
     base = os.path.join(_DIR, hashlib.sha1(full.encode()).hexdigest()[:16])
-    if not os.path.exists(base + ".so"):
-        with open(base + ".cpp", "w") as f:
+    if not os.path.exists(base + ".so"):  # built under names of this process, then renamed (xdist workers)
+        part = f"{base}.{os.getpid()}"
+        with open(part + ".cpp", "w") as f:
             f.write(full)
         r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
-                            "-o", base + ".tmp.so", base + ".cpp"], capture_output=True, text=True)
+                            "-o", part + ".so", part + ".cpp"], capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"g++ failed on {base}.cpp:\n{r.stderr[-4000:]}")
-        os.replace(base + ".tmp.so", base + ".so")
+            raise RuntimeError(f"g++ failed on {part}.cpp:\n{r.stderr[-4000:]}")
+        os.replace(part + ".so", base + ".so")
+        os.unlink(part + ".cpp")
     _LIBS[source] = (ctypes.CDLL(base + ".so"), sigs)
     return _LIBS[source]
 

@@ -43,8 +43,19 @@ def _fresh_env(monkeypatch):
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory):
-    """Cache folder for built models: $MGX_GRAPH_CACHE when set (reused across runs), else a temp dir."""
-    return os.environ.get("MGX_GRAPH_CACHE") or str(tmp_path_factory.mktemp("models"))
+    """Cache folder for built models: $MGX_GRAPH_CACHE when set (reused across runs), else a temp dir.
+
+    Under pytest-xdist the workers of one run share one temp folder (beside their own base temps), so a
+    model is built once per run; ``mgx_graph.models.build`` locks each build in the cache, and a worker
+    that needs a model another is building waits for it."""
+    env = os.environ.get("MGX_GRAPH_CACHE")
+    if env:
+        return env
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "models"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
+    return str(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,14 @@ def build(cu_path: str, T: str = "float", ACC: str = "float") -> ctypes.CDLL:
         src = _SHIM + f"typedef {T} T;\ntypedef {ACC} ACC;\n" + f.read()
     os.makedirs(_DIR, exist_ok=True)
     base = os.path.join(_DIR, hashlib.sha1(src.encode()).hexdigest()[:16])
-    if not os.path.exists(base + ".so"):
-        with open(base + ".cpp", "w") as f:
+    if not os.path.exists(base + ".so"):  # built under names of this process, then renamed (xdist workers)
+        part = f"{base}.{os.getpid()}"
+        with open(part + ".cpp", "w") as f:
             f.write(src)
-        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o", base + ".tmp.so", base + ".cpp"],
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o", part + ".so", part + ".cpp"],
                        check=True, capture_output=True)
-        os.replace(base + ".tmp.so", base + ".so")
+        os.replace(part + ".so", base + ".so")
+        os.unlink(part + ".cpp")
     return ctypes.CDLL(base + ".so")
 
 

@@ -186,7 +186,10 @@ ACCEPTED = [  # onnxruntime accepts these: mgx_graph must give its values
 def test_attribute_onnxruntime_accepts_gives_its_values(target, op, attrs, name, feeds, inits, out, opset, nout):
     feeds = {k: np.arange(v.size, dtype=v.dtype).reshape(v.shape) for k, v in feeds.items()}
     model = _model(op, attrs, feeds, inits, out, opset, nout)
-    want = ort_run(model, feeds)
+    try:
+        want = ort_run(model, feeds)
+    except Exception as e:  # an older onnxruntime refuses some (Split-18 num_outputs past the dim: 1.30)
+        pytest.skip(f"this onnxruntime refuses the model, so it gives no values to compare: {e}")
     got = mgx_graph.compile(model, target=target).run(feeds)
     for g, w in zip(got, want):
         assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype
@@ -221,7 +224,10 @@ EMPTY = [C(f"{op}-axis{a}-o{o}", op, {"axis": a}, "", feeds={"x": E3}, opset=o)
 @pytest.mark.parametrize("op,attrs,name,feeds,inits,out,opset,nout", EMPTY)
 def test_empty_tensors_match_onnxruntime(target, op, attrs, name, feeds, inits, out, opset, nout):
     model = _model(op, attrs, feeds, inits, out, opset, nout)
-    want = ort_run(model, feeds)
+    try:
+        want = ort_run(model, feeds)
+    except Exception as e:  # an older onnxruntime refuses some (Split-18 num_outputs past the dim: 1.30)
+        pytest.skip(f"this onnxruntime refuses the model, so it gives no values to compare: {e}")
     got = mgx_graph.compile(model, target=target).run(feeds)
     for g, w in zip(got, want):
         assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype, (np.shape(g), w.shape)

@@ -250,3 +250,55 @@ def test_oracle_and_onnxruntime_helpers_name_the_extra(monkeypatch, tmp_path):
     for call in (lambda: load_torch_model(info), lambda: hf_greedy_tokens(info, [1], 2)):
         with pytest.raises(MissingExtraError, match=r"gpt2: the torch reference needs .*`torch`.*mgx_graph\[export\]"):
             call()
+
+
+def test_cache_lock_makes_a_second_holder_wait(tmp_path):
+    pytest.importorskip("fcntl")
+    import threading
+
+    from mgx_graph.models.cache import cache_lock
+
+    events = []
+
+    def second():
+        with cache_lock(tmp_path, "m"):
+            events.append("second")
+
+    with cache_lock(tmp_path, "m"):
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and events == []  # blocked while the first holder has the lock
+        events.append("first released")
+    t.join(60)
+    assert events == ["first released", "second"]
+
+
+def test_concurrent_builds_of_one_model_export_it_once(tmp_path, monkeypatch):
+    """Two builds of the same model at once (as two xdist workers sharing a cache): one exports, the
+    other waits for the lock and returns the same cached build."""
+    pytest.importorskip("fcntl")
+    import threading
+
+    from mgx_graph.models import build, export
+
+    real, calls = export.export_onnx, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export, "export_onnx", counted)
+    infos = [None, None]
+
+    def run(i):
+        infos[i] = build("gpt2", cache_dir=tmp_path, progress=False, **TINY)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(calls) == 1, calls
+    assert infos[0] is not None and infos[1] is not None and infos[0].directory == infos[1].directory
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [infos[0].directory.name]

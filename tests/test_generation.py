@@ -89,10 +89,17 @@ def test_processors_match_transformers(cfg, rng):
     assert not np.array_equal(got, scores)  # every config changes something
 
 
-def _reference_next(scores, seen_rows, cfg, rng):
+def _u(seed, step, row):
+    """The draw's u: word 0 of Philox4x32-10 at counter (step, row) under the seed, to 24 bits."""
+    from test_sampling_rule import _philox_plain
+
+    return (_philox_plain((step & 0xFFFFFFFF, step >> 32, row, 0), (seed & 0xFFFFFFFF, seed >> 32))[0] >> 8) / 2**24
+
+
+def _reference_next(scores, seen_rows, cfg, seed, step):
     """The rules as the sampling module states them, written out per row with plain Python."""
     out = []
-    for row, seen in zip(scores.astype(np.float64), seen_rows):
+    for r, (row, seen) in enumerate(zip(scores.astype(np.float64), seen_rows)):
         s = row.copy()
         p = cfg.get("repetition_penalty", 1.0)
         for t in set(seen):
@@ -122,7 +129,7 @@ def _reference_next(scores, seen_rows, cfg, rng):
             pr = probs(s)
             s = np.where(pr < cfg["min_p"] * pr.max(), -np.inf, s)
         pr = probs(s)
-        u = rng.random() * pr.sum()
+        u = _u(seed, step, r) * pr.sum()
         acc = 0.0
         for i, q in enumerate(pr):
             acc += q
@@ -149,11 +156,10 @@ def test_seeded_sampling_is_reproducible_and_matches_a_numpy_reference(cfg, rng)
             picked.append(nxt.tolist())
         return picked
 
-    ref_rng = np.random.default_rng(7)
     seen = [list(p) for p in prompts]
     want = []
-    for scores in steps:
-        nxt = _reference_next(scores, seen, cfg, ref_rng)
+    for n, scores in enumerate(steps):
+        nxt = _reference_next(scores, seen, cfg, 7, n)
         for r, t in enumerate(nxt):
             seen[r].append(t)
         want.append(nxt)
@@ -222,14 +228,14 @@ def test_sampled_generation_matches_the_reference_on_onnxruntime_logits(llama, t
     names = [o.name for o in sess.get_outputs()]
     shapes = {i.name: i.shape for i in sess.get_inputs()}
     feeds = {n: np.zeros(s, np.float32) for n, s in shapes.items() if n.startswith("past")}
-    seq, rng, want = list(prompt), np.random.default_rng(11), []
+    seq, want = list(prompt), []
     for pos in range(len(prompt) + 7):
         feeds.update(input_ids=np.array([[seq[pos]]], np.int64), cache_position=np.array([pos], np.int64))
         outs = dict(zip(names, sess.run(None, feeds)))
         for n in names[1:]:
             feeds[llama.alias[n]] = outs[n]
         if pos >= len(prompt) - 1:  # the reference picks from these logits, with every token so far seen
-            want.append(_reference_next(outs["logits"][0], [seq], cfg, rng)[0])
+            want.append(_reference_next(outs["logits"][0], [seq], cfg, 11, len(want))[0])
             seq.append(res.tokens[len(want) - 1])  # then the sequence goes on with our pick
     assert res.tokens == want
 

@@ -135,12 +135,12 @@ class _Letters:
 
 def _generate_both_ways(dec, monkeypatch, max_new, **kw):
     """generate() as it runs ("piped") and with the pipeline turned off ("plain"): per way the result,
-    the streamer's pieces, the on_token ids and whether it took Decoder.greedy_tokens."""
+    the streamer's pieces, the on_token ids and whether it took Decoder.sampled_tokens (the pipeline)."""
     from mgx_graph import generate as gen
 
     calls = []
-    real = Decoder.greedy_tokens
-    monkeypatch.setattr(Decoder, "greedy_tokens", lambda self, *a: calls.append(a) or real(self, *a))
+    real = Decoder.sampled_tokens
+    monkeypatch.setattr(Decoder, "sampled_tokens", lambda self, *a: calls.append(a) or real(self, *a))
     text = "stop" in kw
     out = {}
     for way in ("piped", "plain"):
@@ -154,18 +154,17 @@ def _generate_both_ways(dec, monkeypatch, max_new, **kw):
 
 
 @pytest.mark.parametrize("case", ["greedy", "one", "stop", "penalty", "logits", "sample"])
-def test_generate_pipelines_one_greedy_row_only_and_gives_the_plain_loops_results(llama, target, monkeypatch,
-                                                                                  case):
-    """One greedy row (on_token, a streamer and stop strings included) takes the pipeline; sampling, a
-    repetition penalty and output_logits take the plain loop.  Either way the results equal the plain
-    loop's, and greedy ids equal transformers'."""
+def test_generate_pipelines_one_row_and_gives_the_plain_loops_results(llama, target, monkeypatch, case):
+    """One row (greedy, sampled or with a repetition penalty; on_token, a streamer and stop strings
+    included) takes the pipeline; output_logits takes the plain loop.  Either way the results equal the
+    plain loop's, and greedy ids equal transformers'."""
     want = _hf_greedy(llama, PROMPT, 8)
     kw = {"greedy": {}, "one": {}, "stop": {"stop": chr(97 + want[2] % 26)},
           "penalty": {"repetition_penalty": 1.3}, "logits": {"output_logits": True},
           "sample": {"do_sample": True, "seed": 5}}[case]
     piped, plain = _generate_both_ways(_decoder(llama, target, True), monkeypatch, 1 if case == "one" else 8, **kw)
     (res, pieces, ids, took), (base, base_pieces, base_ids, base_took) = piped, plain
-    assert took == (case in ("greedy", "one", "stop")) and not base_took
+    assert took == (case != "logits") and not base_took
     assert res.tokens == base.tokens and res.finish_reason == base.finish_reason
     assert ids == res.tokens and base_ids == base.tokens
     assert res.text == base.text and pieces == base_pieces and "".join(pieces) == res.text
@@ -253,7 +252,7 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
     """The greedy tail as the gpu target runs it (``_greedy_tail``: the id into input_ids and the reader,
     the next slot into cache_position), here with numpy standing in for the kernel: the same ids as the
     step chain, one fill per chain (its first slot), and a later feed at another slot fills it again."""
-    from mgx_graph import decoder as decoder_module
+    from mgx_graph import decoder_pipeline as decoder_module
 
     reader = _WrittenReader()
 
@@ -279,7 +278,7 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
 def _tail_decoder(llama, monkeypatch):
     """A ref Decoder whose greedy chain takes the one-kernel tail path (numpy standing in for the kernel, as
     above), and the list of ``(cache_position seen by the program, Decoder.position)`` of every run."""
-    from mgx_graph import decoder as decoder_module
+    from mgx_graph import decoder_pipeline as decoder_module
 
     reader = _WrittenReader()
 

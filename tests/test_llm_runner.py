@@ -44,7 +44,7 @@ def test_not_a_genai_folder_raises(tmp_path):
     with pytest.raises(ParameterError, match="genai_config.json"):
         GenaiLayout.read(tmp_path)
     (tmp_path / "genai_config.json").write_text('{"model": {}}')
-    with pytest.raises(ParameterError, match="cannot read"):
+    with pytest.raises(ParameterError, match="field 'model.decoder': expected a JSON object, got missing"):
         GenaiLayout.read(tmp_path)
 
 

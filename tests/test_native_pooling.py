@@ -155,7 +155,7 @@ def test_global_max_pool_nan_then_inf_matches_onnxruntime(target):
 @pytest.mark.parametrize("attrs,err,text", [
     (dict(kernel_shape=[2, 2], pads=[2, 0, 0, 0]), ParseError, "smaller than kernel_shape"),
     (dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", dilations=[2, 1]), UnsupportedOpError, "dilations"),
-    (dict(kernel_shape=[3, 3], auto_pad="BOGUS"), ParseError, "auto_pad 'BOGUS'"),
+    (dict(kernel_shape=[3, 3], auto_pad="BOGUS"), ParseError, "'auto_pad' = 'BOGUS'"),
     (dict(kernel_shape=[3]), ParseError, "kernel_shape [3] has 1 values, expected 2"),
     (dict(kernel_shape=[12, 3]), ShapeError, "empty output"),
 ])

@@ -193,8 +193,9 @@ def test_resize_identity_returns_input(target):
 @pytest.mark.parametrize("attrs,scales,sizes,err,text", [
     (dict(mode="nearest", antialias=1), [1, 1, 2, 2], None, UnsupportedOpError, "antialias"),
     (dict(mode="linear", exclude_outside=1), [1, 1, 2, 2], None, UnsupportedOpError, "exclude_outside"),
-    (dict(mode="area"), [1, 1, 2, 2], None, UnsupportedOpError, "mode 'area'"),
-    (dict(mode="nearest", coordinate_transformation_mode="bogus"), [1, 1, 2, 2], None, UnsupportedOpError, "bogus"),
+    (dict(mode="area"), [1, 1, 2, 2], None, ParseError, "'mode' = 'area' is not one of 'nearest', 'linear', 'cubic'"),
+    (dict(mode="nearest", coordinate_transformation_mode="bogus"), [1, 1, 2, 2], None, ParseError,
+     "'coordinate_transformation_mode' = 'bogus' is not one of"),
     (dict(mode="nearest"), [1, 1, 2, 2], [2, 3, 4, 4], ParseError, "exactly one of"),
     (dict(mode="nearest"), [1, 1, 2], None, ParseError, "has 3 values, expected 4"),
     (dict(mode="nearest"), [1, 1, -2, 2], None, ParseError, "must be > 0"),

@@ -50,6 +50,12 @@ def _negative_dim(name):
     return t
 
 
+def _short_data(name):
+    t = nh.from_array(np.arange(4, dtype=F), name)
+    t.dims[:] = [3, 2]
+    return t
+
+
 def _in_subgraph(node):
     """``node`` inside the then-branch of an If (its else-branch passes x through)."""
     then = h.make_graph([node], "then", [], [h.make_tensor_value_info("y", TP.FLOAT, None)])
@@ -64,9 +70,9 @@ def R(id, nodes, names, feeds=None, inits=None, **kw):
 
 
 REFUSED = [
-    R("add-one-input", [_node("Add", ["x"])], ["bad_add", "Add", "input size 1"]),
-    R("relu-empty-input", [_node("Relu", [""])], ["bad_relu", "Relu", "input 0"]),
-    R("clip-too-many-inputs", [_node("Clip", ["x", "", "", "x"])], ["bad_clip", "Clip", "input size 4"]),
+    R("add-one-input", [_node("Add", ["x"])], ["bad_add", "Add", "1 inputs: expected 2..2"]),
+    R("relu-empty-input", [_node("Relu", [""])], ["bad_relu", "Relu", "input 'X' is required"]),
+    R("clip-too-many-inputs", [_node("Clip", ["x", "", "", "x"])], ["bad_clip", "Clip", "4 inputs: expected 1..3"]),
     R("gather-axis-floats", [_node("Gather", ["x", "i"], axis=[1.0, 2.0])], ["bad_gather", "Gather", "axis", "FLOATS"],
       inits={"i": np.array([0], np.int64)}),
     R("matmul-unknown-attribute", [_node("MatMul", ["x", "w"], axis=0)], ["bad_matmul", "MatMul", "axis"],
@@ -85,8 +91,8 @@ REFUSED = [
     R("softmax-axis-empty-list", [_node("Softmax", ["x"], extra=[_attr("axis", onnx.AttributeProto.INTS)])],
       ["bad_softmax", "Softmax", "axis"]),
     R("concat-missing-axis", [_node("Concat", ["x", "x"])], ["bad_concat", "Concat", "axis"]),
-    R("expand-one-input", [_node("Expand", ["x"])], ["bad_expand", "Expand", "input size 1"]),
-    R("tile-one-input", [_node("Tile", ["x"])], ["bad_tile", "Tile", "input size 1"]),
+    R("expand-one-input", [_node("Expand", ["x"])], ["bad_expand", "Expand", "1 inputs: expected 2..2"]),
+    R("tile-one-input", [_node("Tile", ["x"])], ["bad_tile", "Tile", "1 inputs: expected 2..2"]),
     R("split-axis-int64-min", [_node("Split", ["x", "n"], ["y", "y1"], axis=-2 ** 63)], ["bad_split", "Split", "axis"],
       inits={"n": np.array([1, 2], np.int64)}, outs=(("y", TP.FLOAT), ("y1", TP.FLOAT))),
     R("pad-mode-empty", [_node("Pad", ["x", "p"], mode="")], ["bad_pad", "Pad", "mode"],
@@ -104,8 +110,11 @@ REFUSED = [
       feeds={"x": np.ones((3, 2), F)}, inits={"z": _negative_dim("z")}),
     R("constant-negative-dim", [_node("Constant", [], ["z"], value=_negative_dim("v")), _node("Add", ["x", "z"])],
       ["bad_constant", "Constant", "value", "negative"], feeds={"x": np.ones((3, 2), F)}),
-    R("subgraph-add-one-input", [_in_subgraph(_node("Add", ["x"]))], ["branch", "then_branch", "bad_add", "input size 1"],
+    R("subgraph-add-one-input", [_in_subgraph(_node("Add", ["x"]))], ["branch", "then_branch", "bad_add", "1 inputs"],
       feeds={"c": np.array(True), "x": X23}, outs=(("out", TP.FLOAT),)),
+    R("gelu-before-its-opset", [_node("Gelu", ["x"])], ["bad_gelu", "Gelu", "No Op registered", "17"]),
+    R("constant-data-short", [_node("Constant", [], ["z"], value=_short_data("v")), _node("Add", ["x", "z"])],
+      ["bad_constant", "Constant", "raw_data size", "too small"], feeds={"x": np.ones((3, 2), F)}),
     R("ir-version-too-high", [_node("Relu", ["x"])], ["IR version 99"], ir=99),
     R("ir-version-missing", [_node("Relu", ["x"])], ["missing model IR version"], ir=None),
 ]

@@ -5,6 +5,7 @@ on every target where the mechanism exists on the CPU (the host queue follows th
 the ones that need a GPU are marked ``gpu``.
 """
 import gc
+import os
 import re
 import subprocess
 import sys
@@ -141,6 +142,8 @@ def test_b05_first_gemm_on_a_new_queue_inside_capture(target, monkeypatch):
 
 # B06: many re-captures (a new pointer each time): graph memory and execs stay bounded
 def test_b06_recapture_memory_plateaus(target):
+    if target == "gpu" and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("the device's free memory is shared with the other xdist workers: run with -n 0")
     prog = mgx_graph.compile(matmul_model(), target=target, hip_graph=True, warmup=1, max_graphs=4)
     rt = prog.context.runtime
     xp = prog.context.xp

@@ -430,7 +430,7 @@ def test_threads_on_their_own_queues(target):
     errors, calls, done = [], 30, [0] * len(queues)
     # the arrays are made before any thread calls: CuPy fills them on the legacy default stream, which
     # a thread's fill during another thread's capture of its (blocking) queue would make fail
-    # (cudaErrorStreamCaptureImplicit; README, queue order)
+    # (cudaErrorStreamCaptureImplicit; docs/api.md, queue order)
     with ctx.on_device():
         arrays = [(ctx.xp.zeros((2, 3), np.float32), ctx.xp.zeros((2, 3), np.float32)) for _ in queues]
 

@@ -8,24 +8,34 @@ import numpy as np
 import onnx
 
 from ..errors import ParseError
+from .external_data import external_tensors, load_external, location_of
 from .topology import sort_graph
 
 
 def load_model(path_or_model, external_data_dir: str | None = None) -> onnx.ModelProto:
-    """Load an ONNX model from a path, bytes or ModelProto (a ModelProto is returned as is).
+    """Load an ONNX model from a path, bytes or ModelProto.
 
-    External tensor data is read from ``external_data_dir`` (default: the model file's folder).
-    Raises ParseError: no such file, not a valid ONNX protobuf, or external data missing / unreadable.
+    External tensor data is read from ``external_data_dir`` (default: the model file's folder), only
+    from regular files inside that folder, within their sizes (:mod:`.external_data`).  An in-memory
+    model (bytes, ModelProto) has no folder: its external tensors need ``external_data_dir``.  A
+    ModelProto without external tensors is returned as is; one with them is copied first (the
+    caller's message is not changed).
+    Raises ParseError: no such file, not a valid ONNX protobuf, or external data missing, outside the
+    folder, not a regular file, out of its file's bounds, or of another size than the tensor needs.
     """
     if isinstance(path_or_model, onnx.ModelProto):
-        return path_or_model
-    if isinstance(path_or_model, (bytes, bytearray)):
+        if not external_tensors(path_or_model):
+            return path_or_model
+        m = onnx.ModelProto()
+        m.CopyFrom(path_or_model)
+        _in_memory_external(m, external_data_dir, "<ModelProto>")
+        return m
+    if isinstance(path_or_model, (bytes, bytearray, memoryview)):
         try:
             m = onnx.load_from_string(bytes(path_or_model))
         except Exception as e:  # protobuf DecodeError
             raise ParseError(f"<bytes>: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
-        if external_data_dir:
-            _load_external(m, external_data_dir, "<bytes>")
+        _in_memory_external(m, external_data_dir, "<bytes>")
         return m
     path = os.fspath(path_or_model)
     if not os.path.exists(path):
@@ -34,23 +44,21 @@ def load_model(path_or_model, external_data_dir: str | None = None) -> onnx.Mode
         m = onnx.load(path, load_external_data=False)
     except Exception as e:
         raise ParseError(f"{path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
-    _load_external(m, external_data_dir or os.path.dirname(os.path.abspath(path)), path)
+    load_external(m, os.fspath(external_data_dir) if external_data_dir else os.path.dirname(os.path.abspath(path)),
+                  path)
     return m
 
 
-def _load_external(m: onnx.ModelProto, base: str, where: str) -> None:
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    for t in _get_all_tensors(m):
-        if uses_external_data(t):
-            loc = {e.key: e.value for e in t.external_data}.get("location", "?")
-            f = os.path.join(base, loc)
-            if not os.path.exists(f):
-                raise ParseError(f"{where}: external data file '{loc}' of tensor '{t.name}' not found in {base}")
-    try:
-        onnx.load_external_data_for_model(m, base)
-    except Exception as e:
-        raise ParseError(f"{where}: cannot load external data ({type(e).__name__}: {e})") from None
+def _in_memory_external(m: onnx.ModelProto, external_data_dir, where: str) -> None:
+    """External data of a model with no folder: from ``external_data_dir`` only, never the current directory."""
+    if external_data_dir:
+        load_external(m, os.fspath(external_data_dir), where)
+        return
+    ext = external_tensors(m)
+    if ext:
+        raise ParseError(f"{where}: tensor '{ext[0].name}' keeps its data in an external file "
+                         f"('{location_of(ext[0])[:200]}') and an in-memory model has no folder: pass "
+                         "external_data_dir (the folder that holds the file)")
 
 
 def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:

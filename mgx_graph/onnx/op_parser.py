@@ -142,3 +142,20 @@ def check_min(p, values, lo: int, name: str) -> list:
         shown = vals if np.ndim(values) else vals[0]
         raise p.err(f"'{name}' = {shown} is out of range: expected values >= {lo}")
     return vals
+
+
+def element_type(p, value, name: str) -> str:
+    """The numpy dtype name of the ONNX element type ``value`` of attribute ``name``: ParseError when
+    ``value`` is no ONNX element type, ShapeError (naming the node) when it has no numpy counterpart."""
+    from ..shape import onnx_dtype
+
+    if value not in onnx.TensorProto.DataType.values() or not value:
+        raise p.err(f"'{name}' = {value} is not an ONNX element type (TensorProto.DataType)")
+    return onnx_dtype(value, f"node '{p.node_name}' ({p.node.op_type}): '{name}'")
+
+
+def check_choice(p, value, allowed, name: str):
+    """``value`` (a string attribute, or an int flag); ParseError listing ``allowed`` unless it is one of them."""
+    if value not in allowed:
+        raise p.err(f"'{name}' = {value!r} is not one of {', '.join(repr(a) for a in allowed)}")
+    return value

@@ -30,9 +30,10 @@ def _to_bnsh(p, m, x, heads, what):
     s = x.shape
     if s.ndim == 4:
         return x
+    name = "q_num_heads" if what == "Q" else "kv_num_heads"
     if s.ndim != 3 or not heads or s.lens[2] % heads:
-        raise p.err(f"{what} {s.brief()} must be 4-D [B, N, S, H], or 3-D [B, S, N*H] with the head count "
-                    f"attribute ({heads}) dividing the hidden size")
+        raise p.err(f"{what} {s.brief()} must be 4-D [B, N, S, H], or 3-D [B, S, N*H] with '{name}' = {heads} "
+                    f"dividing the hidden size")
     B, S, D = s.lens
     return p.add(m, "transpose", [p.reshape(m, x, [B, S, heads, D // heads])], permutation=[0, 2, 1, 3])
 

@@ -67,8 +67,13 @@ def _parse_size(p, m, node, ins):
 
 @parser("Range")
 def _parse_range(p, m, node, ins):
+    for x, what in zip(ins, ("start", "limit", "delta")):
+        if x.shape.elements() != 1:  # onnxruntime's kernel takes a scalar or one-element vector
+            raise p.err(f"{what} must be a scalar, got {list(x.shape.lens)}")
     s, l, d = (np.asarray(p.const(i, n)) for i, n in zip(ins, ("start", "limit", "delta")))
     dt = s.dtype
     s, l, d = (v.reshape(-1)[0] for v in (s, l, d))
+    if d == 0:
+        raise p.err("delta must not be 0")
     n = max(int(np.ceil((l - s) / d)), 0)  # ONNX: number_of_elements = max(ceil((limit - start) / delta), 0)
     return p.lit(m, (s + np.arange(n) * d).astype(dt))

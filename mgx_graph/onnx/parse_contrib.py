@@ -81,6 +81,8 @@ def _parse_skip_norm(p, m, node, ins):
         x, skip, gamma, beta, bias = pad_inputs(ins, 5)
     if x is None or skip is None or gamma is None:
         raise p.err("needs the input, skip and gamma inputs")
+    if x.shape.ndim not in (2, 3):
+        raise p.err(f"input {x.shape.brief()} must be 2-D or 3-D (as onnxruntime requires)")
     want = wanted_outputs(node, 4)
     args = [x, skip, gamma] + [i for i in (beta, bias) if i is not None]
     r = p.add(m, "skip_layer_norm", args, epsilon=attr(node, "epsilon", 1e-12), simplified=int(simplified),
@@ -149,12 +151,18 @@ def _parse_matmul_nbits(p, m, node, ins):
     if bits not in (2, 4, 8) or attr(node, "weight_prepacked", 0):
         raise unsupported(p, node, f"bits {bits} / weight_prepacked {attr(node, 'weight_prepacked', 0)} "
                                    f"(bits 2, 4 or 8, not prepacked)")
-    if bs < 1 or bs * bits % 8:
-        raise ShapeError(f"node '{p.node_name}' (MatMulNBits): block_size {bs} does not pack into whole bytes "
-                         f"at {bits} bits")
+    if bs < 16 or bs & (bs - 1):
+        raise p.err(f"'block_size' = {bs} must be a power of 2 and >= 16 (as onnxruntime requires)")
+    if a.shape.lens[-1] != K:
+        raise p.err(f"'K' = {K} differs from the last dim of A {list(a.shape.lens)}")
     if 0 in b.shape.lens:
         raise unsupported(p, node, f"an empty (omitted) weight B {b.shape.brief()}")
     kb = -(-K // bs)
+    if list(b.shape.lens) != [N, kb, bs * bits // 8]:
+        raise p.err(f"B {list(b.shape.lens)} must be [N, ceil(K / block_size), block_size * bits / 8] = "
+                    f"{[N, kb, bs * bits // 8]} for 'K' = {K}, 'N' = {N}, 'bits' = {bits}, 'block_size' = {bs}")
+    if scales.shape.elements() != N * kb:
+        raise p.err(f"scales {list(scales.shape.lens)} must hold N * ceil(K / block_size) = {N * kb} values")
     args = [p.contiguous(m, a), b, p.reshape(m, scales, [N, kb])]
     kind = "none"
     if zp is not None:

@@ -43,12 +43,16 @@ def _rotary_4d(p, m, node, x, cos, num_heads: int, rotary_dim: int):
     B, S, D = x.shape.lens
     if num_heads:
         H = D // num_heads
+        if H == 0 or D % num_heads:
+            raise _shape_err(p, f"'num_heads' = {num_heads} does not divide the hidden size {D} of input "
+                                f"{x.shape.brief()}")
     else:
         if rotary_dim:
             raise _shape_err(p, "num_heads must be given with rotary_embedding_dim for a 3-D input")
         H = 2 * cos.shape.lens[-1]
-    if H == 0 or D % H:
-        raise _shape_err(p, f"hidden size {D} is not a multiple of the head size {H}")
+        if H == 0 or D % H:
+            raise _shape_err(p, f"hidden size {D} is not a multiple of the head size {H} (twice the last dim of "
+                                f"cos_cache {cos.shape.brief()})")
     return p.reshape(m, x, [B, S, D // H, H]), 2, list(x.shape.lens)
 
 

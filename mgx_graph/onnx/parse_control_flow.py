@@ -18,7 +18,7 @@ from ..errors import ParseError, ShapeError, UnsupportedOpError
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
 from ..shape import Shape
-from .op_parser import attr, parser
+from .op_parser import attr, check_axis, check_count, parser
 
 
 def _tuple_elems(m, ins) -> list:
@@ -38,6 +38,9 @@ def _next_subgraph_id(p) -> int:
 def _parse_if(p, m, node, ins):
     cond = ins[0]
     then_g, else_g = attr(node, "then_branch"), attr(node, "else_branch")
+    if len(then_g.output) != len(else_g.output) or len(node.output) > len(then_g.output):
+        raise p.err(f"then_branch has {len(then_g.output)} outputs and else_branch {len(else_g.output)}: expected "
+                    f"the same count, at least the node's {len(node.output)}")
     if cond.op.name == "@literal":  # constant condition: inline the branch taken
         return p.inline_subgraph(m, then_g if bool(cond.op.value.reshape(-1)[0]) else else_g)
     n = _next_subgraph_id(p)
@@ -91,6 +94,9 @@ def _parse_loop(p, m, node, ins):
     M = ins[0] if len(ins) > 0 and ins[0] is not None else p.lit(m, np.array(1 << 62, np.int64))
     cond = ins[1] if len(ins) > 1 and ins[1] is not None else p.lit(m, np.array(True))
     v_init = list(ins[2:])
+    if len(body.input) != 2 + len(v_init) or len(body.output) < 1 + len(v_init):
+        raise p.err(f"body has {len(body.input)} inputs and {len(body.output)} outputs: expected 2 + {len(v_init)} "
+                    f"inputs (iteration, condition, the loop-carried values) and at least 1 + {len(v_init)} outputs")
     names = [i.name for i in body.input]
     params = [(names[0], Shape("int64", [])), (names[1], Shape("bool", []))] + \
              [(nm, Shape(v.shape.dtype, v.shape.lens)) for nm, v in zip(names[2:], v_init)]
@@ -145,7 +151,7 @@ def _scan_outputs(p, m, ys, out_axes, out_dirs) -> list:
         if d:
             y = p.add(m, "slice", [y], axes=[0], starts=[-1], ends=[-(1 << 62)], steps=[-1])
         r = y.shape.ndim
-        a = a % r
+        a = check_axis(p, a, r, "scan_output_axes")
         if a:
             perm = list(range(1, a + 1)) + [0] + list(range(a + 1, r))
             y = p.add(m, "transpose", [y], permutation=perm)
@@ -161,13 +167,23 @@ def _parse_scan(p, m, node, ins):
         raise UnsupportedOpError(p.node_name, "Scan", "", p.opset, "opset 8 (batched Scan)")
     body = attr(node, "body")
     n_scan_in = attr(node, "num_scan_inputs")
+    if not 1 <= n_scan_in <= len(ins) or len(body.input) != len(ins) or len(body.output) < len(ins) - n_scan_in:
+        raise p.err(f"'num_scan_inputs' = {n_scan_in} with {len(ins)} inputs and a body of {len(body.input)} inputs, "
+                    f"{len(body.output)} outputs: expected 1..{len(ins)} scan inputs and a body input per node input")
     n_state = len(ins) - n_scan_in
     states, scans = list(ins[:n_state]), list(ins[n_state:])
-    in_axes = list(attr(node, "scan_input_axes") or [0] * n_scan_in)
-    in_dirs = list(attr(node, "scan_input_directions") or [0] * n_scan_in)
     n_scan_out = len(body.output) - n_state
-    out_axes = list(attr(node, "scan_output_axes") or [0] * n_scan_out)
-    out_dirs = list(attr(node, "scan_output_directions") or [0] * n_scan_out)
+    in_axes = check_count(p, attr(node, "scan_input_axes") or [0] * n_scan_in, n_scan_in, "scan_input_axes",
+                          "one per scan input")
+    in_axes = [check_axis(p, a, x.shape.ndim, "scan_input_axes") for a, x in zip(in_axes, scans)]
+    in_dirs, out_axes, out_dirs = (
+        check_count(p, attr(node, k) or [0] * n, n, k, why) for k, n, why in (
+            ("scan_input_directions", n_scan_in, "one per scan input"),
+            ("scan_output_axes", n_scan_out, "one per scan output"),
+            ("scan_output_directions", n_scan_out, "one per scan output")))
+    for k, v in (("scan_input_directions", in_dirs), ("scan_output_directions", out_dirs)):
+        if any(d not in (0, 1) for d in v):
+            raise p.err(f"'{k}' = {v} must hold 0 (forward) or 1 (reverse) values")
     lens = {x.shape.lens[a % x.shape.ndim] for x, a in zip(scans, in_axes)}
     if len(lens) != 1:
         raise p.err(f"scan inputs have different lengths {sorted(lens)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..shape import onnx_dtype
-from .op_parser import attr, decode, parser
+from .op_parser import attr, check_choice, decode, element_type, parser
 from .parse_generic import parse_generic
 
 
@@ -55,12 +55,15 @@ def _parse_binary(p, m, node, ins):
 
 @parser("Mod")
 def _parse_mod(p, m, node, ins):
-    return p.add(m, "mod", ins, fmod=attr(node, "fmod", 0))
+    # fmod = 0 on floats: numpy's mod, as the ONNX backend test cases expect (onnxruntime refuses it)
+    fmod = check_choice(p, int(attr(node, "fmod", 0)), (0, 1), "fmod")
+    return p.add(m, "mod", ins, fmod=fmod)
 
 
 @parser("BitShift")
 def _parse_bitshift(p, m, node, ins):
-    return p.add(m, "bitshift", ins, direction=decode(attr(node, "direction")))
+    direction = check_choice(p, decode(attr(node, "direction")), ("LEFT", "RIGHT"), "direction")
+    return p.add(m, "bitshift", ins, direction=direction)
 
 
 @parser("Sum", "Max", "Min", "Mean")
@@ -107,7 +110,8 @@ def _parse_trelu(p, m, node, ins):
 
 @parser("Gelu")
 def _parse_gelu(p, m, node, ins):
-    return p.add(m, "gelu", ins, approximate=decode(attr(node, "approximate", b"none")))
+    approximate = check_choice(p, decode(attr(node, "approximate", b"none")), ("none", "tanh"), "approximate")
+    return p.add(m, "gelu", ins, approximate=approximate)
 
 
 @parser("Shrink")
@@ -128,6 +132,11 @@ def _parse_identity(p, m, node, ins):
 
 @parser("Dropout")
 def _parse_dropout(p, m, node, ins):
+    ratio = None  # an input from opset 12 (onnxruntime checks it there only)
+    if len(ins) > 1 and ins[1] is not None and ins[1].op.name == "@literal":
+        ratio = float(np.asarray(ins[1].op.value).reshape(-1)[0])
+    if ratio is not None and not 0 <= ratio < 1:
+        raise p.err(f"ratio {ratio} is out of range: expected [0, 1)")
     if len(ins) > 2 and ins[2] is not None:
         train = p.const(ins[2], "training_mode")
         if bool(np.asarray(train)):
@@ -140,7 +149,7 @@ def _parse_dropout(p, m, node, ins):
 
 @parser("Cast")
 def _parse_cast(p, m, node, ins):
-    to = onnx_dtype(attr(node, "to"), f"node '{p.node_name}'")
+    to = element_type(p, attr(node, "to"), "to")
     if ins[0].shape.dtype == to:
         return ins[0]
     return p.add(m, "convert", ins, target_type=to)

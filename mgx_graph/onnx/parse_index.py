@@ -10,8 +10,7 @@ import math
 
 import numpy as np
 
-from ..shape import onnx_dtype
-from .op_parser import attr, check_axis, decode, parser, require_float
+from .op_parser import attr, check_axis, check_choice, decode, element_type, parser, require_float
 
 
 @parser("Hardmax")
@@ -40,8 +39,8 @@ def _scalar_const(p, ins, what):
 def _p_cumsum(p, m, node, ins):
     x = ins[0]
     axis = check_axis(p, _scalar_const(p, ins[1], "axis"), max(x.shape.ndim, 1))
-    return p.add(m, node.op_type.lower(), [x], axis=axis, exclusive=attr(node, "exclusive", 0),
-                 reverse=attr(node, "reverse", 0))
+    flags = {k: check_choice(p, int(attr(node, k, 0)), (0, 1), k) for k in ("exclusive", "reverse")}
+    return p.add(m, node.op_type.lower(), [x], axis=axis, **flags)
 
 
 @parser("OneHot")
@@ -84,12 +83,19 @@ def _p_eyelike(p, m, node, ins):
     if x.shape.ndim != 2:
         raise p.err(f"input must be 2-D, got {list(x.shape.lens)}")
     dt = attr(node, "dtype")
-    dtype = onnx_dtype(dt, f"node '{p.node_name}'") if dt is not None else x.shape.dtype
+    dtype = element_type(p, dt, "dtype") if dt is not None else x.shape.dtype
     return p.lit(m, np.eye(*x.shape.lens, k=attr(node, "k", 0), dtype=dtype))
 
 
 @parser("ReverseSequence")
 def _p_reverse_sequence(p, m, node, ins):
+    x, lens = ins[:2]
+    t = int(attr(node, "time_axis", 0))
+    if lens.op.name == "@literal" and x.shape.ndim >= 2 and t in (0, 1):
+        v = np.asarray(lens.op.value).reshape(-1)
+        if v.size and (v.min() < 0 or v.max() > x.shape.lens[t]):
+            raise p.err(f"sequence_lens {v.tolist()} has values outside [0, {x.shape.lens[t]}] (time_axis {t} of "
+                        f"{list(x.shape.lens)})")
     return p.add(m, "reverse_sequence", ins[:2], batch_axis=attr(node, "batch_axis", 1),
                  time_axis=attr(node, "time_axis", 0))
 
@@ -125,9 +131,7 @@ def _p_compress(p, m, node, ins):
 def _p_nms(p, m, node, ins):
     ins = list(ins) + [None] * (5 - len(ins))
     boxes, scores, max_in, iou_in, score_in = ins[:5]
-    center = attr(node, "center_point_box", 0)
-    if center not in (0, 1):
-        raise p.err(f"center_point_box must be 0 or 1, got {center}")
+    center = check_choice(p, attr(node, "center_point_box", 0), (0, 1), "center_point_box")
     max_out = int(_scalar_const(p, max_in, "max_output_boxes_per_class")) if max_in is not None else 0
     if iou_in is None:
         iou_in = p.lit(m, np.zeros((), np.float32))
@@ -135,9 +139,11 @@ def _p_nms(p, m, node, ins):
         v = float(np.asarray(iou_in.op.value).reshape(-1)[0])
         if not 0.0 <= v <= 1.0:
             raise p.err(f"iou_threshold must be in [0, 1], got {v}")
-    if boxes.shape.ndim != 3 or scores.shape.ndim != 3:
-        raise p.err(f"boxes must be [B, N, 4] and scores [B, C, N], got {list(boxes.shape.lens)} and "
-                    f"{list(scores.shape.lens)}")
+    bl, sl = list(boxes.shape.lens), list(scores.shape.lens)
+    if len(bl) != 3 or bl[2] != 4:
+        raise p.err(f"boxes must be [B, N, 4], got {bl}")
+    if len(sl) != 3 or sl[0] != bl[0] or sl[2] != bl[1]:
+        raise p.err(f"scores must be [B, C, N] = [{bl[0]}, C, {bl[1]}] (boxes {bl}), got {sl}")
     B, C, N = scores.shape.lens
     if max_out <= 0 or B * C * N == 0:
         return p.lit(m, np.zeros((0, 3), np.int64))
@@ -215,7 +221,7 @@ def _contract(p, m, a, la, b, lb, keep):
     for c in batch + summed:
         na, nb = size(a, la, c), size(b, lb, c)
         if na != nb and 1 not in (na, nb):
-            raise p.err(f"label '{c}' has sizes {na} and {nb}")
+            raise p.err(f"equation label '{c}' has sizes {na} and {nb} in the two operands")
         if na != nb and c in summed:  # a summed dim of size 1 broadcasts to the other operand's length
             x, labs, n = (a, la, nb) if na == 1 else (b, lb, na)
             lens = list(x.shape.lens)

@@ -5,7 +5,8 @@ pointwise and reduce parts fuse into generated kernels on the gpu target).
 ``loss[n, d...] = -input[n, target[n, d...], d...] * weight[target[n, d...]]`` (weight 1 without the
 weight input; 0 where ``target == ignore_index``).  ``reduction``: ``none`` (loss as is), ``sum``, or
 ``mean``: ``sum(loss) / sum(weight[target])`` over the non-ignored elements (the spec's definition; a
-target outside [0, C) that is not ignore_index reads a clamped class).  SoftmaxCrossEntropyLoss applies
+target outside [0, C) that is not ignore_index reads a clamped class); any other value sums, as
+onnxruntime does.  SoftmaxCrossEntropyLoss applies
 it to ``log_prob = LogSoftmax(scores, axis=1)`` and returns log_prob as its optional second output.
 
 ONNX operator spec: https://onnx.ai/onnx/operators/onnx__NegativeLogLikelihoodLoss.html and
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .op_parser import attr, decode, parser, require_float, unsupported
+from .op_parser import attr, decode, parser, require_float
 
 
 def _check(p, node, x, target, weight):
@@ -28,9 +29,7 @@ def _check(p, node, x, target, weight):
     if weight is not None and (weight.shape.dtype != xs.dtype or tuple(weight.shape.lens) != (xs.lens[1],)):
         raise p.err(f"weight {weight.shape.brief()} must be {xs.dtype} [C={xs.lens[1]}]")
     reduction = decode(attr(node, "reduction", b"mean"))
-    if reduction not in ("none", "sum", "mean"):
-        raise unsupported(p, node, f"reduction={reduction!r} (the spec allows none, sum, mean)")
-    return reduction
+    return reduction if reduction in ("none", "mean") else "sum"  # onnxruntime sums for any other value
 
 
 def nll_loss(p, m, node, x, target, weight):

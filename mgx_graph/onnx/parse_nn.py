@@ -12,6 +12,7 @@ from ..errors import ShapeError
 from .op_parser import attr, check_axis, check_min, decode, parser, unsupported
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
+from .parse_recurrent import check_recurrent
 
 
 @parser("MatMul")
@@ -153,9 +154,9 @@ def _parse_global_max_pool(p, m, node, ins):
     return p.add(m, "max", [y, p.lit(m, np.array(np.finfo(dt).min, dtype=dt))])
 
 
-@parser("Conv")
-def _parse_conv(p, m, node, ins):
-    x, w = ins[0], ins[1]
+def conv_geometry(p, node, x, w) -> tuple:
+    """``(pads, strides, dilations, group)`` of a Conv / ConvInteger / QLinearConv node over X ``x`` and W
+    ``w``, its attributes checked against the spec and the input shapes (ParseError naming them)."""
     from .parse_spatial import _spatial_attrs
 
     if w.shape.ndim != x.shape.ndim:
@@ -185,6 +186,14 @@ def _parse_conv(p, m, node, ins):
         if span < dil[i] * (kshape[i] - 1) + 1:
             raise p.err(f"'kernel_shape' = {kshape} with 'dilations' = {dil} spans more than X {list(x.shape.lens)} "
                         f"padded by 'pads' = {pads} on spatial axis {i}: expected an output of at least 1")
+    return pads, strides, dil, group
+
+
+@parser("Conv")
+def _parse_conv(p, m, node, ins):
+    x, w = ins[0], ins[1]
+    pads, strides, dil, group = conv_geometry(p, node, x, w)
+    M = w.shape.lens[0]
     args = [x, w] + ([ins[2]] if len(ins) > 2 and ins[2] is not None else [])
     if len(args) > 2 and list(args[2].shape.lens) != [M]:
         raise p.err(f"B {list(args[2].shape.lens)} must be 1-D [M] = [{M}]")
@@ -233,14 +242,12 @@ def _parse_lstm(p, m, node, ins):
     """LSTM (inputs X, W, R, B, sequence_lens, initial_h, initial_c, P) as one ``lstm`` instruction
     with zero bias / initial states where omitted; outputs Y, Y_h, Y_c.  Layout 1 and peepholes run on
     the host; raises UnsupportedOpError (see :func:`_lstm_unsupported`) for what nothing computes."""
+    direction, D, H, _ = check_recurrent(p, node, ins)
     _lstm_unsupported(p, node, ins)
     if _lstm_on_host(node, ins):
         return parse_generic(p, m, node, ins)
-    H = attr(node, "hidden_size")
-    direction = decode(attr(node, "direction", b"forward"))
     args = [ins[0], ins[1], ins[2]]
     dt = ins[0].shape.dtype
-    D = 2 if direction == "bidirectional" else 1
     B = ins[0].shape.lens[1]
     bias = ins[3] if len(ins) > 3 and ins[3] is not None else p.lit(m, np.zeros((D, 8 * H), dt))
     h0 = ins[5] if len(ins) > 5 and ins[5] is not None else p.lit(m, np.zeros((D, B, H), dt))

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from ..errors import ShapeError
 from ..shape import broadcast_lens
 from .op_parser import attr, check_axes, check_axis, parser, require_float, unsupported
 
@@ -69,8 +70,8 @@ def _p_mvn(p, m, node, ins):
     """``(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9)`` over ``axes`` (the function body of the spec)."""
     x = ins[0]
     require_float(p, x)
-    axes = list(attr(node, "axes", [0, 2, 3]))
-    check_axes(p, axes, x.shape.ndim)
+    # a repeated axis counts once (onnxruntime)
+    axes = sorted(set(check_axes(p, attr(node, "axes", [0, 2, 3]), x.shape.ndim, unique=False)))
     return p.add(m, "mean_var_norm", [x], axes=axes, epsilon=1e-9, eps_on_std=1, moments="raw")
 
 
@@ -89,8 +90,8 @@ def _p_lrn(p, m, node, ins):
     x = ins[0]
     require_float(p, x)
     size = attr(node, "size")
-    if size is None or size < 1:
-        raise p.err(f"size must be a positive integer, got {size}")
+    if size is None or size < 1:  # the spec allows an even size (onnxruntime does not)
+        raise p.err(f"'size' = {size} must be a positive integer")
     return p.add(m, "lrn", [x], size=size, alpha=attr(node, "alpha", 1e-4), beta=attr(node, "beta", 0.75),
                  bias=attr(node, "bias", 1.0))
 
@@ -103,7 +104,11 @@ def _p_rms_norm(p, m, node, ins):
     r = x.shape.ndim
     a = check_axis(p, attr(node, "axis", -1), r)
     normalized = tuple(x.shape.lens[a:])
-    if tuple(broadcast_lens(normalized, scale.shape.lens, where=p.node_name)) != normalized:
+    try:
+        fits = tuple(broadcast_lens(normalized, scale.shape.lens, where=p.node_name)) == normalized
+    except ShapeError:
+        fits = False
+    if not fits:
         raise p.err(f"scale {list(scale.shape.lens)} does not broadcast to the normalized dims {list(normalized)}")
     return p.add(m, "rms_norm", [x, scale], axis=a, epsilon=attr(node, "epsilon", 1e-5))
 

@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 
 from ..errors import UnsupportedOpError
-from .op_parser import attr, decode, parser
+from .op_parser import attr, parser
+from .parse_nn import conv_geometry
 
 _INT8 = ("uint8", "int8")
 
@@ -63,52 +64,27 @@ def _shifted(p, m, x, zp, what, per_axis_shape=None):
     if zp is None:
         return xf
     if zp.shape.dtype != x.shape.dtype:
-        raise p.err(f"{what} zero point type {zp.shape.dtype} != input type {x.shape.dtype}")
+        raise p.err(f"{what}_zero_point type {zp.shape.dtype} != input type {x.shape.dtype}")
     if zp.shape.elements() != 1 and (zp.shape.ndim != 1 or per_axis_shape is None):
-        raise p.err(f"{what} zero point {list(zp.shape.lens)} must be a scalar"
+        raise p.err(f"{what}_zero_point {list(zp.shape.lens)} must be a scalar"
                     + (" or 1-D per channel" if per_axis_shape is not None else ""))
     z = p.add(m, "convert", [zp], target_type="float64")
     if zp.shape.elements() == 1:
         z = p.reshape(m, z, [])
     else:
         if zp.shape.lens[0] != int(np.prod(per_axis_shape)):
-            raise p.err(f"{what} zero point {list(zp.shape.lens)} does not match {per_axis_shape}")
+            raise p.err(f"{what}_zero_point {list(zp.shape.lens)} does not match {per_axis_shape}")
         z = p.reshape(m, z, per_axis_shape)
     return p.add(m, "sub", [xf, z])
 
 
-def _conv_pads(p, node, x, kernel, strides, dil):
-    nsp = x.shape.ndim - 2
-    auto = decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
-    pads = list(attr(node, "pads") or [0] * (2 * nsp))
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0] * (2 * nsp)
-        for i in range(nsp):
-            size = x.shape.lens[2 + i]
-            total = max(0, (-(-size // strides[i]) - 1) * strides[i] + dil[i] * (kernel[i] - 1) + 1 - size)
-            small, big = total // 2, total - total // 2
-            pads[i], pads[i + nsp] = (small, big) if auto == "SAME_UPPER" else (big, small)
-    elif auto == "VALID":
-        pads = [0] * (2 * nsp)
-    elif auto != "NOTSET":
-        raise p.err(f"auto_pad '{auto}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
-    if len(pads) != 2 * nsp:
-        raise p.err(f"pads {pads} has {len(pads)} values, expected {2 * nsp}")
-    return pads
-
-
 def _integer_conv_geometry(p, node, x, w):
-    """``(spatial rank, kernel, strides, dilations, pads)`` of an 8-bit ConvInteger / QLinearConv node;
-    UnsupportedOpError for other input types, ParseError for mismatched ranks."""
+    """``(spatial rank, strides, dilations, pads, group)`` of an 8-bit ConvInteger / QLinearConv node,
+    checked as Conv's; UnsupportedOpError for other input types."""
     if x.shape.dtype not in _INT8 or w.shape.dtype not in _INT8:
         raise _unsupported(p, node, f"input types {x.shape.dtype} / {w.shape.dtype} (8-bit integers only)")
-    if x.shape.ndim < 3 or w.shape.ndim != x.shape.ndim:
-        raise p.err(f"input {list(x.shape.lens)} and weights {list(w.shape.lens)} ranks do not match")
-    nsp = x.shape.ndim - 2
-    kernel = list(attr(node, "kernel_shape") or w.shape.lens[2:])
-    strides = list(attr(node, "strides") or [1] * nsp)
-    dil = list(attr(node, "dilations") or [1] * nsp)
-    return nsp, kernel, strides, dil, _conv_pads(p, node, x, kernel, strides, dil)
+    pads, strides, dil, group = conv_geometry(p, node, x, w)
+    return x.shape.ndim - 2, strides, dil, pads, group
 
 
 @parser("ConvInteger")
@@ -116,12 +92,11 @@ def _p_conv_integer(p, m, node, ins):
     """int32 convolution of (x - x_zero_point) and (w - w_zero_point); x pads with its zero point."""
     ins = list(ins) + [None] * (4 - len(ins))
     x, w, xz, wz = ins[:4]
-    nsp, kernel, strides, dil, pads = _integer_conv_geometry(p, node, x, w)
+    nsp, strides, dil, pads, group = _integer_conv_geometry(p, node, x, w)
     M = w.shape.lens[0]
     xf = _shifted(p, m, x, xz, "x")
     wf = _shifted(p, m, w, wz, "w", [M] + [1] * (w.shape.ndim - 1))
-    y = p.add(m, "convolution", [xf, wf], padding=pads, stride=strides, dilation=dil,
-              group=int(attr(node, "group", 1)))
+    y = p.add(m, "convolution", [xf, wf], padding=pads, stride=strides, dilation=dil, group=group)
     return p.add(m, "convert", [y], target_type="int32")
 
 
@@ -134,6 +109,8 @@ def _p_matmul_integer(p, m, node, ins):
     if a.shape.dtype not in _INT8 or b.shape.dtype not in _INT8:
         raise _unsupported(p, node, f"input types {a.shape.dtype} / {b.shape.dtype} (8-bit integers only)")
     a1, b1 = a.shape.ndim == 1, b.shape.ndim == 1
+    if a.shape.lens[-1] != b.shape.lens[0 if b1 else -2]:
+        raise p.err(f"A {list(a.shape.lens)} and B {list(b.shape.lens)}: inner dims differ")
     af = _shifted(p, m, a, az, "a", None if a1 else [a.shape.lens[-2], 1])
     bf = _shifted(p, m, b, bz, "b", None if b1 else [b.shape.lens[-1]])
     if a1:
@@ -211,7 +188,8 @@ def _check_params(p, scale, zp):
         raise p.err(f"scale {list(scale.shape.lens)} must be a scalar before opset 13 (opset {p.opset})")
     if zp is not None and list(zp.shape.lens) != list(scale.shape.lens) and zp.shape.elements() != \
             scale.shape.elements():
-        raise p.err(f"zero point {list(zp.shape.lens)} and scale {list(scale.shape.lens)} shapes differ")
+        zname = "y_zero_point" if p.node.op_type == "QuantizeLinear" else "x_zero_point"
+        raise p.err(f"{zname} {list(zp.shape.lens)} and scale {list(scale.shape.lens)} shapes differ")
 
 
 @parser("QuantizeLinear")
@@ -341,6 +319,8 @@ def _p_qlinear_matmul(p, m, node, ins):
     if zb is not None and zb.shape.dtype != b.shape.dtype:
         raise p.err(f"b zero point type {zb.shape.dtype} != input type {b.shape.dtype}")
     a1, b1 = a.shape.ndim == 1, b.shape.ndim == 1
+    if a.shape.lens[-1] != b.shape.lens[0 if b1 else -2]:
+        raise p.err(f"A {list(a.shape.lens)} and B {list(b.shape.lens)}: inner dims differ")
     M = 1 if a1 else a.shape.lens[-2]
     af = _shifted(p, m, a, za, "a", None if a1 else [M, 1])
     bf = p.add(m, "convert", [b], target_type="float64")
@@ -369,15 +349,14 @@ def _p_qlinear_conv(p, m, node, ins):
     x, sx, zx, w, sw, zw, sy, zy, bias = ins[:9]
     if any(v is None for v in (x, sx, w, sw, sy, zy)):
         raise p.err("inputs x, x_scale, w, w_scale, y_scale and y_zero_point are required")
-    nsp, kernel, strides, dil, pads = _integer_conv_geometry(p, node, x, w)
+    nsp, strides, dil, pads, group = _integer_conv_geometry(p, node, x, w)
     M = w.shape.lens[0]
     per_m = [M] + [1] * nsp
     if zx is not None and zx.shape.elements() != 1:
         raise p.err(f"x_zero_point {list(zx.shape.lens)} must be a scalar")
     xf = _shifted(p, m, x, zx, "x")
     wf = _shifted(p, m, w, zw, "w", [M] + [1] * (w.shape.ndim - 1))
-    acc = p.add(m, "convolution", [xf, wf], padding=pads, stride=strides, dilation=dil,
-                group=int(attr(node, "group", 1)))
+    acc = p.add(m, "convolution", [xf, wf], padding=pads, stride=strides, dilation=dil, group=group)
     if bias is not None:
         if bias.shape.dtype != "int32" or list(bias.shape.lens) != [M]:
             raise p.err(f"B must be int32 [{M}], got {bias.shape.dtype} {list(bias.shape.lens)}")

@@ -25,14 +25,12 @@ def _p_grid_sample(p, m, node, ins):
     modes = _MODES_20 if p.opset >= 20 else _MODES_16
     mode = decode(attr(node, "mode", b"linear" if p.opset >= 20 else b"bilinear"))
     if mode not in modes:
-        raise p.err(f"mode '{mode}' is not one of {', '.join(modes)} (opset {p.opset})")
+        raise p.err(f"'mode' = '{mode}' is not one of {', '.join(modes)} (opset {p.opset})")
     mode = modes[mode]
     pad = decode(attr(node, "padding_mode", b"zeros"))
     if pad not in _PADDING:
-        raise p.err(f"padding_mode '{pad}' is not one of {', '.join(_PADDING)}")
-    align = int(attr(node, "align_corners", 0))
-    if align not in (0, 1):
-        raise p.err(f"align_corners {align} is not 0 or 1")
+        raise p.err(f"'padding_mode' = '{pad}' is not one of {', '.join(_PADDING)}")
+    align = int(bool(attr(node, "align_corners", 0)))  # any nonzero value is on, as onnxruntime reads it
     nd = x.shape.ndim - 2
     if nd != 2 and (p.opset < 20 or nd != 3):
         raise unsupported(p, node, f"{nd} spatial dims (X {list(x.shape.lens)}): 2" +
@@ -58,10 +56,9 @@ def _p_roi_align(p, m, node, ins):
         raise p.err(f"batch_indices must be int64, got {b.shape.dtype}")
     mode = decode(attr(node, "mode", b"avg"))
     if mode not in ("avg", "max"):
-        raise p.err(f"mode '{mode}' is not avg or max")
+        raise p.err(f"'mode' = '{mode}' is not one of 'avg', 'max'")
+    # any coordinate_transformation_mode other than half_pixel is output_half_pixel, as onnxruntime reads it
     ctm = decode(attr(node, "coordinate_transformation_mode", b"half_pixel" if p.opset >= 16 else b"output_half_pixel"))
-    if ctm not in ("half_pixel", "output_half_pixel"):
-        raise p.err(f"coordinate_transformation_mode '{ctm}' is not half_pixel or output_half_pixel")
     oh, ow = int(attr(node, "output_height", 1)), int(attr(node, "output_width", 1))
     sr = int(attr(node, "sampling_ratio", 0))
     if oh < 1 or ow < 1 or sr < 0:

@@ -235,6 +235,13 @@ def _parse_gathernd(p, m, node, ins):
 
 @parser("ScatterND")
 def _parse_scatternd(p, m, node, ins):
+    data, idx, upd = (v.shape for v in ins[:3])
+    k = idx.lens[-1] if idx.ndim else 0
+    if idx.ndim < 1 or not 1 <= k <= data.ndim:
+        raise p.err(f"the last dim of indices {list(idx.lens)} is out of range: expected [1, {data.ndim}] (data rank)")
+    want = list(idx.lens[:-1]) + list(data.lens[k:])
+    if list(upd.lens) != want:
+        raise p.err(f"updates {list(upd.lens)} must be indices.shape[:-1] + data.shape[{k}:] = {want}")
     return p.add(m, "scatternd", ins, reduction=_reduction(node))
 
 

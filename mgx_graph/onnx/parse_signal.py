@@ -43,14 +43,13 @@ def _p_dft(p, m, node, ins):
     require_float(p, x, "input")
     if x.shape.ndim < 2 or x.shape.lens[-1] not in (1, 2):
         raise p.err(f"input {list(x.shape.lens)} must end in 1 (real) or 2 (complex)")
-    inverse, onesided = int(attr(node, "inverse", 0)), int(attr(node, "onesided", 0))
-    if inverse not in (0, 1) or onesided not in (0, 1):
-        raise p.err(f"inverse {inverse} / onesided {onesided} must be 0 or 1")
+    # any nonzero inverse / onesided is on, as onnxruntime reads them
+    inverse, onesided = int(bool(attr(node, "inverse", 0))), int(bool(attr(node, "onesided", 0)))
     complex_in = x.shape.lens[-1] == 2
     if onesided and not inverse and complex_in:
-        raise p.err("a one-sided forward DFT (RFFT) needs real input (last dim 1)")
+        raise p.err("'onesided' = 1: a one-sided forward DFT (RFFT) needs real input (last dim 1)")
     if onesided and inverse and not complex_in:
-        raise p.err("a one-sided inverse DFT (IRFFT) needs complex input (last dim 2)")
+        raise p.err("'onesided' = 1: a one-sided inverse DFT (IRFFT) needs complex input (last dim 2)")
     axis = _dft_axis(p, node, ins, x)
     L = x.shape.lens[axis]
     if len(ins) > 1 and ins[1] is not None:
@@ -120,8 +119,8 @@ def _p_mel_weight_matrix(p, m, node, ins):
     M = _scalar(p, ins[0], "num_mel_bins")
     n = _scalar(p, ins[1], "dft_length")
     sr, lo, hi = ins[2], ins[3], ins[4]
-    if M < 1 or n < 1:
-        raise p.err(f"num_mel_bins {M} and dft_length {n} must be >= 1")
+    if M < 0 or n < 1:
+        raise p.err(f"num_mel_bins {M} must be >= 0 and dft_length {n} >= 1")
     if sr.shape.dtype not in ("int32", "int64") or sr.shape.elements() != 1:
         raise p.err(f"sample_rate must be one int32 / int64 value, got {sr.shape.dtype} {list(sr.shape.lens)}")
     for v, what in ((lo, "lower_edge_hertz"), (hi, "upper_edge_hertz")):
@@ -129,6 +128,8 @@ def _p_mel_weight_matrix(p, m, node, ins):
         if v.shape.elements() != 1:
             raise p.err(f"{what} must be a scalar, got {list(v.shape.lens)}")
     dt = _output_type(p, node)
+    if M == 0:  # no bins: an empty matrix, as onnxruntime gives
+        return p.lit(m, np.zeros((n // 2 + 1, 0), dt))
     if all(v.op.name == "@literal" for v in (sr, lo, hi)):
         vals = [np.asarray(v.op.value).reshape(()) for v in (sr, lo, hi)]
         why = mel_range_error(n, *vals)

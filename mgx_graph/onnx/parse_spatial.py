@@ -10,14 +10,12 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..operators.pooling import max_pool_index_maps, pool_divisor
 from ..operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity
-from .op_parser import attr, decode, parser
+from .op_parser import attr, check_choice, check_min, decode, parser
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -34,15 +32,14 @@ def _spatial_attrs(p, node, x, kernel=None):
     """(kernel, strides, dilations, pads, auto_pad) of a windowed op over ``x`` [N, C, *S], checked."""
     nsp = x.shape.ndim - 2
     if nsp < 1:
-        raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
-    # an attribute given with no values is checked (wrong size), not taken for its default
-    kernel = list(attr(node, "kernel_shape", kernel or []))
-    strides = list(attr(node, "strides", [1] * nsp))
-    dil = list(attr(node, "dilations", [1] * nsp))
-    pads = list(attr(node, "pads", [0] * (2 * nsp)))
-    auto = decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET"
-    if auto not in _AUTO_PADS:
-        raise p.err(f"auto_pad '{auto}' is not one of {', '.join(_AUTO_PADS)}")
+        raise p.err(f"X must be [N, C, spatial...] (rank >= 3), got {list(x.shape.lens)}")
+    def given(name, default):  # an attribute given empty is checked as given (onnxruntime refuses it)
+        v = attr(node, name)
+        return list(default if v is None else v)
+
+    kernel = given("kernel_shape", kernel or [])
+    strides, dil, pads = given("strides", [1] * nsp), given("dilations", [1] * nsp), given("pads", [0] * (2 * nsp))
+    auto = check_choice(p, decode(attr(node, "auto_pad", b"NOTSET")) or "NOTSET", _AUTO_PADS, "auto_pad")
     for what, v, n in (("kernel_shape", kernel, nsp), ("strides", strides, nsp), ("dilations", dil, nsp),
                        ("pads", pads, 2 * nsp)):
         if len(v) != n:
@@ -89,7 +86,7 @@ def _pool_common(p, node, x):
     kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x)
     if not kernel:
         raise p.err("kernel_shape is required")
-    ceil = int(attr(node, "ceil_mode", 0))
+    ceil = int(attr(node, "ceil_mode", 0)) == 1  # onnxruntime floors for any other value
     pb, pe, out = _pool_geometry(p, node, x, kernel, strides, dil, pads, auto, ceil)
     return dict(kernel=kernel, stride=strides, dilation=dil, pads_begin=pb, out_lens=out), pe
 
@@ -126,10 +123,9 @@ def _p_avgpool(p, m, node, ins):
 
 
 def _lp_p(p, node):
-    pv = attr(node, "p", 2)
-    if pv is None or not math.isfinite(pv) or pv <= 0:
-        raise p.err(f"p {pv} must be a positive finite number")
-    return float(pv)
+    """The int ``p`` of LpPool / GlobalLpPool; onnxruntime takes any value (``p <= 0`` included: p = 0
+    gives the window size to the power inf, p < 0 infinity at zeros)."""
+    return float(int(attr(node, "p", 2)))
 
 
 @parser("LpPool")
@@ -146,7 +142,7 @@ def _p_global_lppool(p, m, node, ins):
     """(sum over the spatial dims of |x|^p)^(1/p), keepdims: abs, pow, one reduction, pow."""
     x = ins[0]
     if x.shape.ndim < 3:
-        raise p.err(f"input must be [N, C, spatial...], got {list(x.shape.lens)}")
+        raise p.err(f"input X must be [N, C, spatial...], got {list(x.shape.lens)}")
     pv = _lp_p(p, node)
     dt = x.shape.dtype
     y = p.add(m, "abs", [x])
@@ -154,7 +150,7 @@ def _p_global_lppool(p, m, node, ins):
         y = p.add(m, "pow", [y, p.lit(m, np.array(pv, dt))])
     y = p.add(m, "reduce_sum", [y], axes=list(range(2, x.shape.ndim)), keepdims=1)
     if pv != 1.0:
-        y = p.add(m, "pow", [y, p.lit(m, np.array(1.0 / pv, dt))])
+        y = p.add(m, "pow", [y, p.lit(m, np.array(1.0 / pv if pv else np.inf, dt))])
     return y
 
 
@@ -204,7 +200,7 @@ def _p_conv_transpose(p, m, node, ins):
     if x.shape.dtype not in ("float16", "float32", "float64"):
         raise _unsupported(p, node, f"input type {x.shape.dtype}")
     if w.shape.ndim != x.shape.ndim:
-        raise p.err(f"weights {list(w.shape.lens)} and input {list(x.shape.lens)} ranks differ")
+        raise p.err(f"W {list(w.shape.lens)} and X {list(x.shape.lens)} ranks differ")
     kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x, list(w.shape.lens[2:]))
     if list(kernel) != list(w.shape.lens[2:]):
         raise p.err(f"kernel_shape {kernel} does not match the weights {list(w.shape.lens)}")
@@ -231,12 +227,10 @@ def _resize_attrs(p, node, x):
     nearest = "simple" if legacy else decode(attr(node, "nearest_mode", b"round_prefer_floor"))
     a = dict(mode=mode, coord_mode=ctm, nearest_mode=nearest, cubic_a=float(attr(node, "cubic_coeff_a", -0.75)),
              exclude_outside=bool(attr(node, "exclude_outside", 0)), antialias=bool(attr(node, "antialias", 0)))
-    if mode not in (_RESIZE_MODES[:2] if legacy else _RESIZE_MODES):
-        raise _unsupported(p, node, f"mode '{mode}'")
-    if ctm not in COORDINATE_MODES:
-        raise _unsupported(p, node, f"coordinate_transformation_mode '{ctm}'")
-    if nearest not in NEAREST_MODES:
-        raise _unsupported(p, node, f"nearest_mode '{nearest}'")
+    # Upsample and Resize-10 take cubic as onnxruntime does (their spec lists nearest and linear)
+    check_choice(p, mode, _RESIZE_MODES, "mode")
+    check_choice(p, ctm, COORDINATE_MODES, "coordinate_transformation_mode")
+    check_choice(p, nearest, NEAREST_MODES[:4] if not legacy else NEAREST_MODES, "nearest_mode")
     if a["antialias"] and mode == "nearest":
         raise _unsupported(p, node, "antialias=1 with mode 'nearest' (antialiasing applies to linear and cubic)")
     if a["exclude_outside"] and (mode == "nearest" or (mode == "linear" and not a["antialias"])):
@@ -285,8 +279,8 @@ def _resize_geometry(p, node, x, ins):
     scales, out, exact, widths = [np.float32(1.0)] * r, list(lens), [None] * r, [None] * r
     for a, v in zip(axes, given):
         if scales_in is not None:
-            if not v > 0:
-                raise p.err(f"scales {scales_in.tolist()} must be > 0")
+            if not v > 0 or (node.op_type == "Upsample" and v < 1):
+                raise p.err(f"'scales' = {scales_in.tolist()} must be {'>= 1' if node.op_type == 'Upsample' else '> 0'}")
             scales[a], out[a] = np.float32(v), int(np.float32(v) * np.float32(lens[a]))
             if out[a] and np.float32(out[a] / lens[a]) == scales[a]:
                 exact[a] = (out[a], lens[a])
@@ -299,9 +293,8 @@ def _resize_geometry(p, node, x, ins):
             out[a] = int(v)
             scales[a] = np.float32(v) / np.float32(lens[a]) if lens[a] else np.float32(1.0)
             exact[a] = (int(v), lens[a]) if lens[a] and v else None
-    policy = decode(attr(node, "keep_aspect_ratio_policy", b"stretch"))
-    if policy not in ("stretch", "not_larger", "not_smaller"):
-        raise _unsupported(p, node, f"keep_aspect_ratio_policy '{policy}'")
+    policy = check_choice(p, decode(attr(node, "keep_aspect_ratio_policy", b"stretch")),
+                          ("stretch", "not_larger", "not_smaller"), "keep_aspect_ratio_policy")
     if sizes is not None and policy != "stretch":
         pick = (min if policy == "not_larger" else max)(axes, key=lambda a: scales[a])
         s, ratio = scales[pick], exact[pick]
@@ -362,12 +355,9 @@ def _p_resize(p, m, node, ins):
 
 
 def _blocksize(p, node, x):
-    b = int(attr(node, "blocksize", 0))
     if x.shape.ndim != 4:
         raise p.err(f"input must be 4-D [N, C, H, W], got {list(x.shape.lens)}")
-    if b < 1:
-        raise p.err(f"blocksize {b} must be >= 1")
-    return b
+    return check_min(p, attr(node, "blocksize", 0), 1, "blocksize")[0]
 
 
 @parser("DepthToSpace")
@@ -376,17 +366,15 @@ def _p_depth_to_space(p, m, node, ins):
     x = ins[0]
     b = _blocksize(p, node, x)
     N, C, H, W = x.shape.lens
-    mode = decode(attr(node, "mode", b"DCR"))
+    mode = check_choice(p, decode(attr(node, "mode", b"DCR")), ("DCR", "CRD"), "mode")
     if C % (b * b):
         raise p.err(f"channels {C} are not divisible by blocksize^2 = {b * b}")
     if mode == "DCR":
         t = p.reshape(m, x, [N, b, b, C // (b * b), H, W])
         perm = [0, 3, 4, 1, 5, 2]
-    elif mode == "CRD":
+    else:
         t = p.reshape(m, x, [N, C // (b * b), b, b, H, W])
         perm = [0, 1, 4, 2, 5, 3]
-    else:
-        raise _unsupported(p, node, f"mode '{mode}' (DCR or CRD)")
     return p.reshape(m, p.add(m, "transpose", [t], permutation=perm), [N, C // (b * b), H * b, W * b])
 
 
@@ -396,9 +384,7 @@ def _p_space_to_depth(p, m, node, ins):
     x = ins[0]
     b = _blocksize(p, node, x)
     N, C, H, W = x.shape.lens
-    mode = decode(attr(node, "mode", b"DCR"))
-    if mode not in ("DCR", "CRD"):
-        raise _unsupported(p, node, f"mode '{mode}' (DCR or CRD)")
+    mode = check_choice(p, decode(attr(node, "mode", b"DCR")), ("DCR", "CRD"), "mode")
     if H % b or W % b:
         raise p.err(f"spatial dims {H} x {W} are not divisible by blocksize {b}")
     t = p.reshape(m, x, [N, C, H // b, b, W // b, b])

@@ -1,8 +1,9 @@
 """Checks of an ONNX model against the ONNX spec, as onnxruntime makes them when it loads a model.
 
 Before parsing (:func:`check_model`): the model's ``ir_version``; every node of the ONNX domains, in the
-main graph and in every subgraph, against its op's schema (``onnx.checker.check_node``: input count,
-an empty required input, unknown / missing required attributes, attribute types); the dims of every
+main graph and in every subgraph, against its op's schema (input / output counts, a required input
+given as '', unknown / missing required / mistyped attributes, with messages naming the formal input
+or attribute; then ``onnx.checker.check_node`` for the rest); the dims of every
 stored tensor (initializers, tensor attributes).  Nodes go to the checker one by one with their
 subgraphs and large tensors left out, so the check costs little for models with GB of weights.
 
@@ -27,6 +28,7 @@ from .topology import node_label
 
 SMALL_TENSOR = 4096  # bytes: a tensor attribute above this goes to the checker as an empty tensor
 ELEM_NAMES = {TensorProto.FLOAT: "float", TensorProto.DOUBLE: "double", TensorProto.STRING: "string"}
+_TYPE_NAMES = {v: k for k, v in AttributeProto.AttributeType.items()}
 
 
 def check_model(model: onnx.ModelProto) -> None:
@@ -58,15 +60,19 @@ def _check_graph(g, ctx, lex, where: str) -> None:
                 for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
                     _check_graph(sub, ctx, lex, f"{label}: attribute '{a.name}': ")
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if domain in ONNX_DOMAINS and onnx.defs.has(node.op_type, domain) and \
-                not _deprecated(node.op_type, opset_of(ctx, domain), domain):
-            try:
-                onnx.checker.C.check_node(_light_copy(node, domain).SerializeToString(), ctx, lex)
-            except onnx.checker.ValidationError as e:
-                raise ParseError(f"{label}: {_first_line(e)}") from None
-            except UnicodeDecodeError:  # the checker's message quotes a name that is not UTF-8
-                raise ParseError(f"{label}: breaks its op's schema, and a name or string in it is not "
-                                 f"valid UTF-8") from None
+        if domain not in ONNX_DOMAINS or not onnx.defs.has(node.op_type, domain):
+            continue
+        if domain == "":
+            _check_schema(node, opset_of(ctx, ""), label)
+        if _deprecated(node.op_type, opset_of(ctx, domain), domain):
+            continue
+        try:
+            onnx.checker.C.check_node(_light_copy(node, domain).SerializeToString(), ctx, lex)
+        except onnx.checker.ValidationError as e:
+            raise ParseError(f"{label}: {_first_line(e)}") from None
+        except UnicodeDecodeError:  # the checker's message quotes a name that is not UTF-8
+            raise ParseError(f"{label}: breaks its op's schema, and a name or string in it is not "
+                             f"valid UTF-8") from None
 
 
 def opset_of(ctx, domain: str) -> int:
@@ -83,6 +89,46 @@ def _deprecated(op_type: str, opset: int, domain: str) -> bool:
         return onnx.defs.get_schema(op_type, opset, domain).deprecated
     except onnx.defs.SchemaError:
         return False
+
+
+def _check_schema(node, opset: int, label: str) -> None:
+    """Input / output counts, required inputs given as '' and attributes of an ai.onnx ``node`` against
+    its op's schema at ``opset``, with messages naming the formal input or the attribute (onnx's checker
+    then checks the rest)."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return
+    n_in, n_out = len(node.input), len(node.output)
+    if not schema.min_input <= n_in <= schema.max_input:
+        raise ParseError(f"{label}: {n_in} inputs: expected {schema.min_input}..{schema.max_input} for "
+                         f"{node.op_type} at opset {opset}")
+    if not schema.min_output <= n_out <= schema.max_output:
+        raise ParseError(f"{label}: {n_out} outputs: expected {schema.min_output}..{schema.max_output} for "
+                         f"{node.op_type} at opset {opset}")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for name, formal in zip(node.input, schema.inputs):
+        if name == "" and formal.option == single:
+            raise ParseError(f"{label}: input '{formal.name}' is required but given as ''")
+    _check_attributes(node, schema, opset, label)
+
+
+def _check_attributes(node, schema, opset: int, label: str) -> None:
+    defined = schema.attributes
+    for a in node.attribute:
+        if a.ref_attr_name:
+            continue
+        want = defined.get(a.name)
+        if want is None:
+            raise ParseError(f"{label}: attribute '{a.name}' is not an attribute of {node.op_type} at opset {opset} "
+                             f"(it has {', '.join(sorted(defined)) or 'none'})")
+        if a.type and int(a.type) != int(want.type):
+            raise ParseError(f"{label}: attribute '{a.name}' is {_TYPE_NAMES.get(a.type, a.type)}: expected "
+                             f"{_TYPE_NAMES.get(int(want.type), want.type)}")
+    given = {a.name for a in node.attribute}
+    for name, spec in defined.items():
+        if spec.required and name not in given:
+            raise ParseError(f"{label}: required attribute '{name}' is missing")
 
 
 def _light_copy(node, domain: str):
