@@ -29,24 +29,5 @@ class Known(NamedTuple):
                 and re.search(self.message, text, re.S) is not None)
 
 
-# onnxruntime's words for a node that breaks its op's schema (input count, attribute names / types / sizes)
-SCHEMA = (r"has input size \d+ not in range|is marked single but has an empty string|Unrecognized attribute"
-          r"|Mismatched attribute type|Required attribute '\w+' is missing|Attribute \w+ has incorrect size")
-PARSERS = r"mgx_graph/onnx/parse_\w+\.py|operators/\w+\.py\", line \d+, in (__init__|compute_shape|_geometry)"
-
 KNOWN: list[Known] = [
-    Known("onnx-*", "accepted", "", r"Invalid 'mode' attribute value",
-          "F5: Pad mode '' / 'NOTSET' (not constant / reflect / edge / wrap) is accepted as constant"),
-    Known("onnx-*", "accepted", "", r"Unsupported model IR version|Missing model IR version",
-          "F6: the model's ir_version is not checked: 0 (missing) or above onnx's (18, 127) is accepted"),
-    Known("onnx-*", "accepted", "", r"of output arg \(\w+\) of node \(\w*\) does not match expected type",
-          "F7: a graph output's declared elem_type is not checked against the computed one (y declared "
-          "float8e4m3fn, computed float32: accepted, a float32 output)"),
-    Known("onnx-*", "accepted", "", r"Type parameter \(\w+\) of Optype \(\w+\) bound to different types"
-          r"|Type '[\w()]+' of input parameter \(\w+\) of operator \(\w+\) in node \(\w*\) is invalid",
-          "F8: input types are not checked against the op's type constraints (Pad of a bool x with a float "
-          "constant_value; Split at opset 1 with an int64 second input)"),
-    Known("onnx-*", "accepted", "", r"Out of bounds dimensions|ValidateEmbeddedTensorProto",
-          "F9: an initializer with a negative dim is accepted: numpy's reshape infers -1 (z dims [-1, 2] with "
-          "8 values becomes [4, 2])"),
 ]

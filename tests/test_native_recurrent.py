@@ -227,7 +227,8 @@ def test_bad_shapes():
     node = helper.make_node("RNN", ["x", "W", "R"], ["Y"], hidden_size=H)
     bad = make_model([node], {"x": x}, ["Y"], {"W": np.zeros((1, H, I), np.int32), "R": np.zeros((1, H, H), np.int32)},
                      output_types={"Y": TensorProto.INT32})
-    with pytest.raises(ParseError, match=r"X must be float16/float32/float64, got int32"):
+    with pytest.raises(ParseError, match=r"parameter 'X'\) has type tensor\(int32\): expected one of "
+                                         r"tensor\(double\), tensor\(float\), tensor\(float16\)"):
         mgx_graph.compile(bad, target="ref")
 
 

@@ -14,7 +14,6 @@ import warnings
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..errors import ParseError, ShapeError, UnsupportedOpError
 from ..ir import Instruction, Module, Program
@@ -22,8 +21,8 @@ from ..operators import make_op
 from ..operators.dynamic import NeedsValue
 from ..shape import Shape, onnx_dtype
 from . import op_parser
+from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .loader import load_model, symbolic_inputs, without_weights
-from .schema_check import check_attributes
 from .topology import check_acyclic, check_definitions, needed_nodes, node_label, topological_order, used_names
 
 MIN_OPSET, MAX_OPSET = 1, onnx.defs.onnx_opset_version()
@@ -61,6 +60,7 @@ class OnnxParser:
         self.guessed = False  # a loop trip count was guessed: later shapes may differ from onnx inference
         self.node = None
         self.node_name = ""
+        self.declared: dict[str, int] = {}  # graph output -> declared element type
 
     # -- helpers for node parsers ------------------------------------------------------------------
     def err(self, msg) -> ParseError:
@@ -125,6 +125,8 @@ class OnnxParser:
     def parse(self, output_names=None) -> Program:
         """Parse the model's graph into ``self.program`` (returning only ``output_names`` when given)."""
         g = self.model.graph
+        check_model(self.model)
+        self.declared = {o.name: o.type.tensor_type.elem_type for o in g.output if o.type.HasField("tensor_type")}
         check_definitions(g)
         check_acyclic(g)
         m = self.program.get_main_module()
@@ -135,10 +137,7 @@ class OnnxParser:
                 raise ParseError(f"input_dims names '{name}', which is not an input of the model "
                                  f"(inputs: {', '.join(declared) or 'none'})")
         for t in g.initializer:
-            try:
-                self.values[t.name] = m.add_literal(numpy_helper.to_array(t))
-            except Exception as e:
-                raise ParseError(f"initializer '{t.name}': cannot read tensor ({e})") from None
+            self.values[t.name] = m.add_literal(read_tensor(t, f"initializer '{t.name}'"))
         outs = output_names or [o.name for o in g.output]
         needed = None
         if output_names:
@@ -224,9 +223,10 @@ class OnnxParser:
             self.node = node
             self.node_name = node_label(node, idx)
             fn = self._parser_of(node)
-            check_attributes(self, node)
-            outs = fn(self, m, node, self._inputs_of(node))
-            self._bind_outputs(node, outs)
+            ins = self._inputs_of(node)
+            check_input_types(self, node, ins)
+            outs = fn(self, m, node, ins)
+            self._bind_outputs(m, node, outs)
 
     def _parser_of(self, node):
         domain = node.domain or ""
@@ -249,13 +249,15 @@ class OnnxParser:
                 ins.append(self.values[name])
         return ins
 
-    def _bind_outputs(self, node, outs) -> None:
+    def _bind_outputs(self, m: Module, node, outs) -> None:
         if not isinstance(outs, (list, tuple)):
             outs = [outs]
         for name, val in zip(node.output, outs):
             if name == "" or val is None:
                 continue
             self._check(name, val)
+            if name in self.declared and m is self.program.get_main_module():
+                check_output_type(self, name, self.declared[name], val)
             self.values[name] = val
             self.tensor_of.setdefault(id(val), name)
 
@@ -278,7 +280,7 @@ class OnnxParser:
         saved_node, saved_name = self.node, self.node_name
         try:
             for t in g.initializer:
-                self.values[t.name] = sub.add_literal(numpy_helper.to_array(t))
+                self.values[t.name] = sub.add_literal(read_tensor(t, f"subgraph '{name}': initializer '{t.name}'"))
             for pname, shape in (params or []):
                 self.values[pname] = sub.add_parameter(pname, shape)
                 self.tensor_of[id(self.values[pname])] = pname
@@ -300,7 +302,7 @@ class OnnxParser:
         saved_node, saved_name = self.node, self.node_name
         try:
             for t in g.initializer:
-                self.values[t.name] = m.add_literal(numpy_helper.to_array(t))
+                self.values[t.name] = m.add_literal(read_tensor(t, f"initializer '{t.name}'"))
             self.parse_nodes(m, g)
             return [self.values[o.name] for o in g.output]
         finally:

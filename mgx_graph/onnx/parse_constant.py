@@ -10,16 +10,16 @@ import math
 import os
 
 import numpy as np
-from onnx import numpy_helper
 
 from .op_parser import attr, ints, parser
+from .schema_check import read_tensor
 
 
 @parser("Constant")
 def _parse_constant(p, m, node, ins):
     a = node.attribute[0]
     if a.name == "value":
-        v = numpy_helper.to_array(a.t)
+        v = read_tensor(a.t, f"node '{p.node_name}' (Constant): attribute 'value'")
     elif a.name == "value_float":
         v = np.array(a.f, dtype=np.float32)
     elif a.name == "value_floats":
@@ -44,7 +44,8 @@ def _host_memory() -> int:
 def _parse_constant_of_shape(p, m, node, ins):
     lens = ints(p.const(ins[0], "input"))
     t = attr(node, "value")
-    v = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
+    v = read_tensor(t, f"node '{p.node_name}' (ConstantOfShape): attribute 'value'") if t is not None \
+        else np.zeros(1, np.float32)
     nbytes = math.prod(int(d) for d in lens) * v.dtype.itemsize
     if nbytes > _host_memory():  # refuse before numpy tries (an overcommitting host would kill the process)
         raise MemoryError(f"node '{node.name}' (ConstantOfShape): a {v.dtype}{list(lens)} literal of {nbytes} "
