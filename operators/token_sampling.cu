@@ -5,7 +5,8 @@
 // Four kernels, queued in this order (nothing here allocates: every buffer is the caller's, made once):
 //   ts_prepare  the penalized, temperature-scaled row s (float32) and its max; greedy: the id itself;
 //   ts_levels   counts and e-mass of s in 0.25-nat bins below the max: the smallest band of bins that
-//               holds every token top-k / top-p / min-p can keep (the candidates);
+//               holds every token top-k / top-p / min-p can keep (the candidates); with top-k and top-p
+//               both on, every token top-k keeps (top-p's total Z is their e-mass, summed in ts_select);
 //   ts_compact  the candidates of each block, in vocabulary order, into the block's segment;
 //   ts_select   one block per row: the exact thresholds over the candidates, the draw, the id written
 //               to ids / page-locked host memory / the seen mask, and the next slot.
@@ -233,25 +234,31 @@ extern "C" __global__ void ts_levels(const float* s, long long v, const float* r
         unsigned long long total = 0;
         for (int j = 0; j < TS_BINS; ++j) total += h[j];
         const double z = (double)total;
-        int jc = TS_BINS - 1;
+        int jk = TS_BINS - 1, jp = TS_BINS - 1, jc = TS_BINS - 1;
         unsigned long long cm = 0;
         unsigned int cc = 0;
-        bool found_k = !(top_k > 0 && top_k < v), found_p = !(top_p < 1.0f);
+        const bool use_k = top_k > 0 && top_k < v, use_p = top_p < 1.0f;
+        bool found_k = !use_k, found_p = !use_p;
         for (int j = 0; j < TS_BINS; ++j) {
             cc += c[j];
             cm += h[j];
             if (!found_k && cc >= top_k) {
                 found_k = true;
-                jc = j < jc ? j : jc;
+                jk = j;
             }  // the mass a kept token needs above it is < p * Z: with a margin for rounding
             if (!found_p && (double)cm >= (double)top_p * z * (1.0 + 1e-5) + 2.0 * v) {
                 found_p = true;
-                jc = j < jc ? j : jc;
+                jp = j;
             }
         }
-        if (min_p > 0.0f) {
-            const float d = -logf(min_p) + 0.01f;
-            if (d < 16.0f) jc = (int)(d * 4.0f) < jc ? (int)(d * 4.0f) : jc;
+        if (use_k && use_p) {
+            jc = jk;  // top-p's Z is the e-mass of every token top-k keeps: all of them are candidates
+        } else {
+            jc = jk < jp ? jk : jp;
+            if (min_p > 0.0f) {
+                const float d = -logf(min_p) + 0.01f;
+                if (d < 16.0f) jc = (int)(d * 4.0f) < jc ? (int)(d * 4.0f) : jc;
+            }
         }
         unsigned int n = 0;
         for (int j = 0; j <= jc; ++j) n += c[j];

@@ -4,8 +4,9 @@
 :class:`SampleAdvance` holds the workspace of ``rows`` rows of ``vocab`` logits (made once; a launch
 allocates nothing) and queues, per step, ``ts_prepare`` (penalty, temperature, the row max; greedy: the
 id), then for sampling ``ts_levels`` (the band of 0.25-nat bins below the max that holds every token the
-filters can keep), ``ts_compact`` (those candidates, in vocabulary order) and ``ts_select`` (one block
-per row: exact thresholds over the candidates, the Philox draw, the id).  Like
+filters can keep; with top-k and top-p both on, every token top-k keeps, whose mass is top-p's total),
+``ts_compact`` (those candidates, in vocabulary order) and ``ts_select`` (one block per row: exact
+thresholds over the candidates, the Philox draw, the id).  Like
 :class:`~mgx_graph.operators.index_ops.ArgmaxAdvance` it writes the id into the next step's
 ``input_ids``, optionally into page-locked host memory through its device address and the next slot
 into ``cache_position``, so sampled decoding pipelines as greedy decoding does.
@@ -39,7 +40,8 @@ def _module(dtype: str):
     with open(os.path.join(_HERE, "token_sampling.cu")) as f:
         src = f.read()
     head = _HALF if dtype == "float16" else ""
-    return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\n" + src)
+    no_fma = "-ffp-contract=off" if cupy.cuda.runtime.is_hip else "--fmad=false"  # rounded as on the host
+    return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\n" + src, options=(no_fma,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -125,6 +125,35 @@ def test_kernels_on_the_host_follow_the_rule(cfg):
         assert agree == 1.0, (dtype, agree)
 
 
+def _band_logits(rows, v):
+    """Rows whose top-p band of 0.25-nat bins (tokens 20 and 10) is narrower than top-k's 50 tokens, where
+    the mass of the 48 others decides top-p: token 10 (e**-0.1) has mass 1 above it, kept with p = 0.5 only
+    when Z is the mass of all 50 top-k tokens (~2.19), not of the band (~1.90)."""
+    x = np.full((rows, v), -20.0, np.float32)
+    x[:, 20], x[:, 10] = 0.0, -0.1
+    x[:, 100:148] = -5.0 - 0.01 * np.arange(48, dtype=np.float32)
+    return x
+
+
+def _check_band(run_tail, ctx, select_threads):
+    config, rows, v = SamplingConfig(do_sample=True, top_k=50, top_p=0.5, seed=7), 8, 300
+    x = _band_logits(rows, v)
+    want = TokenSampler(config, rows, v).choose(x)
+    assert {10, 20} <= set(want.tolist())  # the rule keeps both: the draws take each in some row
+    dev = SampleAdvance(ctx, rows, v, "float32")
+    dev.select_threads = select_threads
+    ids = ctx.xp.full((rows,), -1, np.int64)
+    run_tail(dev, ctx.xp.asarray(x), ids, config, 7, 0)
+    np.testing.assert_array_equal(np.asarray(ctx.to_host(ids, ctx.queue)), want)
+
+
+@pytest.mark.skipif(not attn_host.available(), reason="needs g++")
+def test_top_p_total_is_the_mass_of_every_top_k_token_on_the_host():
+    from mgx_graph.targets import make_context
+
+    _check_band(_host_tail(), make_context("ref"), 128)
+
+
 # -- gpu ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def gpu_ctx():
@@ -171,3 +200,9 @@ def test_sampled_generation_pipelines_on_the_device(model_cache, gpu_target):
     assert a.tokens == host.tokens
     assert dec._sample is not None  # the device tail ran
     assert generate(dec, prompt, 20, **{**opts, "seed": 4}).tokens != a.tokens
+
+
+@pytest.mark.gpu
+def test_top_p_total_is_the_mass_of_every_top_k_token_on_the_gpu(gpu_ctx):
+    with gpu_ctx.on_queue(gpu_ctx.queue):
+        _check_band(_gpu_tail, gpu_ctx, 1024)
