@@ -182,18 +182,24 @@ ACCEPTED = [  # onnxruntime accepts these: mgx_graph must give its values
 ]
 
 
+def _same_as_onnxruntime(model, feeds, target):
+    """mgx_graph's outputs equal onnxruntime CPU's (shape, dtype, values); skipped where the installed
+    onnxruntime refuses the model (1.30 refuses Split-18 with num_outputs past the dim, which 1.32 runs)."""
+    try:
+        want = ort_run(model, feeds)
+    except Exception as e:
+        pytest.skip(f"this onnxruntime refuses the model, so it gives no values to compare: {e}")
+    got = mgx_graph.compile(model, target=target).run(feeds)
+    for g, w in zip(got, want):
+        assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype, (np.shape(g), w.shape)
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("op,attrs,name,feeds,inits,out,opset,nout", ACCEPTED)
 def test_attribute_onnxruntime_accepts_gives_its_values(target, op, attrs, name, feeds, inits, out, opset, nout):
     feeds = {k: np.arange(v.size, dtype=v.dtype).reshape(v.shape) for k, v in feeds.items()}
     model = _model(op, attrs, feeds, inits, out, opset, nout)
-    try:
-        want = ort_run(model, feeds)
-    except Exception as e:  # an older onnxruntime refuses some (Split-18 num_outputs past the dim: 1.30)
-        pytest.skip(f"this onnxruntime refuses the model, so it gives no values to compare: {e}")
-    got = mgx_graph.compile(model, target=target).run(feeds)
-    for g, w in zip(got, want):
-        assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype
-        np.testing.assert_array_equal(g, w)
+    _same_as_onnxruntime(model, feeds, target)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,14 +230,7 @@ EMPTY = [C(f"{op}-axis{a}-o{o}", op, {"axis": a}, "", feeds={"x": E3}, opset=o)
 @pytest.mark.parametrize("op,attrs,name,feeds,inits,out,opset,nout", EMPTY)
 def test_empty_tensors_match_onnxruntime(target, op, attrs, name, feeds, inits, out, opset, nout):
     model = _model(op, attrs, feeds, inits, out, opset, nout)
-    try:
-        want = ort_run(model, feeds)
-    except Exception as e:  # an older onnxruntime refuses some (Split-18 num_outputs past the dim: 1.30)
-        pytest.skip(f"this onnxruntime refuses the model, so it gives no values to compare: {e}")
-    got = mgx_graph.compile(model, target=target).run(feeds)
-    for g, w in zip(got, want):
-        assert np.asarray(g).shape == w.shape and np.asarray(g).dtype == w.dtype, (np.shape(g), w.shape)
-        np.testing.assert_array_equal(g, w)
+    _same_as_onnxruntime(model, feeds, target)
 
 
 @pytest.mark.parametrize("op,attrs,name,feeds,inits,out,opset,nout", [
