@@ -71,7 +71,10 @@ def R(id, nodes, names, feeds=None, inits=None, **kw):
 
 REFUSED = [
     R("add-one-input", [_node("Add", ["x"])], ["bad_add", "Add", "1 inputs: expected 2..2"]),
-    R("relu-empty-input", [_node("Relu", [""])], ["bad_relu", "Relu", "input 'X' is required"]),
+    R("relu-empty-input", [_node("Relu", [""])], ["bad_relu", "Relu", "('X') is required"]),
+    R("concat-empty-variadic-input", [_node("Concat", ["", "x"], axis=1)], ["bad_concat", "Concat", "input 0",
+                                                                            "('inputs') is required"]),
+    R("concat-empty-second-input", [_node("Concat", ["x", ""], axis=1)], ["bad_concat", "Concat", "input 1"]),
     R("clip-too-many-inputs", [_node("Clip", ["x", "", "", "x"])], ["bad_clip", "Clip", "4 inputs: expected 1..3"]),
     R("gather-axis-floats", [_node("Gather", ["x", "i"], axis=[1.0, 2.0])], ["bad_gather", "Gather", "axis", "FLOATS"],
       inits={"i": np.array([0], np.int64)}),

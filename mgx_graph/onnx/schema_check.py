@@ -106,10 +106,11 @@ def _check_schema(node, opset: int, label: str) -> None:
     if not schema.min_output <= n_out <= schema.max_output:
         raise ParseError(f"{label}: {n_out} outputs: expected {schema.min_output}..{schema.max_output} for "
                          f"{node.op_type} at opset {opset}")
-    single = onnx.defs.OpSchema.FormalParameterOption.Single
-    for name, formal in zip(node.input, schema.inputs):
-        if name == "" and formal.option == single:
-            raise ParseError(f"{label}: input '{formal.name}' is required but given as ''")
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    for i, name in enumerate(node.input):
+        formal = schema.inputs[min(i, len(schema.inputs) - 1)] if schema.inputs else None
+        if name == "" and formal is not None and formal.option != optional:
+            raise ParseError(f"{label}: input {i} ('{formal.name}') is required but given as ''")
     _check_attributes(node, schema, opset, label)
 
 
