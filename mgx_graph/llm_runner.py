@@ -104,7 +104,7 @@ class GenaiLayout:
                    num_layers=dec.get("num_hidden_layers", Int(1)), num_kv_heads=kv,
                    head_size=dec.get("head_size", Int(1)), vocab_size=vocab,
                    context_length=cfg.get("context_length", Int(1)), eos_token_ids=eos,
-                   pad_token_id=cfg.get("pad_token_id", Int(0, vocab - 1), eos[0]), **names)
+                   pad_token_id=_pad_id(cfg.get("pad_token_id", Int(-1, vocab - 1), -1), eos[0]), **names)
 
     def check_graph(self) -> None:
         """ParameterError when a name of ``genai_config.json`` is not an input / output of the ONNX graph
@@ -118,6 +118,10 @@ class GenaiLayout:
             raise ParseError(f"{self.onnx_path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
         have = {"inputs": {i.name: i for i in graph.input}, "outputs": {o.name: o for o in graph.output}}
         path = self.folder / GENAI_CONFIG
+        if 2 * self.num_layers > len(have["inputs"]):
+            raise ParameterError(f"{path}: field 'model.decoder.num_hidden_layers': {self.num_layers}, but "
+                                 f"{self.onnx_path.name} has {len(have['inputs'])} inputs (a layer needs a past key "
+                                 f"and a past value input)")
         L = range(self.num_layers)
         wanted = [("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
                   ("inputs", "past_key_names", [self.past_key % i for i in L]),
@@ -149,6 +153,12 @@ def _positive_int(name: str, value, high: int | None = None) -> None:
         span = f"an int in 1..{high}" + (" (the context length)" if name == "max_length" else "") \
             if high is not None else "a positive int"
         raise ParameterError(f"{name} must be {span}, got {value!r}")
+
+
+def _pad_id(pad: int, eos: int) -> int:
+    """The pad token id of a config whose ``pad_token_id`` may be -1 (no pad token, as some configs write it):
+    the first end-of-sequence id then."""
+    return eos if pad < 0 else pad
 
 
 def check_runner_options(batch, max_length, context_length: int, target, hip_graph, fp16) -> None:

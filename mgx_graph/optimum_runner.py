@@ -58,7 +58,7 @@ def read_folder(folder) -> dict:
     cfg = Fields.read(folder / CONFIG, "an optimum-style model config")
     vocab = cfg.get("vocab_size", Int(1))
     eos = cfg.get("eos_token_id", Ids(vocab), [])
-    pad = cfg.get("pad_token_id", Int(0, vocab - 1), None)
+    pad = cfg.get("pad_token_id", Int(-1, vocab - 1), None)
     cfg.get("bos_token_id", Int(0, vocab - 1), None)
     context = cfg.get("max_position_embeddings", Int(1), 1 << 30)
     dims = _past_dims(folder / ONNX)
@@ -82,11 +82,11 @@ def read_folder(folder) -> dict:
     if (folder / GENERATION_CONFIG).exists():
         gen = Fields.read(folder / GENERATION_CONFIG, "generation defaults")
         eos = gen.get("eos_token_id", Ids(vocab), eos)
-        pad = gen.get("pad_token_id", Int(0, vocab - 1), pad)
+        pad = gen.get("pad_token_id", Int(-1, vocab - 1), pad)
         gen.get("bos_token_id", Int(0, vocab - 1), None)
     return {"num_layers": L, "num_kv_heads": kv, "head_size": hd, "vocab_size": vocab,
             "context_length": context, "eos_token_ids": eos,
-            "pad_token_id": pad if pad is not None else (eos[0] if eos else 0)}
+            "pad_token_id": pad if pad is not None and pad >= 0 else (eos[0] if eos else 0)}
 
 
 def _past_dims(path: Path) -> dict:

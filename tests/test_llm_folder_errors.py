@@ -101,7 +101,7 @@ GENAI_BAD = [  # (field, value, what the message must hold)
     ("model.vocab_size", "lots", "expected an int >= 1, got 'lots'"),
     ("model.vocab_size", 0, "got 0"),
     ("model.vocab_size", 32.0, "got 32.0"),
-    ("model.pad_token_id", "x", "expected an int in 0..31, got 'x'"),
+    ("model.pad_token_id", "x", "expected an int in -1..31, got 'x'"),
     ("model.pad_token_id", 99, "got 99"),
     ("model.bos_token_id", -3, "got -3"),
     ("model.context_length", 0, "expected an int >= 1, got 0"),
@@ -165,6 +165,7 @@ def test_decoder_inputs_the_runner_does_not_feed(tmp_path):
 
 @pytest.mark.parametrize("field,value,says", [
     ("model.decoder.num_hidden_layers", 3, "'past_key_values.2.key' is not one of the inputs"),
+    ("model.decoder.num_hidden_layers", 10 ** 15, "has 6 inputs"),  # refused before any name list is built
     ("model.decoder.outputs.logits", "scores", "'scores' is not one of the outputs"),
     ("model.decoder.head_size", 8, "has 4 on axis 3"),
     ("model.decoder.num_key_value_heads", 1, "has 2 on axis 1")])
@@ -235,11 +236,23 @@ def test_a_good_optimum_folder_and_its_generation_config(tmp_path):
     assert (got["eos_token_ids"], got["pad_token_id"]) == ([6, 7], 1)  # as transformers' generate takes them
 
 
+def test_pad_token_id_minus_one_means_none(tmp_path):
+    """Configs that write ``pad_token_id: -1`` (no pad token) pad with the first end-of-sequence id, as
+    transformers' generate does when a config has no pad token."""
+    (tmp_path / "g").mkdir()
+    lay = GenaiLayout.read(genai_folder(tmp_path / "g", _with("model.pad_token_id", -1)))
+    assert lay.pad_token_id == lay.eos_token_ids[0]
+    cfg = dict(OPTIMUM, pad_token_id=-1)
+    (tmp_path / "o").mkdir()
+    got = read_folder(optimum_folder(tmp_path / "o", cfg))
+    assert got["pad_token_id"] == got["eos_token_ids"][0]
+
+
 OPTIMUM_BAD = [
     ("vocab_size", "lots", "expected an int >= 1, got 'lots'"),
     ("vocab_size", DELETE, "got missing"),
     ("eos_token_id", "abc", "got 'abc'"), ("eos_token_id", [], "got []"),
-    ("pad_token_id", "x", "expected an int in 0..31, got 'x'"),
+    ("pad_token_id", "x", "expected an int in -1..31, got 'x'"),
     ("max_position_embeddings", 0, "got 0"),
     ("num_hidden_layers", 3, "expected 2 (as model.onnx has), got 3"),
     ("num_key_value_heads", 4, "expected 2 (as model.onnx has), got 4"),
