@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .passes.memory_coloring import MemoryPlan
+    from .settings import Settings
 
 
 @dataclass
@@ -30,6 +31,8 @@ class CompileResult:
     alias: ``{output name: parameter name}`` bound in place by ``bind_outputs``.
     alias_skipped: ``{output name: reason}`` of the requested pairs ``bind_outputs`` could not bind
         (only when the pairs were detected, not given: a given pair that cannot bind is a CompileError).
+    settings: the :class:`~mgx_graph.settings.Settings` the compile ran with (the ``MIGRAPHX_*`` table it
+        read once); what the compiled program's run-time switches come from.  Not saved in a ``.mxr``.
     """
 
     target: str = "ref"
@@ -40,3 +43,4 @@ class CompileResult:
     host_instructions: list = field(default_factory=list)
     alias: dict = field(default_factory=dict)
     alias_skipped: dict = field(default_factory=dict)
+    settings: "Settings | None" = None

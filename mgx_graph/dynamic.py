@@ -8,8 +8,8 @@ re-checks every specialized value, and a mismatch (``SpecializationMiss``) aband
 re-dispatches with the observed value.  A value needed before any specialization exists is computed
 by a *prefix program*: the model pruned to the nodes that produce it.  Specializations and prefix
 programs are each capped at ``max_specializations`` (LRU, released on eviction), and so are the value
-hints kept per input shapes (``HINTS_PER_SPECIALIZATION`` times that); every event is traced when
-``MIGRAPHX_HIP_GRAPH_DEBUG`` is on.
+hints kept per input shapes (``HINTS_PER_SPECIALIZATION`` times that); every event is logged (logger
+``mgx_graph.dynamic``, printed to stderr) when ``MIGRAPHX_HIP_GRAPH_DEBUG`` is on.
 
 Queue: every specialization and prefix program runs on one queue, the dispatcher's (created with its
 first specialization, destroyed at release), so the outputs of ``run_async`` are ready on
@@ -29,19 +29,20 @@ Outputs bound in place (``alias``) are not allowed here: a re-dispatched run mus
 """
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
-from . import env
+from . import settings as mgx_settings
 from .counters import GraphCounters
 from .errors import CompileError, MgxError, ParameterError
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
 
 MAX_ATTEMPTS = 16
 HINTS_PER_SPECIALIZATION = 8
+LOGGER = logging.getLogger("mgx_graph.dynamic")  # the MIGRAPHX_HIP_GRAPH_DEBUG trace of specializations
 
 
 def _freeze(known: dict) -> tuple:
@@ -127,7 +128,9 @@ class Dispatcher:
         self.compile_kw = dict(compile_kw)
         self.target = target
         self.cap = max(int(max_specializations), 1)
-        self.debug = debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
+        self.debug = debug or mgx_settings.current().hip_graph_debug
+        if self.debug:
+            mgx_settings.trace_logger(LOGGER.name)
         self.lock = threading.RLock()  # selection, caches, hints, counters
         self.compile_lock = threading.RLock()  # one compile (and its prefix runs) at a time
         self.run_lock = threading.RLock()  # one run at a time: every run enqueues on the one queue
@@ -150,7 +153,7 @@ class Dispatcher:
 
     def trace(self, event: str, detail: str) -> None:
         if self.debug:
-            print(f"[mgx_graph] {event:<8} {detail}", file=sys.stderr, flush=True)
+            LOGGER.debug("[mgx_graph] %-8s %s", event, detail)
 
     def _check_open(self) -> None:
         if self.released:

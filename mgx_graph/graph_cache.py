@@ -33,19 +33,21 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-import sys
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from . import env
+from . import settings as mgx_settings
 from .counters import GraphCounters
 from .errors import CaptureError, DeviceError
 from .graph_validation import ValidatedReplay
 from .runtime import CAPTURE_MODES, hipStreamCaptureStatusNone
 
 NEVER = 1 << 62
+
+LOGGER = logging.getLogger("mgx_graph.graph")  # the MIGRAPHX_HIP_GRAPH_DEBUG trace (one line per event)
 
 
 @dataclass
@@ -69,14 +71,15 @@ class GraphOptions:
     max_updates_per_exec: int = 1000
     gate_slower: bool = False
     debug: bool = False
+    force_eager: bool = False           # MIGRAPHX_TRACE_EVAL above 0: every region runs eagerly
 
     @classmethod
-    def from_env(cls, **overrides) -> "GraphOptions":
-        o = cls()
-        o.max_graphs = env.value_of("MIGRAPHX_HIP_GRAPH_MAX", o.max_graphs) or o.max_graphs
-        o.max_graph_bytes = env.value_of("MIGRAPHX_HIP_GRAPH_MAX_BYTES", o.max_graph_bytes) or o.max_graph_bytes
-        o.validate = env.enabled("MIGRAPHX_HIP_GRAPH_VALIDATE")
-        o.debug = env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
+    def from_env(cls, settings=None, **overrides) -> "GraphOptions":
+        """The defaults with the graph variables of ``settings`` (default: :func:`mgx_graph.settings.current`),
+        then ``overrides`` that are not None."""
+        s, o = settings or mgx_settings.current(), cls()
+        o.max_graphs, o.max_graph_bytes = s.hip_graph_max, s.hip_graph_max_bytes
+        o.validate, o.debug, o.force_eager = s.hip_graph_validate, s.hip_graph_debug, s.trace_eval > 0
         for k, v in overrides.items():
             if v is not None:
                 setattr(o, k, v)
@@ -143,8 +146,10 @@ class GraphLaunchState(ValidatedReplay):
         self.ctx = ctx
         self.rt = ctx.runtime
         self.warmup = self.options.warmup
-        self.debug = debug or self.options.debug or env.enabled("MIGRAPHX_HIP_GRAPH_DEBUG")
-        self.force_eager = env.value_of("MIGRAPHX_TRACE_EVAL", 0) > 0
+        self.debug = debug or self.options.debug or mgx_settings.current().hip_graph_debug
+        self.force_eager = self.options.force_eager or mgx_settings.current().trace_eval > 0
+        if self.debug:
+            mgx_settings.trace_logger(LOGGER.name)
         self.mode = CAPTURE_MODES[self.options.capture_mode]
         self.body_launches = body_launches
         self.n_instructions = n_instructions
@@ -168,8 +173,7 @@ class GraphLaunchState(ValidatedReplay):
     def trace(self, event: str, key_str: str, detail: str = "") -> None:
         self.last_event = event
         if self.debug:
-            print(f"[mgx_graph] {event:<8} {self.region} key={key_str}" + (f" {detail}" if detail else ""),
-                  file=sys.stderr, flush=True)
+            LOGGER.debug("[mgx_graph] %-8s %s key=%s%s", event, self.region, key_str, f" {detail}" if detail else "")
 
     @staticmethod
     def key_summary(key) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .env import enabled
+from . import settings as mgx_settings
 
 try:
     from . import _native
@@ -43,11 +43,11 @@ IS, EQ, LEN = 0, 1, 2  # how an attribute check compares (cpp/replay.c)
 COLD_LIMIT = 2  # C objects dropped in a row without a replay before the plan stops arming
 
 
-def available() -> bool:
-    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` is unset,
-    empty or one of 1/enable/enabled/yes/true (:func:`~mgx_graph.env.enabled`; ``0`` or any other value
-    turns it off).  On by default: 9.9 against 15-33 host us per W1 step on an H200, 2026-12-03."""
-    return _native is not None and enabled("MIGRAPHX_NATIVE_REPLAY", default=True)
+def available(settings=None) -> bool:
+    """Whether the native replay can arm here: the module is built and ``MIGRAPHX_NATIVE_REPLAY`` of
+    ``settings`` (a compiled program's; default: :func:`mgx_graph.settings.current`) is on.  On by
+    default: 9.9 against 15-33 host us per W1 step on an H200, 2026-12-03."""
+    return _native is not None and (settings or mgx_settings.current()).native_replay
 
 
 def _stable(ex, state, entry, rec) -> bool:

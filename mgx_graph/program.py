@@ -22,7 +22,7 @@ no ``graph_launch`` exists anywhere and execution is the plain eager path.
 """
 from __future__ import annotations
 
-from . import env
+from . import settings as mgx_settings
 from .compile_result import CompileResult
 from .compiled import CompiledProgram
 from .errors import CompileError, DeviceError
@@ -38,8 +38,8 @@ OUT_OF_MEMORY = ("hipErrorOutOfMemory", "hipErrorMemoryAllocation")  # HIP's nam
 
 
 def hip_graph_from_env() -> bool:
-    """``MIGRAPHX_HIP_GRAPH`` as read once by MIGraphX-style env handling."""
-    return env.enabled("MIGRAPHX_HIP_GRAPH")
+    """``MIGRAPHX_HIP_GRAPH`` as read once by MIGraphX-style env handling (:mod:`mgx_graph.settings`)."""
+    return mgx_settings.current().hip_graph
 
 
 GRAPH_OPTIONS = ("warmup", "debug", "max_graphs", "max_graph_bytes", "capture_mode", "validate", "gate_slower")
@@ -95,7 +95,8 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
         alias_map, strict = dict(alias or {}), True
     options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
                               host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
-    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)))
+    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)),
+                       settings=mgx_settings.current())  # the table this compile hands down
     PassManager(pipeline(tname, options), pctx).run(program)
     if budget is None:
         budget = graph_budget(given)

@@ -44,18 +44,19 @@ class ReplayPlan:
     ``block(queue)``: the queue block a host target's replay runs in (None on a device target);
     ``out``: the region's slot; ``tail``: the eval loop's plain steps of ``main`` after the region (its
     views); ``label``: the region step's label in errors; ``native``: whether its replays arm the
-    executor's native replay (a device target unless ``MIGRAPHX_NATIVE_REPLAY=0``: :meth:`_arm`)."""
+    executor's native replay (a device target unless ``MIGRAPHX_NATIVE_REPLAY=0`` in ``settings``, the
+    compiled program's: :meth:`_arm`)."""
 
     __slots__ = ("region", "read", "slots", "main", "launches", "device", "query", "block", "out", "tail", "label",
                  "native", "_mark", "_armed", "_cold")
 
     def __init__(self, region, slots, main, launches: int, device=None, query=None, *, block=None, out=None,
-                 tail=(), label: str = "graph_launch"):
+                 tail=(), label: str = "graph_launch", settings=None):
         self.slots = list(slots)
         self.region, self.read, self.main, self.launches = region, slot_getter(self.slots), main, launches
         self._mark = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
         self._armed, self._cold = None, 0  # the last C object armed; how many in a row were dropped unused
-        self.native = device is not None and native_replay.available()  # arms the native replay (read once)
+        self.native = device is not None and native_replay.available(settings)  # arms the native replay
         self.device, self.query = device, query
         self.block, self.out, self.tail, self.label = block, out, list(tail), label
 
@@ -83,7 +84,8 @@ class ReplayPlan:
         return cls(region, [slot[id(region.inputs[k])] for k in picks], main, loop.launch_totals[main.name], device,
                    ctx.runtime.device_query() if device is not None else None,
                    block=ctx.on_queue if device is None else None, out=slot[id(region)],
-                   tail=loop.plain[main.name][1:], label=loop.plain_labels[main.name][0])
+                   tail=loop.plain[main.name][1:], label=loop.plain_labels[main.name][0],
+                   settings=ex.result.settings)
 
     def run(self, ex, queue: int):
         """The outputs of a repeated call replayed on ``queue`` (the executor's lock held, its record

@@ -31,8 +31,8 @@ from .errors import ParameterError
 TRUE = ("1", "enable", "enabled", "yes", "true", "on")
 FALSE = ("0", "disable", "disabled", "no", "false", "off")
 GROUPS = {"graph": ("Graphs", ""), "compile": ("Compiler passes", ""),
-          "kernel": ("GPU kernels", "These change which kernel the `gpu` target runs, for A/B runs; the defaults are the "
-                     "faster choices measured on an H200 ([benchmarks.md](benchmarks.md#settings-measured)).")}
+          "kernel": ("GPU kernels", "These change which kernel the `gpu` target runs, for A/B runs; the defaults "
+                     "are the faster choices measured on an H200 ([benchmarks.md](benchmarks.md#settings-measured)).")}
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,8 @@ def markdown() -> str:
     """The variable tables of ``docs/settings.md`` (one per group), as generated from :data:`TABLE`."""
     out = []
     for key, (title, intro) in GROUPS.items():
-        out += [f"### {title}", ""] + ([intro, ""] if intro else []) + ["| variable | default | effect |", "|---|---|---|"]
+        out += [f"### {title}", ""] + ([intro, ""] if intro else [])
+        out += ["| variable | default | effect |", "|---|---|---|"]
         out += [f"| `{t.name}` | {t.shown(t.default)} | {t.doc} |" for t in TABLE if t.group == key]
         out.append("")
     return "\n".join(out)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..settings import active
 from ..shape import Shape
 from .gpu import GpuKernel
 
@@ -299,36 +300,27 @@ def unsupported(spec: Spec) -> str:
 
 def split_rows_setting() -> int:
     """Cache rows one block walks before the cache is split over blocks: ``MIGRAPHX_ATTN_SPLIT_ROWS``
-    (read once) or ``SPLIT_ROWS``; at least 1."""
-    from ..env import value_of
-
-    return max(1, value_of("MIGRAPHX_ATTN_SPLIT_ROWS", SPLIT_ROWS))
+    (the compile's setting, :func:`~mgx_graph.settings.active`) or ``SPLIT_ROWS``; at least 1."""
+    return max(1, active().attn_split_rows)
 
 
 def warp_kernel_setting() -> bool:
-    """``MIGRAPHX_ATTN_WARP`` (read once): the warp kernel for the specs it takes, unless set to another
-    value than ``1`` / ``enable`` / ``yes`` / ``true`` (``0``: ``mgx_attn_split`` for every spec)."""
-    from ..env import enabled
-
-    return enabled("MIGRAPHX_ATTN_WARP", default=True)
+    """``MIGRAPHX_ATTN_WARP`` (the compile's setting, :func:`~mgx_graph.settings.active`): the warp kernel
+    for the specs it takes (off: ``mgx_attn_split`` for every spec)."""
+    return active().attn_warp
 
 
 def warps_setting() -> int:
-    """Warps (32-lane groups) per block of ``mgx_attn_warp``: ``MIGRAPHX_ATTN_WARPS`` (read once) or
-    ``WARPS``, clamped to 1 .. ``MAX_WARPS`` and rounded down to a power of two (the planner then halves
-    it while the block's shared memory exceeds ``SMEM_LIMIT``)."""
-    from ..env import value_of
-
-    return _pow2_floor(min(max(value_of("MIGRAPHX_ATTN_WARPS", WARPS), 1), MAX_WARPS))
+    """Warps (32-lane groups) per block of ``mgx_attn_warp``: ``MIGRAPHX_ATTN_WARPS`` (the compile's setting,
+    :func:`~mgx_graph.settings.active`; default ``WARPS``), clamped to 1 .. ``MAX_WARPS`` and rounded down
+    to a power of two (the planner then halves it while the block's shared memory exceeds ``SMEM_LIMIT``)."""
+    return _pow2_floor(min(max(active().attn_warps, 1), MAX_WARPS))
 
 
 def lanes_setting() -> bool:
-    """``MIGRAPHX_ATTN_LANES`` (read once): ``mgx_attn_lanes`` for the specs it takes (:func:`lanes_unsupported`),
-    unless set to another value than ``1`` / ``enable`` / ``yes`` / ``true`` (``0``: ``mgx_attn_warp`` /
-    ``mgx_attn_split`` as before)."""
-    from ..env import enabled
-
-    return enabled("MIGRAPHX_ATTN_LANES", default=True)
+    """``MIGRAPHX_ATTN_LANES`` (the compile's setting, :func:`~mgx_graph.settings.active`): ``mgx_attn_lanes``
+    for the specs it takes (:func:`lanes_unsupported`; off: ``mgx_attn_warp`` / ``mgx_attn_split`` as before)."""
+    return active().attn_lanes
 
 
 def lanes_unsupported(spec: Spec) -> str:
@@ -342,14 +334,12 @@ def lanes_unsupported(spec: Spec) -> str:
 
 
 def lanes_branchless_setting() -> bool:
-    """``MIGRAPHX_ATTN_LANES_BRANCHLESS`` (read once): ``mgx_attn_lanes`` compiled without the branches that skip
-    a chunk or a warp without a visible key (``BRANCHLESS``: the default; the skipped work has zero weight, and
-    without the branches the compiler issues each chunk's V loads with its K loads: SmolLM2-135M's fp16 decode
-    step 0.4952 vs 0.5013 ms/token on an H200, bench/results/h200_logs/50), unless set to another value than
-    ``1`` / ``enable`` / ``yes`` / ``true`` (``0``: the branches kept)."""
-    from ..env import enabled
-
-    return enabled("MIGRAPHX_ATTN_LANES_BRANCHLESS", default=True)
+    """``MIGRAPHX_ATTN_LANES_BRANCHLESS`` (the compile's setting, :func:`~mgx_graph.settings.active`):
+    ``mgx_attn_lanes`` compiled without the branches that skip a chunk or a warp without a visible key
+    (``BRANCHLESS``: the default; the skipped work has zero weight, and without the branches the compiler
+    issues each chunk's V loads with its K loads: SmolLM2-135M's fp16 decode step 0.4952 vs 0.5013 ms/token
+    on an H200, bench/results/h200_logs/50; off: the branches kept)."""
+    return active().attn_lanes_branchless
 
 
 def _lanes_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
@@ -362,12 +352,10 @@ def _lanes_plan(spec: Spec, splits: int, kps: int, wk: int, wv: int) -> Plan:
 
 
 def v_early_setting() -> bool:
-    """``MIGRAPHX_ATTN_V_EARLY`` (read once): ``mgx_attn_warp`` loads a step's V rows together with its
-    K rows where the registers allow (:func:`v_early_rows`), unless set to another value than ``1`` /
-    ``enable`` / ``yes`` / ``true`` (``0``: V rows loaded after the weights, every plan)."""
-    from ..env import enabled
-
-    return enabled("MIGRAPHX_ATTN_V_EARLY", default=True)
+    """``MIGRAPHX_ATTN_V_EARLY`` (the compile's setting, :func:`~mgx_graph.settings.active`): ``mgx_attn_warp``
+    loads a step's V rows together with its K rows where the registers allow (:func:`v_early_rows`; off: V
+    rows loaded after the weights, every plan)."""
+    return active().attn_v_early
 
 
 def v_early_rows(HV: int, vv: int, warps: int, kps: int) -> int:
@@ -480,7 +468,9 @@ def attention_kernel(spec: Spec, pick, shapes: dict, label: str) -> GpuKernel:
     plan = make_plan(spec)
     srcs = (plan.source(True), plan.source(False))
     names = (plan.kernel, "mgx_attn_combine")
-    ready = [(precompile(src, names[0]), precompile(src, names[1]) if plan.splits > 1 else None) for src in srcs]
+    pdl = active().pdl  # the compile's MIGRAPHX_PDL, for the launches too
+    ready = [(precompile(src, names[0], pdl), precompile(src, names[1], pdl) if plan.splits > 1 else None)
+             for src in srcs]
     item = np.dtype(spec.dtype).itemsize
     wk, wv = plan.vk * item, (plan.vw if plan.kernel == "mgx_attn_warp" else plan.vv) * item
     layouts = [(r, _byte_strides(s.lens, s.strides, s.np_dtype.itemsize)) for r, s in shapes.items()]
@@ -489,7 +479,7 @@ def attention_kernel(spec: Spec, pick, shapes: dict, label: str) -> GpuKernel:
 
     def fn(variant: int, which: int):
         got = ready[variant][which]
-        return got if got is not None else compiled_function(srcs[variant], names[which])
+        return got if got is not None else compiled_function(srcs[variant], names[which], pdl)
 
     def run(ctx, out, args, ws):
         a = pick(args)

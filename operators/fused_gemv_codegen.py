@@ -320,7 +320,10 @@ def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
     Each launch checks the arrays' strides against the ones compiled in, and takes the 16-byte-load
     variant when the weight's rows and data pointer are 16-byte aligned."""
     (vks, plan, parts), (sks, _, _) = (fused_gemv_source(sub, in_shapes, out_shape, v) for v in (True, False))
-    ready = [precompile(k.source, k.name) for k in (vks, sks)]
+    from .programmatic_launch import pdl_setting
+
+    pdl = pdl_setting()  # the compile's MIGRAPHX_PDL, for the launches too
+    ready = [precompile(k.source, k.name, pdl) for k in (vks, sks)]
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
     align = plan.vec * np.dtype(plan.dtype).itemsize
@@ -332,7 +335,7 @@ def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
         _check(list(args) + list(results), layouts, vks.name)
         k = 0 if rows_aligned and ctx.data_ptr(args[wk]) % align == 0 else 1
         ks = (vks, sks)[k]
-        (ready[k] or compiled_function(ks.source, ks.name))(grid, block, (*args, *results))
+        (ready[k] or compiled_function(ks.source, ks.name, pdl))(grid, block, (*args, *results))
 
     run.source = vks
     run.sources = (vks, sks)

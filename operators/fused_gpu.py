@@ -21,16 +21,17 @@ from .gpu import GpuKernel
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_function(source: str, name: str):
+def compiled_function(source: str, name: str, pdl: bool | None = None):
     """The ``extern "C"`` kernel ``name`` of ``source``, compiled once per process (CuPy caches the
-    binary on disk).  Unless ``MIGRAPHX_PDL=0``, on a device that supports it the source gets the grid
-    dependency instructions and the function launches programmatically inside captures
-    (:mod:`.programmatic_launch`)."""
+    binary on disk).  With ``pdl`` (the ``MIGRAPHX_PDL`` setting of the compile that made the kernel;
+    None: the compile in progress, :func:`.programmatic_launch.pdl_setting`) on and a device that supports
+    it, the source gets the grid dependency instructions and the function launches programmatically
+    inside captures (:mod:`.programmatic_launch`)."""
     import cupy
 
     from .programmatic_launch import ProgrammaticKernel, pdl_enabled, with_grid_dependency
 
-    if pdl_enabled():
+    if pdl_enabled(pdl):
         from ..runtime import device_runtime
 
         fn = cupy.RawModule(code=with_grid_dependency(source)).get_function(name)
@@ -38,15 +39,16 @@ def compiled_function(source: str, name: str):
     return cupy.RawModule(code=source).get_function(name)
 
 
-def precompile(source: str, name: str):
-    """The compiled kernel, or None when CuPy is not importable (lowering without a device: the
-    first launch compiles).  Raises ValueError naming the kernel when NVRTC / hipRTC rejects it."""
+def precompile(source: str, name: str, pdl: bool | None = None):
+    """The compiled kernel (``pdl``: as :func:`compiled_function` takes it), or None when CuPy is not
+    importable (lowering without a device: the first launch compiles).  Raises ValueError naming the
+    kernel when NVRTC / hipRTC rejects it."""
     try:
         import cupy  # noqa: F401
     except ImportError:
         return None
     try:
-        return compiled_function(source, name)
+        return compiled_function(source, name, pdl)
     except Exception as e:  # CompileException, a missing header, no device
         raise ValueError(f"kernel {name} does not compile: {type(e).__name__}: {e}") from e
 
@@ -98,8 +100,10 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
     ``sub``: one launch, and for each scatter first a copy of its data into its output unless the
     output is that buffer (bound in place), one launch more planned per scatter; raises ValueError when
     the module has no generated form or its source does not compile."""
-    ks = _source_maker(kind)(sub, in_shapes, out_shape)
-    ready = precompile(ks.source, ks.name)
+    from .programmatic_launch import pdl_setting
+
+    ks, pdl = _source_maker(kind)(sub, in_shapes, out_shape), pdl_setting()
+    ready = precompile(ks.source, ks.name, pdl)
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
     extent, grid, block, name, source = np.int64(ks.extent), (ks.grid,), (ks.block,), ks.name, ks.source
@@ -113,7 +117,7 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         if not ks.extent:
             return
         _check(list(args) + list(results), layouts, name)
-        (ready or compiled_function(source, name))(grid, block, (*args, *results, extent))
+        (ready or compiled_function(source, name, pdl))(grid, block, (*args, *results, extent))
 
     run.source = ks  # for inspection (tests, debugging)
     return GpuKernel(run, 1 + len(copies), [], True, f"{kind} (generated {name})")

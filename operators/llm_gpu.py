@@ -45,16 +45,17 @@ def kernel_source(dtype: str) -> str:
 def _function(dtype: str, name: str):
     """The compiled kernel now when CuPy is importable, else a loader that compiles on first launch."""
     from .fused_gpu import compiled_function, precompile
+    from .programmatic_launch import pdl_setting
 
-    src = kernel_source(dtype)
-    ready = precompile(src, name)
+    src, pdl = kernel_source(dtype), pdl_setting()
+    ready = precompile(src, name, pdl)
     if ready is not None:
         return ready
     cache = []
 
     def lazy(*a):
         if not cache:
-            cache.append(compiled_function(src, name))
+            cache.append(compiled_function(src, name, pdl))
         return cache[0](*a)
     return lazy
 

@@ -53,13 +53,20 @@ _SCALARS = {np.dtype(np.int64): ctypes.c_longlong, np.dtype(np.int32): ctypes.c_
             np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
 
 
-def pdl_enabled() -> bool:
-    """``MIGRAPHX_PDL`` (read once; on unless set to another value than ``1`` / ``enable`` / ``yes`` /
-    ``true``) and the device runtime supports the launch."""
-    from ..env import enabled
+def pdl_setting() -> bool:
+    """``MIGRAPHX_PDL`` of the compile in progress (:func:`mgx_graph.settings.active`): what a kernel
+    builder captures at lowering and hands to :func:`.fused_gpu.compiled_function` at launch."""
+    from ..settings import active
+
+    return active().pdl
+
+
+def pdl_enabled(setting: bool | None = None) -> bool:
+    """``setting`` (``MIGRAPHX_PDL`` of the compile that made the kernel; None: :func:`pdl_setting`) is on
+    and the device runtime supports the launch."""
     from ..runtime import device_runtime
 
-    if not enabled("MIGRAPHX_PDL", default=True):
+    if not (pdl_setting() if setting is None else setting):
         return False
     rt = device_runtime()
     return rt is not None and rt.programmatic_launch_supported()

@@ -11,9 +11,13 @@ place (a :class:`ModulePass` does it module by module).  A target declares its p
   :class:`~mgx_graph.passes.validate.InvalidProgram` (a CompileError) naming the pass that broke it and
   the instruction at fault.  On by default (the input program is checked too);
   ``MIGRAPHX_DISABLE_VALIDATE_PASSES=1`` or ``validate=False`` turns it off;
-* prints ``Pass: <name>`` and the program to stderr with ``MIGRAPHX_TRACE_COMPILE``;
-* prints ``Pass <name>: <ms>ms`` to stderr with ``MIGRAPHX_TIME_PASSES`` (the pass alone), then a
-  last line with the time all validations took.
+* logs ``Pass: <name>`` and the program with ``MIGRAPHX_TRACE_COMPILE``;
+* logs ``Pass <name>: <ms>ms`` with ``MIGRAPHX_TIME_PASSES`` (the pass alone), then a last line with
+  the time all validations took.
+
+Those lines go to the ``mgx_graph.compile`` logger, which then prints them to stderr
+(:func:`mgx_graph.settings.trace_logger`).  The passes run with the pass context's settings active
+(:func:`mgx_graph.settings.using`): the kernel switches the lowering reads are those of this compile.
 
 ``MIGRAPHX_DISABLE_PASSES=name,...`` skips the passes or groups named (for A/B runs).  ``lowering``
 and ``memory_coloring`` cannot be skipped (the executor needs kernels and a memory plan); a name
@@ -21,11 +25,10 @@ that is neither a pass nor a group of the pipeline is a CompileError, so a typo 
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
-from .. import env
+from .. import settings as mgx_settings
 from ..compile_result import CompileResult
 from ..errors import CompileError
 from .validate import InvalidProgram, validate_program
@@ -38,14 +41,20 @@ class PassContext:
     target: the name of the target compiled for (``ref`` or ``gpu``).
     result: the :class:`~mgx_graph.compile_result.CompileResult` the passes fill (memory plan,
         host-fallback ops, outputs bound in place); a fresh one for ``target`` when not given.
+    settings: the :class:`~mgx_graph.settings.Settings` of this compile (default: the result's, else the
+        process's, :func:`mgx_graph.settings.current`); the result keeps the same object.
     """
 
     target: str = "ref"
     result: CompileResult | None = None
+    settings: mgx_settings.Settings | None = None
 
     def __post_init__(self):
         if self.result is None:
             self.result = CompileResult(target=self.target)
+        if self.settings is None:
+            self.settings = self.result.settings or mgx_settings.current()
+        self.result.settings = self.settings
 
 
 class Pass:
@@ -111,14 +120,16 @@ class PipelineOptions:
 
 def disabled_from_env() -> set[str]:
     """Names in ``MIGRAPHX_DISABLE_PASSES`` (comma separated, read once; empty when unset)."""
-    raw = env.string_value_of("MIGRAPHX_DISABLE_PASSES", "") or ""
-    return {n.strip().lower() for n in raw.split(",") if n.strip()}
+    return set(mgx_settings.current().disable_passes)
+
+
+LOGGER = "mgx_graph.compile"  # the trace and timing lines of MIGRAPHX_TRACE_COMPILE / MIGRAPHX_TIME_PASSES
 
 
 class PassManager:
     """Runs ``pipeline`` (PassGroups, or bare passes, each then a group of its own) over a program.
 
-    ``validate``, ``trace`` and ``timing`` default to the environment (``MIGRAPHX_DISABLE_VALIDATE_PASSES``,
+    ``validate``, ``trace`` and ``timing`` default to the context's settings (``MIGRAPHX_DISABLE_VALIDATE_PASSES``,
     ``MIGRAPHX_TRACE_COMPILE``, ``MIGRAPHX_TIME_PASSES``); ``disabled`` (pass or group names) to
     ``MIGRAPHX_DISABLE_PASSES``.  Raises CompileError for a disabled name that is unknown or required.
     """
@@ -127,10 +138,11 @@ class PassManager:
                  trace: bool | None = None, timing: bool | None = None, disabled=None):
         self.groups = [g if isinstance(g, PassGroup) else PassGroup(g.name, [g]) for g in pipeline]
         self.ctx = ctx if ctx is not None else PassContext()
-        self.validate = not env.enabled("MIGRAPHX_DISABLE_VALIDATE_PASSES") if validate is None else bool(validate)
-        self.trace = env.enabled("MIGRAPHX_TRACE_COMPILE") if trace is None else bool(trace)
-        self.timing = env.enabled("MIGRAPHX_TIME_PASSES") if timing is None else bool(timing)
-        self.disabled = {n.lower() for n in (disabled_from_env() if disabled is None else disabled)}
+        s = self.ctx.settings
+        self.validate = not s.disable_validate_passes if validate is None else bool(validate)
+        self.trace = s.trace_compile if trace is None else bool(trace)
+        self.timing = s.time_passes if timing is None else bool(timing)
+        self.disabled = {n.lower() for n in (s.disable_passes if disabled is None else disabled)}
         self._check_disabled()
 
     def _check_disabled(self) -> None:
@@ -164,23 +176,25 @@ class PassManager:
         """Run the scheduled passes over ``program`` in place.  Errors a pass raises propagate as they
         are; an invalid program after a pass raises InvalidProgram naming the pass."""
         validate_s, memo = 0.0, {}
+        log = mgx_settings.trace_logger(LOGGER) if self.trace or self.timing else None
         if self.validate:
             validate_s += self._validate(program, None, memo)
-        if self.trace or self.timing:
+        if log:
             for _, p in self.skipped():
-                print(f"Pass {p.name}: skipped (MIGRAPHX_DISABLE_PASSES)", file=sys.stderr)
-        for _, p in self.scheduled():
-            t0 = time.perf_counter()
-            p.apply(program, self.ctx)
-            if self.timing:
-                print(f"Pass {p.name}: {(time.perf_counter() - t0) * 1e3:.3f}ms", file=sys.stderr)
-            if self.trace:
-                print(f"Pass: {p.name}", file=sys.stderr)
-                print(program.print(), file=sys.stderr)
-            if self.validate:
-                validate_s += self._validate(program, p.name, memo)
+                log.debug("Pass %s: skipped (MIGRAPHX_DISABLE_PASSES)", p.name)
+        with mgx_settings.using(self.ctx.settings):
+            for _, p in self.scheduled():
+                t0 = time.perf_counter()
+                p.apply(program, self.ctx)
+                if self.timing:
+                    log.debug("Pass %s: %.3fms", p.name, (time.perf_counter() - t0) * 1e3)
+                if self.trace:
+                    log.debug("Pass: %s", p.name)
+                    log.debug("%s", program.print())
+                if self.validate:
+                    validate_s += self._validate(program, p.name, memo)
         if self.timing and self.validate:
-            print(f"Validation: {validate_s * 1e3:.3f}ms", file=sys.stderr)
+            log.debug("Validation: %.3fms", validate_s * 1e3)
 
     @staticmethod
     def _validate(program, pass_name: str | None, memo: dict) -> float:

@@ -15,7 +15,7 @@ from collections import deque
 
 import numpy as np
 
-from ..env import enabled
+from .. import settings as mgx_settings
 from ..errors import DeviceError, ParameterError
 
 
@@ -23,7 +23,7 @@ def poll_setting() -> bool:
     """``MIGRAPHX_HOST_READER_POLL`` (read once): ``1`` makes :meth:`HostReader.wait` poll its event
     (``hipEventQuery`` until it completes) on the calling thread instead of ``hipEventSynchronize``
     (off by default)."""
-    return enabled("MIGRAPHX_HOST_READER_POLL", default=False)
+    return mgx_settings.current().host_reader_poll
 
 
 class HostReader:

@@ -81,7 +81,7 @@ class _Recorder:
     def __init__(self):
         self.launches = []
 
-    def __call__(self, source, name):
+    def __call__(self, source, name, pdl=None):
         return lambda grid, block, args: self.launches.append(int(source.split("#define VEC ")[1].split()[0]))
 
 
