@@ -6,6 +6,7 @@ commands:
   verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
   run MODEL.onnx|P.mxr           one run with random or given inputs; save the outputs
   perf MODEL.onnx|P.mxr          per-instruction times and a summary, like migraphx-driver perf
+  settings [--json]              the MIGRAPHX_* variables: value now, default and what each does
 
 Inputs (compile, verify, run, perf): --input-dim sets shapes, --input / --fill0 / --fill1 set values,
 the others are seeded random. Models whose shapes depend on run-time values (silero-vad's sr, a
@@ -458,6 +459,23 @@ def _model_options(c, saved: bool) -> None:
     c.add_argument("--json", action="store_true", help="print the report as one JSON object (default: text)")
 
 
+def add_settings_parser(sub) -> None:
+    """``mgx-graph settings [--json]``: each ``MIGRAPHX_*`` variable with its value now, its default and its
+    doc (:func:`mgx_graph.settings.report`); an invalid value is the usual one-line error."""
+    from .settings import report
+
+    c = sub.add_parser("settings", help="list the MIGRAPHX_* variables: value now, default, doc",
+                       description="Prints every MIGRAPHX_* variable mgx_graph reads, by group, with its value in\n"
+                                   "this environment, its default and what it does.", **_parser_kw())
+    c.add_argument("--json", action="store_true", help="print a JSON list, one object per variable (default: text)")
+
+    def cmd_settings(args) -> int:
+        sys.stdout.write(report(as_json=args.json))
+        return 0
+
+    c.set_defaults(fn=cmd_settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -466,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the version and exit")
     ap.add_argument("--debug", action="store_true",
                     help="print the traceback of an error (default: off, or on with MGX_GRAPH_DEBUG=1)")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf,settings}")
     add_generate_parser(sub, _parser_kw(), cmd_generate)
+    add_settings_parser(sub)
     commands = (
         ("compile", "compile a model and print the program's graph_launch regions",
          "Compiles the model; a model whose shapes depend on run-time values is specialized for the given\n"

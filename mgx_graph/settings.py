@@ -82,6 +82,14 @@ class Setting:
             return v
         raise ParameterError(f"{self.name}={raw!r}: expected {self.expects()}")
 
+    def takes(self) -> str:
+        """What the variable takes, in a table cell."""
+        if self.type == "int":
+            if self.high is not None:
+                return f"integer {self.low} .. {self.high}"
+            return "integer" + (f" >= {self.low}" if self.low is not None else "")
+        return {"bool": "switch", "list": "names, comma separated"}.get(self.type, "string")
+
     def shown(self, value) -> str:
         """``value`` as the table shows it."""
         if self.type == "bool":
@@ -312,7 +320,7 @@ def markdown() -> str:
     out = []
     for key, (title, intro) in GROUPS.items():
         out += [f"### {title}", ""] + ([intro, ""] if intro else [])
-        out += ["| variable | default | effect |", "|---|---|---|"]
-        out += [f"| `{t.name}` | {t.shown(t.default)} | {t.doc} |" for t in TABLE if t.group == key]
+        out += ["| variable | takes | default | effect |", "|---|---|---|---|"]
+        out += [f"| `{t.name}` | {t.takes()} | {t.shown(t.default)} | {t.doc} |" for t in TABLE if t.group == key]
         out.append("")
     return "\n".join(out)
