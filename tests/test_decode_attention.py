@@ -385,9 +385,9 @@ def test_the_v_rows_a_lane_holds(warp_planner, monkeypatch, N, Nkv, S, H, Hv, P,
 
 
 @pytest.mark.parametrize("setting,want", [("2", 2), ("4", 4), ("16", 16), ("32", 32), ("3", 2), ("12", 8),
-                                          ("64", 32), ("0", 1), ("-4", 1), ("many", 8)])
+                                          ("1", 1), ("", 8)])
 def test_migraphx_attn_warps_sets_the_warps_per_block(warp_planner, monkeypatch, setting, want):
-    """``MIGRAPHX_ATTN_WARPS``: a power of two in 1 .. 32 (rounded down, clamped; not a number: the default 8)."""
+    """``MIGRAPHX_ATTN_WARPS``: a power of two in 1 .. 32 (rounded down; unset or empty: the default 8)."""
     from mgx_graph import env
 
     monkeypatch.setenv("MIGRAPHX_ATTN_WARPS", setting)
@@ -395,6 +395,17 @@ def test_migraphx_attn_warps_sets_the_warps_per_block(warp_planner, monkeypatch,
     plan = _smollm2_plan()
     assert (plan.kernel, plan.warps, plan.block, plan.defines()["NW"], plan.defines()["NT"]) == \
         ("mgx_attn_warp", want, (32 * want,), want, 32 * want)
+
+
+@pytest.mark.parametrize("setting", ["64", "0", "-4", "many"])
+def test_migraphx_attn_warps_out_of_range_is_a_parameter_error(monkeypatch, setting):
+    """A value outside 1 .. 32 (or not a number) names the variable instead of being clamped or ignored."""
+    from mgx_graph import ParameterError, env, settings
+
+    monkeypatch.setenv("MIGRAPHX_ATTN_WARPS", setting)
+    env._reset_for_tests()
+    with pytest.raises(ParameterError, match=f"MIGRAPHX_ATTN_WARPS='{setting}': expected an integer in 1 .. 32"):
+        settings.current()
 
 
 def test_migraphx_attn_warps_is_cut_to_the_shared_memory(warp_planner, monkeypatch):
