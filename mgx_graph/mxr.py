@@ -238,8 +238,12 @@ def _load_static(header: dict, arrays: dict, where: str, device_id):
         raise ParseError(f"{where}: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
     if result.target != target:
         raise ParseError(f"{where}: the compile result names target {result.target!r}, the file {target!r}")
+    from . import settings as mgx_settings
+
+    result.settings = mgx_settings.current()  # this process's MIGRAPHX_* table (a bad value: its own error)
     try:
-        Lowering(target).select_kernels(program)
+        with mgx_settings.using(result.settings):
+            Lowering(target).select_kernels(program)
         result.memory_plan = MemoryColoring().plan(program)
     except Exception as e:  # noqa: BLE001 - a validated program the target cannot take is still a bad file
         raise ParseError(f"{where}: the program does not lower to '{target}' ({type(e).__name__}: "
