@@ -182,6 +182,7 @@ def test_cli_verify_run_perf(tmp_path, capsys):
 
 @pytest.mark.usefixtures("unfused")
 def test_cli_verify_compares_a_replay_and_perf_reads_env(tmp_path, capsys, monkeypatch):
+    from mgx_graph import settings as mgx_settings
     from mgx_graph.cli import main
 
     # an int input that indexes a 2-row table (like token_type_ids): the random inputs must be valid indices
@@ -196,6 +197,7 @@ def test_cli_verify_compares_a_replay_and_perf_reads_env(tmp_path, capsys, monke
     out = capsys.readouterr().out
     assert "replays 1," in out and out.strip().endswith("PASSED")
     monkeypatch.setenv("MIGRAPHX_HIP_GRAPH", "1")
+    mgx_settings.reset()  # the MIGRAPHX_* table is read once per process, all variables at once
     onnx.save(good_model(), str(path))
     assert main(["perf", str(path), "--target", "ref", "-n", "3"]) == 0
     assert "Graph (graph_launch) total time:" in capsys.readouterr().out
