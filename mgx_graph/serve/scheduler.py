@@ -113,7 +113,7 @@ class Engine:
         self.cond = threading.Condition()
         self.accepting, self._stop, self._cancel_all = True, False, False
         self.counts: Counter = Counter()
-        self.steps = self.prefills = 0
+        self.steps = self.prefills = self.prefills_beside_running = 0
         self._thread: threading.Thread | None = None
 
     @property
@@ -165,7 +165,8 @@ class Engine:
         with self.cond:
             return {"rows": len(self.rows), "rows_busy": sum(r is not None for r in self.rows),
                     "queued": len(self.waiting), "max_length": self.max_length, "decode_steps": self.steps,
-                    "prefills": self.prefills, "finished": dict(self.counts), "accepting": self.accepting,
+                    "prefills": self.prefills, "prefills_beside_running": self.prefills_beside_running,
+                    "finished": dict(self.counts), "accepting": self.accepting,
                     "running": self._thread is not None and self._thread.is_alive()}
 
     # -- the engine thread ----------------------------------------------------------------------------
@@ -234,6 +235,8 @@ class Engine:
         for b, r in enumerate(self.rows):
             if r is not None:
                 lengths[b] = r.length + S  # running rows: written past their end (a no-op for their cache)
+        if any(r is not None for r in self.rows):
+            self.prefills_beside_running += 1
         cols = np.zeros(B, np.int64)
         for r in joining:
             n = len(r.prompt)
