@@ -26,9 +26,9 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
     s.add_argument("model", help="an onnxruntime-genai folder (with its tokenizer) or smollm2-genai")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int_at_least(0), default=8000, help="port to listen on")
-    s.add_argument("--max-rows", type=int_at_least(1), default=8,
+    s.add_argument("--max-rows", type=int_at_least(1), default=8, metavar="N",
                    help="rows of the batched decode step: requests decoded at once")
-    s.add_argument("--max-queue", type=int_at_least(0), default=64,
+    s.add_argument("--max-queue", type=int_at_least(0), default=64, metavar="N",
                    help="requests waiting for a row at most; beyond it a request gets 429")
     s.add_argument("--max-tokens", type=int_at_least(1), metavar="N",
                    help="max_tokens a request may ask for (default: --max-length)")
@@ -99,6 +99,13 @@ def make_server(service, host: str, port: int, grace: float = 30.0, log_level: s
 
 
 def cmd_serve(args) -> int:
+    import importlib.util
+
+    from ..cli_inputs import UsageError
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"mgx-graph serve needs {' and '.join(missing)}: pip install 'mgx_graph[serve]'")
     log = logging.getLogger("mgx_graph")
     if not log.handlers:
         handler = logging.StreamHandler()
