@@ -143,6 +143,32 @@ def test_completion_streamed_and_not(client, tok, og_text):
     assert text == want and finish == r.choices[0].finish_reason and usage.completion_tokens == n
 
 
+def test_completion_of_several_prompts_and_token_ids(client, tok, og_text):
+    """A list of prompts: one choice each, in order; a prompt of token ids is taken as it is."""
+    prompts = ["Hello", "Water boils at"]
+    r = client.completions.create(model=NAME, prompt=prompts, max_tokens=3, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    for c, p in zip(r.choices, prompts):
+        assert c.text == og_text(tok(p)["input_ids"], 3)[0]
+    by_ids = client.completions.create(model=NAME, prompt=tok(prompts[1])["input_ids"], max_tokens=3, temperature=0)
+    assert by_ids.choices[0].text == r.choices[1].text
+
+
+def test_timeout_is_504(server):
+    """A request past --timeout ends with the API's 504 error (its own service on the running engine)."""
+    from mgx_graph.serve.app import Service, create_app
+
+    svc = server[1]
+    app = create_app(Service(svc.llm, svc.engine, NAME, max_tokens=8, timeout=1e-9))
+
+    async def post():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            return await c.post("/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2})
+
+    r = asyncio.run(post())
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+
+
 def test_seeded_sampling_repeats(client):
     kw = dict(model=NAME, prompt="Once upon a time", max_tokens=5, temperature=0.9, top_p=0.95, seed=11)
     assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
@@ -178,6 +204,8 @@ def test_16_concurrent_streams_equal_each_sent_alone(server, client, tok, og_tex
     ("completions", {"model": NAME, "prompt": "hi", "stop": [""]}, "stop"),
     ("completions", {"model": NAME, "prompt": "hi", "logprobs": 3}, "logprobs"),
     ("completions", {"prompt": "hi"}, "model"),
+    ("completions", {"model": NAME, "prompt": ""}, "prompt"),
+    ("completions", {"model": NAME, "prompt": [[1, 2]]}, "prompt"),
 ])
 def test_bad_fields_get_a_400_and_the_server_keeps_serving(server, client, path, body, param):
     r = httpx.post(f"{server[0]}/v1/{path}", json=body, timeout=60)

@@ -52,14 +52,16 @@ class Service:
         except ParameterError as e:
             raise APIError(400, str(e), param) from None
 
-    def limit(self, body, prompt: list) -> int:
+    def limit(self, body, prompt: list, param: str) -> int:
         """max_tokens of one prompt: as asked (at most ``--max-tokens``, and the cache must hold it), else
         what the cache has room for, at most ``--max-tokens``."""
         M, asked = self.engine.max_length, body.token_limit()
         room = M - len(prompt)
+        if not prompt:
+            raise APIError(400, "the prompt is empty (no tokens)", param)
         if room < 1:
             raise APIError(400, f"the prompt has {len(prompt)} tokens; this model's context (--max-length) is {M} "
-                                f"tokens, prompt and completion together", "messages", "context_length_exceeded")
+                                f"tokens, prompt and completion together", param, "context_length_exceeded")
         if asked is None:
             return min(self.max_tokens, room)
         if asked > self.max_tokens:
@@ -79,7 +81,7 @@ class Service:
         except ParameterError as e:
             raise APIError(400, str(e)) from None
 
-    def submit(self, body, prompts: list, events: asyncio.Queue) -> list:
+    def submit(self, body, prompts: list, events: asyncio.Queue, param: str = "prompt") -> list:
         """One engine request per prompt, their events put on ``events`` as ``(index, kind, value)``."""
         loop = asyncio.get_running_loop()
         config, stops = self.config(body), tuple(body.stops())
@@ -95,7 +97,7 @@ class Service:
 
         try:
             for i, p in enumerate(prompts):
-                reqs.append(self.engine.submit(Request(prompt=p, max_new=self.limit(body, p), config=config,
+                reqs.append(self.engine.submit(Request(prompt=p, max_new=self.limit(body, p, param), config=config,
                                                        stop=stops, on_event=sink(i), timeout=self.timeout)))
         except BaseException as e:
             for r in reqs:
@@ -197,7 +199,7 @@ def create_app(service: Service):
     async def _invalid(request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
         msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
                                                                           if len(errs) > 1 else "")
         return JSONResponse(error_body(400, msg, ".".join(loc) or None), status_code=400)
@@ -228,17 +230,17 @@ def create_app(service: Service):
     async def chat(body: ChatCompletionRequest, http: HTTPRequest):
         service.check_model(body.model)
         prompts = [service.encode(body.messages_dicts(), "messages")]
-        return await _answer(service, body, prompts, http, chat=True)
+        return await _answer(service, body, prompts, http, chat=True, param="messages")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HTTPRequest):
         service.check_model(body.model)
         prompts = [service.encode(p, "prompt") for p in body.prompts()]
-        return await _answer(service, body, prompts, http, chat=False)
+        return await _answer(service, body, prompts, http, chat=False, param="prompt")
 
-    async def _answer(service, body, prompts, http, chat: bool):
+    async def _answer(service, body, prompts, http, chat: bool, param: str):
         events: asyncio.Queue = asyncio.Queue()
-        reqs = service.submit(body, prompts, events)
+        reqs = service.submit(body, prompts, events, param)
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": service.model_name}
@@ -258,6 +260,12 @@ def create_app(service: Service):
                     usage=_usage(reqs))
 
     return app
+
+
+def _union_tag(x) -> bool:
+    """Whether an entry of a pydantic error's location names a member of a union (``str``, ``list[int]``),
+    not a field."""
+    return isinstance(x, str) and ("[" in x or x in ("str", "int", "float", "bool", "dict", "list", "none"))
 
 
 def _chunker(head: dict, chat: bool):
