@@ -107,6 +107,9 @@ class TextStream:
     def close(self) -> None:
         self._gen.close()
 
+    def __del__(self):
+        self._cancel.set()  # dropped unread: the generation stops at its next piece
+
 
 class LLM:
     """A decoder with its tokenizer: text (or chat messages) in, text out.
@@ -224,8 +227,8 @@ class LLM:
         self._check_options(options)
         opts = dict(options)
         opts.setdefault("eos_token_id", self.eos_token_ids)
-        if streamer is not None:
-            opts["streamer"] = [streamer] if len(ids) > 1 else streamer
+        if streamer is not None:  # one prompt (stream)
+            opts["streamer"] = streamer
         res = generate(self.runner, ids if len(ids) > 1 else ids[0], tokenizer=self.tokenizer, **opts)
         res = res if isinstance(res, list) else [res]
         return [LLMResult(text=r.text, token_ids=list(r.tokens), prompt_token_ids=list(p),

@@ -134,3 +134,20 @@ def test_unknown_llm_option_raises(folder):
 
     with pytest.raises(ParameterError, match="unknown option"):
         LLM(str(folder), target="ref", bogus=1)
+
+
+@pytest.mark.parametrize("name, options", [("llama", {}), ("llama-optimum", {"max_length": 32})])
+def test_token_id_prompts_on_layouts_without_a_tokenizer(name, options):
+    """A registry decode step and an optimum-style folder (random-weight LLaMA, no tokenizer): token-id
+    prompts give onnxruntime's greedy tokens of the same weights; text needs a tokenizer."""
+    from mgx_graph.llm_api import LLM
+    from mgx_graph.models import build
+    from mgx_graph.models.oracle import ort_greedy_tokens
+
+    prompt = [1, 2, 3, 4]
+    want = ort_greedy_tokens(build("llama", progress=False), prompt, 5)
+    with LLM(name, target="ref", **options) as llm:
+        res = llm.generate(prompt, max_new_tokens=5)
+        assert res.token_ids == want and res.text == "" and res.prompt_token_ids == prompt
+        with pytest.raises(ParameterError, match="no tokenizer"):
+            llm.generate("text")
