@@ -22,7 +22,6 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .errors import ParameterError
 
