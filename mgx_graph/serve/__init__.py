@@ -8,6 +8,12 @@
 
 :mod:`.app` and :mod:`.server`'s server need the ``serve`` extra (FastAPI, uvicorn); the engine does not.
 """
-from .scheduler import Engine, QueueFull, Request, ShuttingDown
-
 __all__ = ["Engine", "QueueFull", "Request", "ShuttingDown"]
+
+
+def __getattr__(name):  # imported on first use: the command line loads this package for its flags only
+    if name in __all__:
+        from . import scheduler
+
+        return getattr(scheduler, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
