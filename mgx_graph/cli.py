@@ -30,6 +30,7 @@ from .cli_errors import Parser, debug_wanted, float_in, int_at_least, report
 from .cli_generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .cli_inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 from .cli_saved import is_saved_program, open_saved
+from .serve.server import add_parser as add_serve_parser, cmd_serve
 
 
 def _article(word: str) -> str:
@@ -484,8 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the version and exit")
     ap.add_argument("--debug", action="store_true",
                     help="print the traceback of an error (default: off, or on with MGX_GRAPH_DEBUG=1)")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,compile,verify,run,perf,settings}")
+    sub = ap.add_subparsers(dest="command", required=True,
+                            metavar="{generate,serve,compile,verify,run,perf,settings}")
     add_generate_parser(sub, _parser_kw(), cmd_generate)
+    add_serve_parser(sub, _parser_kw(), cmd_serve)
     add_settings_parser(sub)
     commands = (
         ("compile", "compile a model and print the program's graph_launch regions",
