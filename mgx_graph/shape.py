@@ -30,7 +30,7 @@ TYPE_NAMES = {
     "object": "string_type",  # ONNX STRING: numpy object arrays, host only (ref target)
 }
 
-ONNX_TO_NUMPY = {
+ONNX_TO_NUMPY: dict[int, str] = {
     TensorProto.BOOL: "bool",
     TensorProto.FLOAT16: "float16",
     TensorProto.FLOAT: "float32",

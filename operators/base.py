@@ -199,7 +199,7 @@ class Operation:
 
 def numpy_reduce(kind: str, x, axes, out) -> None:
     """Reduce ``x`` over ``axes`` into ``out`` (keepdims shape) with numpy: sum, mean, max, min, prod."""
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin, "prod": np.prod}[kind]
+    fn: Callable = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin, "prod": np.prod}[kind]
     fn(x, axis=tuple(axes), keepdims=True, out=out)
 
 
