@@ -41,7 +41,7 @@ class PassContext:
     """
 
     target: str = "ref"
-    result: CompileResult | None = None
+    result: CompileResult = None  # type: ignore[assignment]  # None: a fresh one for target, made by __post_init__
 
     def __post_init__(self):
         if self.result is None:
