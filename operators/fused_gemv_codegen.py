@@ -103,7 +103,7 @@ class GemvParts:
         self.sw = int(w.strides[-1]) if self.N > 1 else self.K
 
 
-def _prologue(em, parts, acc, outs, names) -> tuple:
+def _prologue(em, parts, acc, outs, names) -> set[str]:
     """Emit the prologue's statements into ``em``; returns the helper kinds it uses."""
     ndim = parts.x.shape.ndim
     zero = ("0",) * (ndim - 1)

@@ -10,8 +10,8 @@ reads count as inputs of the node that owns the subgraph.
 from __future__ import annotations
 
 import heapq
-from typing import Any
 from collections import ChainMap
+from typing import Any
 
 import onnx
 

@@ -163,7 +163,8 @@ class PassManager:
     def run(self, program) -> None:
         """Run the scheduled passes over ``program`` in place.  Errors a pass raises propagate as they
         are; an invalid program after a pass raises InvalidProgram naming the pass."""
-        validate_s, memo = 0.0, {}
+        validate_s = 0.0
+        memo: dict = {}
         if self.validate:
             validate_s += self._validate(program, None, memo)
         if self.trace or self.timing:
