@@ -334,7 +334,7 @@ def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
         ks = (vks, sks)[k]
         (ready[k] or compiled_function(ks.source, ks.name))(grid, block, (*args, *results))
 
-    run.source = vks
-    run.sources = (vks, sks)
-    run.plan = plan
+    run.source = vks  # type: ignore[attr-defined]  # a function attribute, for inspection
+    run.sources = (vks, sks)  # type: ignore[attr-defined]  # a function attribute, for inspection
+    run.plan = plan  # type: ignore[attr-defined]  # a function attribute, for inspection
     return GpuKernel(run, 1, [], True, f"fused_gemv (generated {vks.name}, {plan.cols} columns per block)")

@@ -29,7 +29,7 @@ def _align(n: int) -> int:
 
 @dataclass
 class Buffer:
-    key: object
+    key: tuple
     size: int
     start: int
     end: int
