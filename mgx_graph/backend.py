@@ -54,7 +54,7 @@ class MgxBackendRep(BackendRep):
 
 
 class MgxBackend(Backend):
-    hip_graph = None
+    hip_graph: bool | None = None
     min_partition_size = 1
 
     @classmethod

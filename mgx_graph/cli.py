@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -156,7 +157,7 @@ class _Session:
 
     def run(self, prog, times: int = 1) -> list:
         with self.hinting():
-            out = None
+            out: list = []
             for _ in range(times):
                 out = prog.run(self.prog_feeds)
             return out
@@ -280,7 +281,7 @@ def _compare(k: int, name: str, g, w, label: str, rtol: float, atol: float):
     """One output against one oracle: (passed, report dict, text line).  A float16 output of a
     program run with --fp16 is compared with a float32 oracle in float32."""
     w = np.asarray(w)
-    doc = {"output": name, "against": label, "dtype": str(g.dtype), "shape": list(g.shape)}
+    doc: dict[str, Any] = {"output": name, "against": label, "dtype": str(g.dtype), "shape": list(g.shape)}
     what = f"output {k} '{name}' {g.dtype}{list(g.shape)} vs {label}"
     if g.dtype == np.float16 and w.dtype == np.float32:
         g = g.astype(np.float32)

@@ -115,7 +115,8 @@ def parse_input_dims(groups, inputs: dict | None = None) -> dict:
     for tokens in groups or []:
         if not tokens or not tokens[0].startswith("@") or len(tokens[0]) < 2:
             raise UsageError(f"--input-dim expects @name d1 d2 ... [@name2 d1 ...], got '{' '.join(tokens)}'")
-        name, cur = None, []
+        name: str | None = None
+        cur: list[int] = []
         for tok in tokens + ["@"]:
             if tok.startswith("@"):
                 if name is not None:
@@ -129,7 +130,7 @@ def parse_input_dims(groups, inputs: dict | None = None) -> dict:
     return dims
 
 
-def _add_dims(dims: dict, name: str, lens: list, inputs: dict) -> None:
+def _add_dims(dims: dict, name: str, lens: list, inputs: dict | None) -> None:
     flag = f"--input-dim @{name} {' '.join(map(str, lens))}".rstrip()
     if not name:
         raise UsageError("--input-dim: '@' must be followed by an input name")
@@ -268,7 +269,7 @@ def plan_inputs(proto, input_dim=None, input_specs=None, fill0=None, fill1=None,
     inputs = model_inputs(proto)
     plan = InputPlan(inputs, seed=seed)
     fixed = parse_input_dims(input_dim, inputs)
-    scalars = {}
+    scalars: dict = {}
     for spec in input_specs or []:
         name, value = _parse_spec(spec, inputs, plan.given, scalars)
         if np.ndim(value) == 0 and inputs[name].dims:   # a number for a non-scalar input: fill it
@@ -291,7 +292,7 @@ def plan_inputs(proto, input_dim=None, input_specs=None, fill0=None, fill1=None,
 
 
 def _resolve_dims(plan: InputPlan, fixed: dict) -> None:
-    symbols = {}
+    symbols: dict = {}
     for name, lens in fixed.items():
         for d, v in zip(plan.inputs[name].dims or [], lens):
             if isinstance(d, str) and d not in ("", "?"):

@@ -82,7 +82,7 @@ def _profiled_runs(ex, host: dict, dev: dict, n: int, offload: bool, bar):
     """Per-instruction times of ``main`` (:meth:`Executor.profile_steps`, on device-resident inputs
     unless ``offload``) and, per run, the wall time outside the timed instructions."""
     labels = ex.step_labels()
-    per = [[] for _ in labels]
+    per: list[list[float]] = [[] for _ in labels]
     outside, run_ms = [], []
     for _ in range(n):
         times, total = ex.profile_steps(host, device=False) if offload else ex.profile_steps(dev, device=True)

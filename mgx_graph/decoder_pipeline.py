@@ -4,6 +4,7 @@ the device (the greedy argmax, or :mod:`mgx_graph.sampling`'s rule) and written 
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -14,6 +15,26 @@ from .operators.index_ops import FLOATS, ArgmaxAdvance
 class PipelinedSteps:
     """Mixed into :class:`~mgx_graph.decoder.Decoder` (its ``params``, ``ctx``, ``queue``, ``position``,
     ``max_len``, ``last_logits``, ``rows_interface``, ``_chain``, ``_advance`` and ``_run_at_position``)."""
+
+    # the decoder's attributes this mixin uses (set by Decoder.__init__)
+    ctx: Any
+    queue: Any
+    params: dict
+    batch: int
+    vocab_size: int
+    position: int
+    max_len: int
+    rows_interface: bool
+    last_logits: Any
+    _chain: Callable[[], Any] | None  # weak reference to the open greedy_tokens generator
+    _slot_written: tuple | None
+
+    if TYPE_CHECKING:  # the decoder's (and SampledSteps') methods this mixin uses
+        def _run_at_position(self, q) -> None: ...
+
+        def _queue_sample_tail(self, sampler, reader) -> None: ...
+
+        def _argmax_into(self, out) -> None: ...
 
     def greedy_tokens(self, token: int, count: int):
         """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a

@@ -4,6 +4,8 @@ rule after the program's logits, by the rule's kernels on a device target
 the read logits (``ref``)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .operators.index_ops import FLOATS
@@ -13,6 +15,24 @@ from .operators.token_sampling_gpu import SampleAdvance
 class SampledSteps:
     """Mixed into :class:`~mgx_graph.decoder.Decoder` (its ``params``, ``ctx``, ``queue``, ``last_logits``,
     ``batch``, ``vocab_size``, ``_sample`` and ``_seen_of``)."""
+
+    # the decoder's attributes this mixin uses (set by Decoder.__init__)
+    xp: Any
+    ctx: Any
+    queue: Any
+    params: dict
+    batch: int
+    vocab_size: int
+    position: int
+    rows_interface: bool
+    last_logits: Any
+    _slot_written: tuple | None
+
+    if TYPE_CHECKING:  # the decoder's methods this mixin uses
+        @property
+        def host_op_parts(self) -> tuple: ...
+
+        def logits_rows(self) -> np.ndarray: ...
 
     def sample_op_parts(self, do_sample: bool) -> tuple:
         """:attr:`host_op_parts` of a sampled (or, ``do_sample`` False, penalized greedy) generation with

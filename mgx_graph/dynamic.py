@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class Dispatcher:
         self.lock = threading.RLock()  # selection, caches, hints, counters
         self.compile_lock = threading.RLock()  # one compile (and its prefix runs) at a time
         self.run_lock = threading.RLock()  # one run at a time: every run enqueues on the one queue
-        self._queue_ctx = None  # the context that owns the queue of every specialization
+        self._queue_ctx: Any = None  # the context that owns the queue of every specialization
         self.specs = ProgramCache(self.cap)  # (shapes, frozen known) -> CompiledProgram
         self.prefixes = ProgramCache(self.cap)  # (tensor, fn, shapes, frozen known) -> prefix CompiledProgram
         self.hints: OrderedDict = OrderedDict()  # shapes -> values of their latest specialization
@@ -262,7 +263,8 @@ class Dispatcher:
         ``use``); pushes out the least recently used beyond the cap.  A specialization already cached under
         the same key (the values settled on one compiled before) is used instead and ``prog`` released."""
         key = (shapes, _freeze(known))
-        entry, stale, pushed, free = None, None, 0, []
+        entry, stale, pushed = None, None, 0
+        free: list = []
         with self.lock:
             if not self.released:
                 if key in self.specs.items:

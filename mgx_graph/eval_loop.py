@@ -107,7 +107,9 @@ class EvalLoop:
             self._build(m, sc)
 
     def _build(self, m, sc: StepContext) -> None:
-        steps, labels, total, plain, plain_labels, views = [], [], 0, [], [], []
+        steps, labels, total, views = [], [], 0, []
+        plain: list = []
+        plain_labels: list = []
         for n, ins in enumerate(m.instructions):
             kind = step_kind(ins, sc.movable)
             if kind is None:

@@ -212,7 +212,7 @@ class Executor:
             q = self.ctx.queue if queue is None else int(queue)
             rec = self._record
             repeat = rec is not None and rec.matches(params, q, copy)
-            if repeat:
+            if repeat and rec is not None:
                 rec.repeat(self, q)
                 if self._rebind_per_run:
                     self._bind_written_parameters()

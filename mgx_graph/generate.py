@@ -182,7 +182,7 @@ class _Rows:
                 continue
             tok = int(chosen[r])
             res.tokens.append(tok)
-            if self.keep_logits:
+            if self.keep_logits and logits is not None:  # logits are given whenever they are kept
                 res.logits.append(logits[r].copy())
             self.last[r] = tok
             self.sampler.observe(r, (tok,))
@@ -314,8 +314,8 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     config = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                             min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     eos = _token_ids(eos_token_id, "eos_token_id", decoder.vocab_size)
-    pad = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size, many=False)
-    pad = pad[0] if pad else eos[0] if eos else 0
+    pads = _token_ids(pad_token_id, "pad_token_id", decoder.vocab_size, many=False)
+    pad = pads[0] if pads else eos[0] if eos else 0
     stops = check_stop_strings(stop)
     n = len(prompts)
     streams = _per_prompt(streamer, n, single, "streamer")

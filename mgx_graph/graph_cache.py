@@ -166,7 +166,7 @@ class GraphLaunchState(ValidatedReplay):
         self.eager_times: list = []
         # what the graph_launch op reuses while a call repeats the last one (dropped at release):
         # (queue, epoch, movable inputs, (key, callbacks)) and (result list, result tuple)
-        self.last_call = None
+        self.last_call: tuple | None = None
         self.last_result = (None, None)
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -10,7 +10,12 @@ result is what the call returns.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from .graph_cache import GraphOptions
 
 
 class Validator:
@@ -54,6 +59,9 @@ class Validator:
 class ValidatedReplay:
     """The validation steps of :class:`~mgx_graph.graph_cache.GraphLaunchState` (a mixin: it uses the
     state's ``options``, ``validator``, ``rt``, ``counters``, ``trace`` and ``_disable``)."""
+
+    options: GraphOptions
+    validator: Optional[Validator]
 
     def _validation_due(self, e) -> bool:
         if not self.options.validate or self.validator is None:

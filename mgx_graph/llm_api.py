@@ -22,6 +22,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import ParameterError
 
@@ -138,7 +139,7 @@ class LLM:
         self.runner, tok_dir, eos, info = open_decoder(model, batch=batch, max_length=max_length, target=target,
                                                        **compile_options)
         self.eos_token_ids = [int(e) for e in eos]
-        self.tokenizer = load_tokenizer(tok_dir) if tok_dir else None
+        self.tokenizer: Any = load_tokenizer(tok_dir) if tok_dir else None
         self.name = info.name if info is not None and getattr(info, "name", None) else Path(str(model)).name
         self._lock = threading.Lock()
 

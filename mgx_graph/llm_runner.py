@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -204,7 +205,7 @@ class GenaiRunner:
     """
 
     rows_interface = True
-    host_op_parts = ((2, "copies"),)  # per run outside the program: the ids and the mask, host to device
+    host_op_parts: tuple[tuple[int, str], ...] = ((2, "copies"),)  # per run outside the program: the ids and the mask, host to device
 
     @property
     def host_ops(self) -> str:
@@ -217,7 +218,7 @@ class GenaiRunner:
         check_runner_options(batch, max_length, lay.context_length, target, hip_graph, fp16)
         lay.check_graph()
         self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
-        self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
+        self.compile_kw: dict[str, Any] = dict(target=target, hip_graph=hip_graph, fp16=fp16)
         self.programs: dict = {}
         self.program = self._program(1)
         ctx = self.program.context

@@ -62,7 +62,8 @@ def save(compiled, path) -> None:
     codec = ValueCodec()
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "mgx_graph_version": __version__,
               "target": compiled.target, "options": codec.encode(dict(compiled.options), "compile options")}
-    arrays, model = {}, None
+    arrays: dict = {}
+    model = None
     if compiled.dispatcher is not None:
         header["kind"] = "dynamic"
         try:

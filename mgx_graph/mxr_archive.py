@@ -40,7 +40,8 @@ class Archive:
 
     def __init__(self, zf: zipfile.ZipFile, where: str):
         self.zf, self.where = zf, where
-        self.size = os.fstat(zf.fp.fileno()).st_size if hasattr(zf.fp, "fileno") else None
+        self.size = os.fstat(zf.fp.fileno()).st_size \
+            if zf.fp is not None and hasattr(zf.fp, "fileno") else None
 
     def info(self, name: str, cap: int) -> zipfile.ZipInfo:
         """The entry of member ``name``, its declared sizes checked (KeyError when absent)."""

@@ -14,6 +14,8 @@ the field, and the expected vs given value.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import ParseError
 from .shape import Shape
 
@@ -29,7 +31,7 @@ def walk_document(doc, where: str) -> dict:
     """``{array key: (dtype, lens) or None}`` of the arrays ``doc`` references (a literal's declared dtype
     and lens); raises ParseError when the document nests deeper than :data:`MAX_DEPTH`."""
     refs: dict = {}
-    stack = [(doc, 0, ["program"])]
+    stack: list[tuple[Any, int, list[str | int]]] = [(doc, 0, ["program"])]
     while stack:
         v, depth, path = stack.pop()
         if depth > MAX_DEPTH:

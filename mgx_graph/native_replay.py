@@ -37,7 +37,7 @@ from . import settings as mgx_settings
 try:
     from . import _native
 except ImportError:  # built without a C compiler: the Python path replays
-    _native = None
+    _native = None  # type: ignore[assignment]  # no module: available() says so before any use
 
 IS, EQ, LEN = 0, 1, 2  # how an attribute check compares (cpp/replay.c)
 COLD_LIMIT = 2  # C objects dropped in a row without a replay before the plan stops arming

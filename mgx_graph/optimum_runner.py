@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class OptimumRunner(GenaiRunner):
         check_runner_options(batch, max_length, info["context_length"], target, hip_graph, fp16)
         self.batch, self.max_len, self.vocab_size = batch, max_length, info["vocab_size"]
         self.cache = [f"past_key_values.{i}.{t}" for i in range(info["num_layers"]) for t in ("key", "value")]
-        self.compile_kw = dict(target=target, hip_graph=hip_graph, fp16=fp16)
+        self.compile_kw: dict[str, Any] = dict(target=target, hip_graph=hip_graph, fp16=fp16)
         self.host_op_parts = ((3, "copies"), (len(self.cache), "window copies"))
         self.programs: dict = {}
         self.program = self._program(1)

@@ -22,10 +22,12 @@ no ``graph_launch`` exists anywhere and execution is the plain eager path.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from . import settings as mgx_settings
 from .compile_result import CompileResult
 from .compiled import CompiledProgram
-from .errors import CompileError, DeviceError
+from .errors import CompileError, DeviceError, ParameterError
 from .executor import Executor
 from .graph_cache import GraphBudget, GraphOptions
 from .ir import Program
@@ -91,6 +93,8 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
                  validate=validate, gate_slower=gate_slower)
     if alias == "auto":
         alias_map, strict = detect_alias(program, program.metadata), False
+    elif isinstance(alias, str):
+        raise ParameterError(f"alias must be a dict, None or 'auto', got {alias!r}")
     else:
         alias_map, strict = dict(alias or {}), True
     options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
@@ -137,6 +141,8 @@ def memory_demand(program: Program, result: CompileResult) -> tuple[int, dict, l
     """Device bytes a compiled (planned) program allocates at finalize: ``(total, {"scratch arena": n,
     "literals": n, "parameters": n}, [(bytes, what)] of the largest buffers, largest first)``."""
     plan = result.memory_plan
+    if plan is None:
+        raise CompileError("memory_demand needs a compiled program (its memory plan is not made yet)")
     params = [i for i in program.get_main_module().instructions if i.op.name == "@param"]
     pbytes = sum((p.shape.bytes() + 255) // 256 * 256 for p in params if p.shape.dtype != "object")
     parts = {"scratch arena": plan.arena_bytes, "literals": plan.literal_bytes, "parameters": pbytes}
@@ -184,7 +190,7 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     tname = resolve_target(target)
     device_id = resolve_device(tname, device_id)
     proto = load_model(model, external_data_dir)
-    parse_kw = dict(default_dim_value=default_dim_value, dim_params=dim_params)
+    parse_kw: dict[str, Any] = dict(default_dim_value=default_dim_value, dim_params=dim_params)
     try:
         prog = parse_onnx(proto, input_dims=input_dims, **parse_kw)
     except NeedsValue:
@@ -195,9 +201,9 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     if dim_params:
         symbolic = {}  # every symbolic dim is given a value
     hip_graph = hip_graph_from_env() if hip_graph is None else bool(hip_graph)
-    graph = dict(warmup=warmup, debug=debug, max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
+    graph: dict[str, Any] = dict(warmup=warmup, debug=debug, max_graphs=max_graphs, max_graph_bytes=max_graph_bytes,
                  capture_mode=capture_mode, validate=validate, gate_slower=gate_slower)
-    ckw = dict(hip_graph=hip_graph, fp16=fp16, min_partition_size=min_partition_size, budget=graph_budget(graph),
+    ckw: dict[str, Any] = dict(hip_graph=hip_graph, fp16=fp16, min_partition_size=min_partition_size, budget=graph_budget(graph),
                host_ops=tuple(host_ops), device_id=device_id, **graph)
     if prog is not None and not symbolic:
         return compile_program(prog, tname, alias=alias, **ckw)

@@ -54,7 +54,7 @@ class ReplayPlan:
                  tail=(), label: str = "graph_launch", settings=None):
         self.slots = list(slots)
         self.region, self.read, self.main, self.launches = region, slot_getter(self.slots), main, launches
-        self._mark = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
+        self._mark: tuple = ()  # (record, last call, entry) of the last replay: the same twice arms the native replay
         self._armed, self._cold = None, 0  # the last C object armed; how many in a row were dropped unused
         self.native = device is not None and native_replay.available(settings)  # arms the native replay
         self.device, self.query = device, query

@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, fields
+from typing import Any
 
 from .errors import ParameterError
 
@@ -44,7 +45,7 @@ class Setting:
     name: str
     field: str
     type: str
-    default: object
+    default: Any
     group: str
     doc: str
     low: int | None = None
@@ -218,7 +219,7 @@ class Settings:
         environ = os.environ if environ is None else environ
         return cls(**{s.field: s.parse(environ.get(s.name)) for s in TABLE})
 
-    def value(self, name: str):
+    def value(self, name: str) -> Any:
         """The value of variable ``name`` (KeyError for a name not in :data:`TABLE`)."""
         return getattr(self, BY_NAME[name].field)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from onnx import TensorProto
@@ -30,7 +31,7 @@ TYPE_NAMES = {
     "object": "string_type",  # ONNX STRING: numpy object arrays, host only (ref target)
 }
 
-ONNX_TO_NUMPY = {
+ONNX_TO_NUMPY: dict[int, str] = {
     TensorProto.BOOL: "bool",
     TensorProto.FLOAT16: "float16",
     TensorProto.FLOAT: "float32",
@@ -75,7 +76,10 @@ class Shape:
 
     dtype: str
     lens: tuple
-    strides: tuple = None  # type: ignore[assignment]
+    strides: tuple = None  # type: ignore[assignment]  # None: standard strides, filled in by __post_init__
+
+    if TYPE_CHECKING:  # the generated __init__ takes any sequences (__post_init__ makes them tuples)
+        def __init__(self, dtype: str, lens: Sequence[int], strides: Sequence[int] | None = None) -> None: ...
 
     def __post_init__(self):
         lens = tuple(int(d) for d in self.lens)

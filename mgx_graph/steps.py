@@ -202,10 +202,10 @@ def _modules(sc: StepContext, ins):
 
         return step, 0
 
-    def step(env, queue):
+    def step_all(env, queue):
         env[out] = compute(ctx, queue, env[out], [env[s] for s in in_slots], mods, run)
 
-    return step, 0
+    return step_all, 0
 
 
 STEP_BUILDERS = {

@@ -205,21 +205,22 @@ class ModelInfo:
         """Inverse of :meth:`to_json`; relative paths are resolved against ``directory``."""
         directory = Path(directory).resolve()
 
-        def path(v: str | None) -> Path | None:
-            if v is None:
-                return None
+        def path(v: str) -> Path:
             p = Path(v)
             return p if p.is_absolute() else directory / p
+
+        def optional_path(v: str | None) -> Path | None:
+            return None if v is None else path(v)
 
         return cls(
             name=data["name"],
             onnx_path=path(data["onnx_path"]),
-            tokenizer_dir=path(data.get("tokenizer_dir")),
+            tokenizer_dir=optional_path(data.get("tokenizer_dir")),
             alias=dict(data.get("alias") or {}),
             inputs={k: (list(v[0]), v[1]) for k, v in data["inputs"].items()},
             outputs={k: (list(v[0]), v[1]) for k, v in data["outputs"].items()},
             config=data["config"],
-            hf_dir_or_gguf=path(data.get("hf_dir_or_gguf")),
+            hf_dir_or_gguf=optional_path(data.get("hf_dir_or_gguf")),
             options=data.get("options") or {},
             directory=directory,
             build_seconds=data.get("build_seconds") or {},

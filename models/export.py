@@ -55,7 +55,7 @@ def _static_cache(config: Any, kv: tuple, cache_position: Any, batch: int, num_l
     import torch
     from transformers import StaticCache
 
-    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    cache: Any = StaticCache(config=config, max_cache_len=max_cache_len)  # its layers get keys / values below
     if len(cache.layers) != num_layers:
         raise BuildError(f"static cache has {len(cache.layers)} layers, expected {num_layers}")
     cache.early_initialization(batch, num_kv_heads, head_dim, torch.float32, cache_position.device)

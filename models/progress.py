@@ -19,6 +19,7 @@ import re
 import sys
 import threading
 import time
+from types import ModuleType
 from typing import Any, Callable, Iterator
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -257,6 +258,7 @@ def quiet_third_party(show_warnings: bool) -> Iterator[None]:
     ``show_warnings=False`` transformers' warnings are hidden too (verbosity error). Bars
     made before (the build's own) are untouched; everything is restored afterwards."""
     with _tqdm_disabled():
+        hf_logging: ModuleType | None
         try:
             from transformers.utils import logging as hf_logging
         except ImportError:
@@ -294,8 +296,8 @@ def _tqdm_disabled() -> Iterator[None]:
             kwargs["disable"] = True
         original(self, *args, **kwargs)
 
-    std.tqdm.__init__ = init
+    std.tqdm.__init__ = init  # type: ignore[method-assign]  # patched for the body only, restored below
     try:
         yield
     finally:
-        std.tqdm.__init__ = original
+        std.tqdm.__init__ = original  # type: ignore[method-assign]  # the class's own initializer again

@@ -496,7 +496,7 @@ def attention_kernel(spec: Spec, pick, shapes: dict, label: str) -> GpuKernel:
         if part is not None:
             fn(variant, 1)(cgrid, cblock, plan.combine_args(a, out, part))
 
-    run.plan = plan  # for inspection (tests)
+    run.plan = plan  # type: ignore[attr-defined]  # a function attribute, for inspection (tests)
     return GpuKernel(run, plan.launches, plan.workspace(), True, f"{label} (decode_attention.cu {plan.kernel}, "
                      f"{plan.splits} split{'s' if plan.splits > 1 else ''})")
 

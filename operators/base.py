@@ -8,7 +8,7 @@ A target may override an op's kernel (``gpu_kernel``) with a fused or library-ba
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -199,8 +199,9 @@ class Operation:
 
 def numpy_reduce(kind: str, x, axes, out) -> None:
     """Reduce ``x`` over ``axes`` into ``out`` (keepdims shape) with numpy: sum, mean, max, min, prod."""
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin, "prod": np.prod}[kind]
-    fn(x, axis=tuple(axes), keepdims=True, out=out)
+    fns: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin,
+                                          "prod": np.prod}
+    fns[kind](x, axis=tuple(axes), keepdims=True, out=out)
 
 
 class HostKernelContext:

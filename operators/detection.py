@@ -67,7 +67,7 @@ def select_class(boxes: np.ndarray, scores: np.ndarray, max_out: int, iou: np.fl
         keep &= scores > score_threshold
     cand = np.flatnonzero(keep)
     order = cand[np.argsort(-scores[cand], kind="stable")]  # descending, ties by lower index
-    kept = []
+    kept: list[int] = []
     while order.size and len(kept) < max_out:
         i = int(order[0])
         kept.append(i)

@@ -10,6 +10,8 @@ step with a KV cache of N rows).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -33,6 +35,9 @@ def reduce_for_key(fn: str, value) -> np.ndarray:
 
 class NeedsValue(Exception):
     """Raised by the frontend: the shape at ``node`` depends on ``fn(tensor)``, unknown at compile time."""
+
+    program: Any  # set by the parser: the program parsed so far, which computes the tensor
+    ins: Any  # set by the parser: the instruction whose value is needed
 
     def __init__(self, tensor: str, fn: str, node: str, guess=None, inputs=None, evaluate=None):
         self.tensor, self.fn, self.node, self.guess = tensor, fn, node, guess

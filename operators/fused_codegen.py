@@ -247,7 +247,7 @@ class KernelEmitter:
         op, x = ins.op, ins.inputs[0].shape
         name = op.name
         if name == "transpose":
-            out = [None] * len(idx)
+            out: list = [None] * len(idx)
             for k, p in enumerate(op.permutation):
                 out[p] = idx[k]
             return tuple(out)

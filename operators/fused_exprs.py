@@ -53,16 +53,16 @@ def c_constant(value, dtype: str) -> str:
     if dtype == "bool":
         return "true" if bool(value) else "false"
     if dtype in INTS:
-        v = int(value)
-        if dtype == "int64" and v == -(1 << 63):
+        n = int(value)
+        if dtype == "int64" and n == -(1 << 63):
             return "(-9223372036854775807LL - 1)"
         suffix = "ULL" if dtype.startswith("u") else "LL"
-        return f"(({CTYPES[dtype]}){v}{suffix})"
+        return f"(({CTYPES[dtype]}){n}{suffix})"
     if dtype == "float64":
-        v = float(value)
-        if not np.isfinite(v):
-            return f"mgx_f64(0x{np.float64(v).view(np.uint64):016x}ULL)"
-        return f"({np.format_float_scientific(np.float64(v), unique=True)})"
+        d = float(value)
+        if not np.isfinite(d):
+            return f"mgx_f64(0x{np.float64(d).view(np.uint64):016x}ULL)"
+        return f"({np.format_float_scientific(np.float64(d), unique=True)})"
     v = np.float32(value)  # float16 values are exact in float
     if not np.isfinite(v):
         return f"mgx_f32(0x{v.view(np.uint32):08x}u)"

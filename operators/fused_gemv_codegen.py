@@ -103,7 +103,7 @@ class GemvParts:
         self.sw = int(w.strides[-1]) if self.N > 1 else self.K
 
 
-def _prologue(em, parts, acc, outs, names) -> tuple:
+def _prologue(em, parts, acc, outs, names) -> set[str]:
     """Emit the prologue's statements into ``em``; returns the helper kinds it uses."""
     ndim = parts.x.shape.ndim
     zero = ("0",) * (ndim - 1)
@@ -337,7 +337,7 @@ def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
         ks = (vks, sks)[k]
         (ready[k] or compiled_function(ks.source, ks.name, pdl))(grid, block, (*args, *results))
 
-    run.source = vks
-    run.sources = (vks, sks)
-    run.plan = plan
+    run.source = vks  # type: ignore[attr-defined]  # a function attribute, for inspection
+    run.sources = (vks, sks)  # type: ignore[attr-defined]  # a function attribute, for inspection
+    run.plan = plan  # type: ignore[attr-defined]  # a function attribute, for inspection
     return GpuKernel(run, 1, [], True, f"fused_gemv (generated {vks.name}, {plan.cols} columns per block)")

@@ -14,6 +14,7 @@ them against the ones it was compiled for (a mismatch raises instead of reading 
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable
 
 import numpy as np
 
@@ -67,6 +68,7 @@ def _check(arrays, layouts, name: str) -> None:
 
 
 def _source_maker(kind: str):
+    make: Callable[..., Any]
     if kind == "pointwise":
         from .fused_codegen import pointwise_source as make
     elif kind == "scatternd":
@@ -119,5 +121,5 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         _check(list(args) + list(results), layouts, name)
         (ready or compiled_function(source, name, pdl))(grid, block, (*args, *results, extent))
 
-    run.source = ks  # for inspection (tests, debugging)
+    run.source = ks  # type: ignore[attr-defined]  # a function attribute, for inspection (tests, debugging)
     return GpuKernel(run, 1 + len(copies), [], True, f"{kind} (generated {name})")

@@ -25,6 +25,8 @@ scatter part's data into its result when they are not the same buffer.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import ShapeError
 from .base import register_op
 from .fused import FusedOp, module_params
@@ -41,7 +43,8 @@ def parts_of(sub) -> list:
     if len(outs) < 2:
         raise ShapeError(f"fused_horizontal: module '{sub.name}' must return two values or more, returns {len(outs)}")
     pos = {id(p): k for k, p in enumerate(module_params(sub))}
-    parts, used = [], set()
+    parts: list[tuple[Any, int | None]] = []
+    used: set[int] = set()
     for v in outs:
         if v.op.name in ("@param", "@literal"):
             raise ShapeError(f"fused_horizontal: module '{sub.name}' returns {v.op.name}: every part is computed")

@@ -216,7 +216,7 @@ def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") 
         fn = ready[0 if vector else 1] or compiled_function(srcs[0 if vector else 1], "mgx_gemv", pdl)
         fn(grid, block, plan.args(x, w, bias, out, sx, sw, sy))
 
-    run.plan = plan  # for inspection (tests)
+    run.plan = plan  # type: ignore[attr-defined]  # a function attribute, for inspection (tests)
     return GpuKernel(run, 1, [], True, f"{label} (gemv.cu, {plan.cols} columns per block)")
 
 

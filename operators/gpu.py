@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -230,7 +230,7 @@ def _dot_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
     batch_lens = tuple(out_shape.lens[:-2])
     batch = int(np.prod(batch_lens)) if batch_lens else 1
     ws: list[Shape] = []
-    plans = []
+    plans: list[tuple[tuple[bool, Any], Any, int | None]] = []
     for idx, s in enumerate((a, b)):
         lay = _matrix_layout(s.lens, s.strides)
         bs = _batch_stride(s.lens, s.strides, batch_lens) if lay else None

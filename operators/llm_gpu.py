@@ -51,7 +51,7 @@ def _function(dtype: str, name: str):
     ready = precompile(src, name, pdl)
     if ready is not None:
         return ready
-    cache = []
+    cache: list = []
 
     def lazy(*a):
         if not cache:

@@ -21,7 +21,7 @@ FLOATS = ("float16", "float32", "float64")
 
 
 class Pointwise(Operation):
-    nargs = 1
+    nargs: int | tuple[int, int] = 1
     out_dtype: str | None = None  # None: same as input 0
     gpu_body: str | None = None
     alloc_free = False  # the xp kernel allocates no temporaries (safe to capture as is)

@@ -123,10 +123,11 @@ def with_grid_dependency(source: str) -> str:
 def kernel_arguments(args) -> tuple | None:
     """``(values, ctypes types)`` of a kernel's arguments as CuPy passes them (device arrays by data
     pointer, numpy scalars by value), or None for an argument of another kind (then CuPy launches)."""
-    values, types = [], []
+    values: list = []
+    types: list[type] = []
     for a in args:
         data = getattr(a, "data", None)
-        if hasattr(data, "ptr") and hasattr(a, "__cuda_array_interface__"):
+        if data is not None and hasattr(data, "ptr") and hasattr(a, "__cuda_array_interface__"):
             values.append(int(data.ptr))
             types.append(ctypes.c_void_p)
             continue

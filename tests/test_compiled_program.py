@@ -136,3 +136,10 @@ def test_a_dynamic_program_before_its_first_run(target):
         prog.run(feeds)
     with pytest.raises(MgxError, match="released"):
         prog.queue
+
+
+@pytest.mark.parametrize("alias", ["Auto", "", "y=x"])
+def test_an_alias_string_other_than_auto_is_a_parameter_error(alias):
+    """alias is a dict, None or "auto": another string is refused by name, not a ValueError from dict()."""
+    with pytest.raises(mgx_graph.ParameterError, match="alias must be a dict, None or 'auto'"):
+        mgx_graph.compile(_chain([2, 4]), target="ref", alias=alias)

@@ -101,7 +101,7 @@ def _entries(t: TensorProto, where: str) -> tuple[str, int, int | None]:
                          f"repeated (expected each of {', '.join(KEYS)} at most once)")
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
-    fields = {}
+    fields: dict[str, int | None] = {}
     for key in ("offset", "length"):
         v = info.get(key)
         if v is None:

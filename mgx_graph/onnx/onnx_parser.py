@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,7 +41,7 @@ class OnnxParser:
         self.model = model
         self.known = dict(known or {})
         self.tensor_of: dict[int, str] = {}
-        self.cur_module = None
+        self.cur_module: Module | None = None  # the module being parsed into
         self.sub_counter = 0
         self.opsets = {o.domain or "": o.version for o in model.opset_import}
         self.opset = self.opsets.get("", self.opsets.get("ai.onnx", 0))
@@ -58,7 +59,7 @@ class OnnxParser:
         self.values: dict[str, Instruction] = {}
         self.inferred: dict[str, tuple] = {}
         self.guessed = False  # a loop trip count was guessed: later shapes may differ from onnx inference
-        self.node = None
+        self.node: Any = None  # the NodeProto being parsed
         self.node_name = ""
         self.declared: dict[str, int] = {}  # graph output -> declared element type
 
@@ -81,7 +82,7 @@ class OnnxParser:
         """Add ``value`` (array-like) to ``m`` as a literal."""
         return m.add_literal(np.asarray(value))
 
-    def const(self, ins: Instruction | None, what: str) -> np.ndarray:
+    def const(self, ins: Instruction | None, what: str) -> np.ndarray | None:
         """The value of ``ins`` at compile time: a literal, or the value this program is specialized
         for (a ``guard`` re-checks it at run time).  Raises NeedsValue when it is not known yet."""
         if ins is None:
@@ -103,6 +104,8 @@ class OnnxParser:
             nv.program, nv.ins = self.program, ins  # the program parsed so far computes it (a prefix)
             raise nv
         expected = np.asarray(self.known[key])
+        if self.cur_module is None:
+            raise self.err(f"input '{what}' is specialized outside the parse of a graph")
         self.cur_module.add_instruction(make_op("guard", key=key, fn=fn, expected=expected), [ins])
         return expected
 
@@ -238,7 +241,7 @@ class OnnxParser:
         return fn
 
     def _inputs_of(self, node) -> list:
-        ins = []
+        ins: list[Instruction | None] = []
         for name in node.input:
             if name == "":
                 ins.append(None)

@@ -141,7 +141,7 @@ def _onnx_type(p, node, t: int, allowed, what: str) -> str:
     from ..shape import ONNX_TO_NUMPY
 
     name = ONNX_TO_NUMPY.get(int(t))
-    if name not in allowed:
+    if name is None or name not in allowed:
         raise _unsupported(p, node, f"{what} {_type_name(t)} (supported: {', '.join(allowed)})")
     return name
 

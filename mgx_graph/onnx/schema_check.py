@@ -27,7 +27,7 @@ from .op_parser import ONNX_DOMAINS
 from .topology import node_label
 
 SMALL_TENSOR = 4096  # bytes: a tensor attribute above this goes to the checker as an empty tensor
-ELEM_NAMES = {TensorProto.FLOAT: "float", TensorProto.DOUBLE: "double", TensorProto.STRING: "string"}
+ELEM_NAMES: dict[int, str] = {TensorProto.FLOAT: "float", TensorProto.DOUBLE: "double", TensorProto.STRING: "string"}
 _TYPE_NAMES = {v: k for k, v in AttributeProto.AttributeType.items()}
 
 

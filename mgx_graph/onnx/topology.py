@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import ChainMap
+from typing import Any
 
 import onnx
 
@@ -109,7 +110,7 @@ def _dependencies(nodes) -> list[list[int]]:
     return deps
 
 
-def topological_order(nodes, where: str = "the graph") -> list[tuple[int, object]]:
+def topological_order(nodes, where: str = "the graph") -> list[tuple[int, Any]]:
     """The nodes in a stable topological order, as ``(index in nodes, node)`` pairs.
 
     Among the nodes whose inputs are all computed, the one listed first comes first, so a sorted
@@ -148,7 +149,7 @@ def _cycle(deps, pending) -> list[int]:
     each of those reads an output of another such node, so following those reads comes back."""
     cur = min(i for i, k in enumerate(pending) if k > 0)
     seen: dict[int, int] = {}
-    path = []
+    path: list[int] = []
     while cur not in seen:
         seen[cur] = len(path)
         path.append(cur)
@@ -176,10 +177,10 @@ def sort_graph(g) -> None:
 def needed_nodes(g, outputs) -> set:
     """Indices (in ``g.node``) of the nodes needed to compute ``outputs`` (backward reachability,
     subgraph reads included)."""
-    producer = {}
-    for i, n in enumerate(g.node):
+    producer: dict[str, int] = {}
+    for k, n in enumerate(g.node):
         for o in n.output:
-            producer[o] = i
+            producer[o] = k
     need, stack = set(), list(outputs)
     while stack:
         i = producer.get(stack.pop())

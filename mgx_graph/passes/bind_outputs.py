@@ -93,7 +93,7 @@ class BindOutputs(Pass):
         names = m.output_names
         copy_outputs(m, skip=set(self.alias))  # before binding: the readers they add are checked
         order = {id(i): n for n, i in enumerate(m.instructions)}
-        taken = set()
+        taken: set = set()
         for out_name, pname in self.alias.items():
             try:
                 self._bind(m, ret, names, order, out_name, pname, taken)

@@ -33,6 +33,7 @@ scale / mask kernels apart from the dots).  ``MIGRAPHX_DISABLE_PASSES=fuse_atten
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from ..operators import make_op
 from ..shape import Shape
 from . import fusion
 from .eliminate_dead_code import remove_unread
+
+if TYPE_CHECKING:
+    from ..ir import Instruction
 
 MAX_QUERY_ROWS = 16
 MAX_INDEX_ELEMENTS = 1 << 25
@@ -97,13 +101,13 @@ class Match:
     replaces), ``where_mask`` ((condition, -inf first) of a where-form mask) and ``members`` (the
     instructions that may be read only inside the pattern)."""
 
-    q: object
-    k: object
-    v: object
-    out: object
+    q: Instruction
+    k: Instruction
+    v: Instruction
+    out: Instruction
     scale: float
     nan_zero: bool
-    mask: object = None
+    mask: Instruction | None = None
     where_mask: tuple | None = None
     members: list = field(default_factory=list)
 

@@ -169,7 +169,7 @@ class FuseGemv(fusion.FusionPass):
             members += [i for i in placed if i.op.name != "@literal"]
             extra = [r for r in returned[1:] if any(c.module is m for c in r.outputs)]
         members.append(d)
-        body = []
+        body: list = []
         if epi is not None:
             e, slices = epi
             members += slices

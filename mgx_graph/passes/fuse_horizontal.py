@@ -71,7 +71,8 @@ class FuseHorizontal(fusion.FusionPass):
     def _clusters(self, m, scatters) -> list:
         """The scatters of one indices value cut into runs, in program order, each as long as it may be
         fused (one decoder layer's K and V writes; a later layer's attention reads the first run)."""
-        out, cur = [], []
+        out: list = []
+        cur: list = []
         for s in scatters:
             roots = {id(_root(c.inputs[0])) for c in cur}
             if cur and id(_root(s.inputs[0])) not in roots and self._legal(m, cur + [s]) is not None:

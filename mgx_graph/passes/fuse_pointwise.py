@@ -30,7 +30,8 @@ class FusePointwise(fusion.FusionPass):
     def apply_module(self, m, ctx=None) -> None:
         if m.program is None:
             return
-        groups, grouped = [], set()
+        groups: list = []
+        grouped: set[int] = set()
         for ins in reversed(list(m.instructions)):  # roots last to first: each group is maximal
             if id(ins) in grouped or not self._root_ok(ins):
                 continue

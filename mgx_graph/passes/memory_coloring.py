@@ -14,6 +14,7 @@ compile result (``ctx.result.memory_plan``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .pass_manager import Pass
 
@@ -28,7 +29,7 @@ def _align(n: int) -> int:
 
 @dataclass
 class Buffer:
-    key: object
+    key: tuple
     size: int
     start: int
     end: int
@@ -65,7 +66,7 @@ def param_bindings(program) -> dict:
     """id(submodule @param) -> what it is bound to: ``("value", parent_ins)`` for graph_launch inputs,
     ``("loop", loop_ins, k)`` for a loop body's carried value k, ``("loopvar", loop_ins, name)`` for its
     iteration number / condition."""
-    res = {}
+    res: dict[int, tuple] = {}
     for m in program.module_order():
         for ins in m.instructions:
             if ins.op.name == "graph_launch":
@@ -151,7 +152,8 @@ def owned_buffers(ins) -> list:
         return []
     shapes = ins.shape if many else (ins.shape,)
     bound = {k for k, _ in bound_params(ins)}
-    out = [((id(ins), k if many else None), s) for k, s in enumerate(shapes) if k not in bound]
+    out: list[tuple[tuple[int, Any], Any]] = [((id(ins), k if many else None), s) for k, s in enumerate(shapes)
+                                               if k not in bound]
     if op.name == "loop":
         body = ins.module_inputs[0]
         for k, name in enumerate(op.param_names[:2]):
@@ -187,7 +189,7 @@ def describe(ins, shape=None) -> str:
     return f"instruction {where} {ins.op.name} {shape.brief() if hasattr(shape, 'brief') else 'tuple'}"
 
 
-def _keep_largest(largest: list, nbytes: int, ins, shape, what: str = "", n: int = 3) -> list:
+def _keep_largest(largest: list, nbytes: int, ins, shape, what: str = "", n: int = 3) -> list[tuple]:
     """The ``n`` largest ``(bytes, instruction, shape, what)`` seen so far, largest first."""
     if len(largest) >= n and nbytes <= largest[-1][0]:
         return largest
@@ -219,7 +221,7 @@ class MemoryColoring(Pass):
             if ins.op.name in ("if", "loop"):
                 firsts = [pos[id(b.instructions[0])] for b in ins.module_inputs if b.instructions]
                 span_start[id(ins)] = min(firsts + [pos[id(ins)]])
-        enclosing = {}  # id(body instruction) -> end position of the outermost if/loop running it
+        enclosing: dict[int, int] = {}  # id(body instruction) -> end position of the outermost if/loop running it
 
         def mark(mod, end):
             for i in mod.instructions:
@@ -234,7 +236,7 @@ class MemoryColoring(Pass):
                     mark(b, pos[id(ins)])
         live: dict = {}
         buffers = []
-        largest = []
+        largest: list = []
         for ins in order:
             for key, shape in owned_buffers(ins):
                 start = span_start.get(id(ins), pos[id(ins)])
@@ -255,7 +257,7 @@ class MemoryColoring(Pass):
                     b = live.get(key)
                     if b is not None:
                         b.end = max(b.end, END if (ins.op.name == "@return" and ins.module is main) else use)
-        ws_bufs = {}
+        ws_bufs: dict = {}
         for ins in order:
             k = ins.meta.get("kernel")
             if k is None or on_host(ins):

@@ -25,6 +25,7 @@ that is neither a pass nor a group of the pipeline is a CompileError, so a typo 
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -46,8 +47,8 @@ class PassContext:
     """
 
     target: str = "ref"
-    result: CompileResult | None = None
-    settings: mgx_settings.Settings | None = None
+    result: CompileResult = None  # type: ignore[assignment]  # None: a fresh one for target, made by __post_init__
+    settings: mgx_settings.Settings = None  # type: ignore[assignment]  # None: the process's table, set by __post_init__
 
     def __post_init__(self):
         if self.result is None:
@@ -175,11 +176,12 @@ class PassManager:
     def run(self, program) -> None:
         """Run the scheduled passes over ``program`` in place.  Errors a pass raises propagate as they
         are; an invalid program after a pass raises InvalidProgram naming the pass."""
-        validate_s, memo = 0.0, {}
-        log = mgx_settings.trace_logger(LOGGER) if self.trace or self.timing else None
+        validate_s = 0.0
+        memo: dict = {}
+        log = mgx_settings.trace_logger(LOGGER) if self.trace or self.timing else logging.getLogger(LOGGER)
         if self.validate:
             validate_s += self._validate(program, None, memo)
-        if log:
+        if self.trace or self.timing:
             for _, p in self.skipped():
                 log.debug("Pass %s: skipped (MIGRAPHX_DISABLE_PASSES)", p.name)
         with mgx_settings.using(self.ctx.settings):

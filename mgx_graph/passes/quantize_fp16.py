@@ -64,7 +64,8 @@ class QuantizeFp16(ModulePass):
         """``(act, kept)``: ids of the instructions that run in half, and of the float32-only instructions
         fed by activations (with their ``get_tuple_elem``), which stay float32 but whose users are
         activations."""
-        act, kept = set(), set()
+        act: set[int] = set()
+        kept: set[int] = set()
         for ins in m.instructions:
             op = ins.op
             if isinstance(op, Param):
@@ -79,7 +80,7 @@ class QuantizeFp16(ModulePass):
 
     def apply_module(self, m, ctx=None) -> None:
         act, kept = self._activations(m)
-        half_lits = {}
+        half_lits: dict = {}
 
         def half_literal(lit):
             h = half_lits.get(id(lit))

@@ -181,6 +181,10 @@ class Runtime:
         types (``ctypes.c_void_p`` for device pointers).  Raises DeviceError where unsupported."""
         raise DeviceError("launch_programmatic", f"{self.platform}: programmatic dependent launch is unsupported")
 
+    def hipStreamIsCapturing(self, s) -> int:
+        """The capture status of queue ``s`` (``hipStreamCaptureStatus*``); every backend has its own."""
+        raise DeviceError("hipStreamIsCapturing", f"{self.platform}: no capture status")
+
     def hipHostMalloc(self, nbytes: int) -> int:
         """Page-locked host memory of ``nbytes`` (its address, int): the destination of
         :meth:`hipMemcpyDtoHAsync`.  Raises DeviceError where unsupported."""
@@ -302,8 +306,8 @@ def _probe(platform: str):
         try:
             from ._hip import HipRuntime
 
-            rt = HipRuntime()
-            return rt if rt.hipGetDeviceCount() > 0 else None
+            hip_rt = HipRuntime()
+            return hip_rt if hip_rt.hipGetDeviceCount() > 0 else None
         except Exception:
             return None
     raise ValueError(f"unknown platform '{platform}' (expected cuda or hip)")

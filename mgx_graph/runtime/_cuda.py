@@ -11,7 +11,7 @@ from . import Runtime, check, cupy_call, hipStreamDefault, library_calls
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt
 except ImportError:  # pragma: no cover - older cuda-python
-    from cuda import cudart as _rt  # type: ignore
+    from cuda import cudart as _rt
 
 
 _STREAMS: dict = {}  # stream handle (int) -> its cudaStream_t, made once (two per replayed call otherwise)

@@ -18,11 +18,11 @@ from . import Runtime, check, hipStreamDefault, library_calls
 
 def _import_hip():
     try:  # hip-python >= 10: rocm-bindings
-        from rocm.bindings import hip  # type: ignore
+        from rocm.bindings import hip
 
         return hip
     except ImportError:
-        from hip import hip  # type: ignore
+        from hip import hip
 
         return hip
 

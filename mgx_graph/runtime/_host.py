@@ -208,7 +208,8 @@ class HostRuntime(Runtime):
         # host streams run synchronously: nothing is pending
 
     def hipStreamQuery(self, s) -> bool:
-        return self.hipStreamSynchronize(s) is None
+        self.hipStreamSynchronize(s)  # raises while the stream captures, as the device runtimes do
+        return True
 
     def hipLaunchHostFunc(self, s, fn, args=()) -> None:
         """Run ``fn(*args)`` in stream order, or record it while the stream captures."""

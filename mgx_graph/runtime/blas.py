@@ -25,8 +25,9 @@ class Blas:
         self.runtime, self.stream = runtime, stream
         self.workspace = runtime.hipMalloc(workspace_bytes)
         self.workspace_bytes = workspace_bytes
-        self._one = {np.dtype("float32"): np.ones(1, np.float32), np.dtype("float64"): np.ones(1, np.float64)}
-        self._zero = {np.dtype("float32"): np.zeros(1, np.float32), np.dtype("float64"): np.zeros(1, np.float64)}
+        self._impl: _CuBlas | _HipBlas | None = None
+        self._one: dict[np.dtype, np.ndarray] = {np.dtype("float32"): np.ones(1, np.float32), np.dtype("float64"): np.ones(1, np.float64)}
+        self._zero: dict[np.dtype, np.ndarray] = {np.dtype("float32"): np.zeros(1, np.float32), np.dtype("float64"): np.zeros(1, np.float64)}
         try:
             if runtime.platform == "cuda":
                 self._impl = _CuBlas(stream, self.workspace, workspace_bytes)
@@ -51,6 +52,8 @@ class Blas:
         dtype = np.dtype(dtype)
         scal = np.dtype("float64") if dtype == np.float64 else np.dtype("float32")
         alpha, beta = self._one[scal], self._zero[scal]
+        if self._impl is None:
+            raise DeviceError("blas", "hipErrorContextIsDestroyed", "gemm on a closed BLAS handle")
         # column-major view: C^T (N x M) = op(B)^T (N x K) @ op(A)^T (K x M)
         self._impl.gemm(b_trans, a_trans, n, m, k, alpha.ctypes.data, b_ptr, ldb, b_stride, a_ptr, lda, a_stride,
                         beta.ctypes.data, c_ptr, ldc, c_stride, batch, dtype)
@@ -99,9 +102,9 @@ class _CuBlas:
 class _HipBlas:
     def __init__(self, stream, workspace, nbytes):
         try:
-            from rocm.bindings import hip, hipblas  # type: ignore
+            from rocm.bindings import hip, hipblas
         except ImportError:
-            from hip import hip, hipblas  # type: ignore
+            from hip import hip, hipblas
         self.hipblas = hipblas
         err, self.handle = hipblas.hipblasCreate()
         self._check("hipblasCreate", err)

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -71,6 +71,8 @@ class Request:
     finish_reason: str = ""
     error: BaseException | None = None
     text: str = ""
+    sampler: Any = field(default=None, repr=False)   # its TokenSampler, set when it is admitted
+    row_text: Any = field(default=None, repr=False)  # its RowText (detokenization, stop strings), likewise
 
     def __post_init__(self):
         self.cancelled = threading.Event()
@@ -265,7 +267,8 @@ class Engine:
             self._accept(r, ids, lg)
 
     def _accept(self, r: Request, ids: np.ndarray, lg) -> None:
-        tok = int(r.sampler.choose(lg[r.row:r.row + 1])[0]) if r.sampler.needs_logits else int(ids[r.row])
+        row = int(r.row if r.row is not None else -1)
+        tok = int(r.sampler.choose(lg[row:row + 1])[0]) if r.sampler.needs_logits else int(ids[row])
         r.sampler.observe(0, (tok,))
         r.tokens.append(tok)
         r.last = tok

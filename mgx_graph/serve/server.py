@@ -7,6 +7,7 @@ left and stops; the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import math
 import logging
 import signal
 import threading
@@ -94,7 +95,7 @@ def make_server(service, host: str, port: int, grace: float = 30.0, log_level: s
                     signal.signal(s, h)
 
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=grace)
+                            timeout_graceful_shutdown=math.ceil(grace))
     return Server(config)
 
 
