@@ -51,7 +51,7 @@ Variables used by mgx_graph:
                                       ``hipEventSynchronize`` (off by default)
 ``MIGRAPHX_NATIVE_REPLAY``            ``0``: a repeated replay of a one-region program runs the Python path
                                       instead of one C call (``mgx_graph._native``,
-                                      :mod:`mgx_graph.native_replay`; on by default where the module is built)
+                                      :mod:`mgx_graph.graph.native_replay`; on by default where the module is built)
 ``MIGRAPHX_PDL``                      ``0``: generated and own kernels launch without programmatic dependent
                                       launch inside captures (on by default on compute capability 9.0+)
 ====================================  ==========================================================

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 from .gpu import GpuKernel
 
 NT = 256  # threads per block = keys per chunk

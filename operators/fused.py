@@ -16,7 +16,7 @@ one generated kernel per instruction (:mod:`.fused_gpu`).  Lowering takes the su
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, register_op
 
 VIEW_NAMES = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
@@ -83,7 +83,7 @@ class FusedOp(Operation):
     @classmethod
     def from_attrs(cls, attrs: dict):
         """The op of saved attributes (``_module``, ``_lowered`` and the op's own), as a saved program
-        stores them (:mod:`mgx_graph.ir_codec`)."""
+        stores them (:mod:`mgx_graph.ir.codec`)."""
         own = {k: v for k, v in attrs.items() if k not in ("_module", "_lowered")}
         op = cls(module=attrs.get("_module"), **own)
         if attrs.get("_lowered"):

@@ -23,7 +23,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from ..shape import Shape, standard_strides
+from ..ir.shape import Shape, standard_strides
 from .fused import module_params
 from .fused_exprs import CTYPES, arg_names, c_constant, compute_type, op_body, reg_type, specialize_math
 

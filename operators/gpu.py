@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..shape import Shape, standard_strides
+from ..ir.shape import Shape, standard_strides
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -275,7 +275,7 @@ def _dot_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
 def blas_matmul(ctx, a, b, out) -> None:
     """``out = a @ b`` (2-D, or 3-D batched with a shared or batched operand) with the layouts read from
     the arrays at run time; raises TypeError when an operand is not a BLAS layout (callers copy first)."""
-    from ..shape import Shape as _S
+    from ..ir.shape import Shape as _S
 
     sa = _S(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])
     sb = _S(b.dtype.name, b.shape, [s // b.itemsize for s in b.strides])

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 from .gpu import GpuKernel
 
 CTYPES = {"float16": "__half", "float32": "float"}

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CTYPES = {"float16": ("__half", "float"), "float32": ("float", "float"), "float64": ("double", "double")}

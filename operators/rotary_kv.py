@@ -64,7 +64,7 @@ class RotaryKvWrite(Operation):
         return [w for op, g, o in zip(self.parts(), self.split(inputs), output) for w in op.workspace(g, o)]
 
     def compute(self, ctx, out, args, ws):
-        from ..shape import Shape
+        from ..ir.shape import Shape
 
         ws = list(ws)
         for op, g, o in zip(self.parts(), self.split(args), out):

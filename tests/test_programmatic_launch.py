@@ -91,7 +91,7 @@ def test_a_captured_decode_step_with_pdl_gives_the_same_tokens(gpu_target, monke
     programmatically inside the capture."""
     import mgx_graph
     from mgx_graph import env
-    from mgx_graph.generate import Decoder
+    from mgx_graph.llm.generation import Decoder
     from mgx_graph.operators import fused_gpu
     from mgx_graph.operators.programmatic_launch import ProgrammaticKernel
 

@@ -19,7 +19,7 @@ from ..errors import ParseError, ShapeError, UnsupportedOpError
 from ..ir import Instruction, Module, Program
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..shape import Shape, onnx_dtype
+from ..ir.shape import Shape, onnx_dtype
 from . import op_parser
 from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .loader import load_model, symbolic_inputs, without_weights

@@ -21,8 +21,8 @@ import re
 
 from ..errors import CompileError
 from ..operators import make_op
-from ..shape import Shape
-from .memory_coloring import bound_params, value_root
+from ..ir.shape import Shape
+from .analysis import bound_params, value_root
 from .pass_manager import Pass
 
 _PATTERNS = [

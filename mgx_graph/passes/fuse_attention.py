@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..operators import make_op
-from ..shape import Shape
+from ..ir.shape import Shape
 from . import fusion
 from .eliminate_dead_code import remove_unread
 

@@ -28,7 +28,7 @@ leaves the program as it was.
 from __future__ import annotations
 
 from ..operators.fused import FusedGemv
-from ..shape import Shape
+from ..ir.shape import Shape
 from . import fusion
 
 NORMS = ("rms_norm",)

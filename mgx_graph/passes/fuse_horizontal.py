@@ -35,7 +35,7 @@ from __future__ import annotations
 from ..operators.fused import module_params
 from ..operators.fused_horizontal import FusedHorizontal
 from ..operators.fused_scatter import scatter_of
-from ..shape import Shape
+from ..ir.shape import Shape
 from . import fusion
 from .fuse_scatternd import _root
 from .fusion import inline_fused

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..operators.fused import FusedReduce
 from ..operators.fused_exprs import FLOATS
-from ..shape import Shape
+from ..ir.shape import Shape
 from . import fusion
 
 REDUCE_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")

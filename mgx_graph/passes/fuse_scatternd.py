@@ -29,7 +29,7 @@ they are.
 from __future__ import annotations
 
 from ..operators.fused_scatter import FusedScatterND
-from ..shape import Shape
+from ..ir.shape import Shape
 from . import fusion
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..operators.fused import module_params
 from ..operators.fused_exprs import SUPPORTED, op_body
 from ..operators.pointwise import Pointwise
-from ..shape import Shape
+from ..ir.shape import Shape
 from .pass_manager import ModulePass
 
 VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..operators import make_op
-from ..shape import Shape
+from ..ir.shape import Shape
 from .fusion import VIEWS
 from .pass_manager import ModulePass
 

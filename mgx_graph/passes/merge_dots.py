@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import CompileError, MgxError
 from ..operators import make_op
 from ..operators.pointwise import Pointwise
-from ..shape import Shape, standard_strides
+from ..ir.shape import Shape, standard_strides
 from .fuse_reduce import NORM_OPS, REDUCE_OPS
 from .eliminate_dead_code import remove_unread
 from .fusion import VIEWS, fused_modules

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import env
-from ..compile_result import CompileResult
+from .compile_result import CompileResult
 from ..errors import CompileError
 from .validate import InvalidProgram, validate_program
 
@@ -36,7 +36,7 @@ class PassContext:
     """What a pass may read besides the program, and where it writes what it found.
 
     target: the name of the target compiled for (``ref`` or ``gpu``).
-    result: the :class:`~mgx_graph.compile_result.CompileResult` the passes fill (memory plan,
+    result: the :class:`~mgx_graph.passes.compile_result.CompileResult` the passes fill (memory plan,
         host-fallback ops, outputs bound in place); a fresh one for ``target`` when not given.
     """
 

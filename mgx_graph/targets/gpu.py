@@ -19,8 +19,8 @@ from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, F
                       MemoryColoring, MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
-from ..shape import Shape
-from .capture_queues import CaptureQueues
+from ..ir.shape import Shape
+from ..graph.capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:

@@ -15,8 +15,8 @@ from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, F
                       FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring,
                       MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
-from ..shape import Shape
-from .capture_queues import CaptureQueues
+from ..ir.shape import Shape
+from ..graph.capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
