@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir.shape import Shape, standard_strides
-from .fused import module_params
+from .fused_module import module_params
 from .fused_exprs import CTYPES, arg_names, c_constant, compute_type, op_body, reg_type, specialize_math
 
 BLOCK = 256

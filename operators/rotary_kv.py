@@ -34,7 +34,7 @@ class RotaryKvWrite(Operation):
 
     def parts(self) -> tuple:
         """The (rotary_embedding, kv_cache_update key, kv_cache_update value) ops."""
-        from . import make_op
+        from .base import make_op
 
         a = self.attrs
         return make_op("rotary_embedding", **a["rotary"]), make_op("kv_cache_update", **a["key"]), \

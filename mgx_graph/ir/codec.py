@@ -30,8 +30,10 @@ import math
 import numpy as np
 
 from ..errors import CompileError, MgxError, ParseError
-from . import Instruction, Literal, Module, Param, Program, Return
-from ..operators.base import op_class
+from .instruction import Instruction, Literal, Param, Return
+from .module import Module
+from .operation import op_class
+from .program import Program
 from .shape import TYPE_NAMES, Shape
 
 NOT_SAVED_META = ("kernel",)  # re-selected on load

@@ -77,7 +77,7 @@ class Instruction:
     __slots__ = ("op", "inputs", "module_inputs", "shape", "outputs", "module", "label", "meta", "__weakref__")
     _ids = itertools.count()
 
-    def __init__(self, op: Operation, inputs: list["Instruction"], module_inputs: list["Module"], shape, module):
+    def __init__(self, op: Operation, inputs: list["Instruction"], module_inputs: list, shape, module):
         self.op = op
         self.inputs = list(inputs)
         self.module_inputs = list(module_inputs)

@@ -14,7 +14,7 @@ from .shape import Shape, check_size
 class Module:
     """An ordered list of instructions with parameters, literals and one ``@return``."""
 
-    def __init__(self, name: str, program: "Program | None" = None):
+    def __init__(self, name: str, program=None):  # program: the Program holding it, or None
         self.name = name
         self.program = program
         self.instructions: list[Instruction] = []

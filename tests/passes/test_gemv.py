@@ -95,11 +95,11 @@ class _HostCtx:
 def test_launch_takes_the_vector_variant_only_for_aligned_rows(pad, offset, vec, monkeypatch):
     """Rows of whole 16-byte loads at aligned addresses: 16-byte loads; a row stride off the grid
     (``pad`` 1) or a data pointer one element off: the element-wise variant."""
-    from mgx_graph.operators import fused_gpu
+    from mgx_graph.operators import gpu_kernel
     from mgx_graph.operators.gemv_gpu import gemv_kernel
 
     rec = _Recorder()
-    monkeypatch.setattr(fused_gpu, "compiled_function", rec)
+    monkeypatch.setattr(gpu_kernel, "compiled_function", rec)
     K, N = 64, 4
     plan = make_plan("float16", 1, K, N)
     k = gemv_kernel(plan, K, K + pad, N)
