@@ -12,7 +12,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
 from ..ir.shape import Shape, onnx_dtype
-from .onnx_parser import fold_instruction
+from ..ir.fold import fold_instruction
 from .op_parser import fallback
 
 
