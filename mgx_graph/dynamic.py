@@ -36,8 +36,8 @@ from collections import OrderedDict
 import numpy as np
 
 from . import env
-from .graph.counters import GraphCounters
 from .errors import CompileError, MgxError, ParameterError
+from .graph.counters import GraphCounters
 from .onnx import parse_onnx
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
 from .targets import make_context

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fused_module import module_params
 from .fused_codegen import (PRELUDE, KernelEmitter, broadcast_index, finish, linear_offset, output_names,
                             param_list, store_expr)
-from .gpu_kernel import GpuKernel, check_strides, compiled_function, layout, precompile
+from .fused_module import module_params
 from .fused_reduce_codegen import _COMBINE, _Row, reduction_of
 from .gemv_gpu import CTYPES, NT, PREFETCH, SMEM_X, make_plan
+from .gpu_kernel import GpuKernel, check_strides, compiled_function, layout, precompile
 
 # the generated kernel also builds on the host behind tests/gemv_host.py's shim (MGX_HOST_EMULATION)
 GEMV_PRELUDE = PRELUDE.replace("#else\n#include <cuda_fp16.h>", "#elif !defined(MGX_HOST_EMULATION)\n"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .errors import float_in, int_at_least
 from . import model_arg
+from .errors import float_in, int_at_least
 from .inputs import UsageError
 
 DESCRIPTION = ("Text generation with a decoder and its KV cache: greedy, or sampled (--do-sample) with\n"

@@ -15,8 +15,8 @@ import zipfile
 
 from onnx import helper
 
-from .inputs import UsageError
 from ..ir.shape import NUMPY_TO_ONNX
+from .inputs import UsageError
 
 
 def is_saved_program(path: str) -> bool:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..passes.compile_result import CompileResult
-from ..graph.counters import GraphCounters
 from ..errors import CompileError, MgxError
+from ..graph.counters import GraphCounters
+from ..passes.compile_result import CompileResult
 
 
 _saver = None  # save(compiled, path), set by register_saver

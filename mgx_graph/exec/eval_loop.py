@@ -18,8 +18,8 @@ parameters: within one epoch the parameter objects and their layouts are unchang
 from __future__ import annotations
 
 from ..errors import ExecutionError, MgxError
-from ..operators.dynamic import SpecializationMiss
 from ..graph.call_record import slot_getter
+from ..operators.dynamic import SpecializationMiss
 from .steps import STEP_BUILDERS, StepContext, step_kind, view_group
 
 

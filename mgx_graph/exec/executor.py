@@ -21,19 +21,19 @@ import time
 
 import numpy as np
 
-from .bound_state import BoundState, state_views
+from ..errors import MgxError, ParameterError
+from ..graph.cache import GraphBudget, GraphOptions
 from ..graph.call_record import CallRecord
 from ..graph.counters import GraphCounters
-from ..errors import MgxError, ParameterError
-from .eval_loop import EvalLoop
-from ..graph.cache import GraphBudget, GraphOptions
-from .interop import expected, to_target, type_name
-from ..passes.analysis import movable_values
-from .program_buffers import ProgramBuffers
 from ..graph.replay_plan import ReplayPlan
+from ..passes.analysis import movable_values
+from .bound_state import BoundState, state_views
+from .eval_loop import EvalLoop
+from .interop import expected, to_target, type_name
+from .program_buffers import ProgramBuffers
 from .staging import InputStaging
-from .written_parameters import WrittenParameters
 from .steps import step_kind
+from .written_parameters import WrittenParameters
 
 
 class Executor:

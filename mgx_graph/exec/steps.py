@@ -21,8 +21,8 @@ from operator import is_
 
 import numpy as np
 
-from ..graph.call_record import slot_getter
 from ..errors import ExecutionError
+from ..graph.call_record import slot_getter
 from ..operators.base import HOST
 from ..operators.dynamic import SpecializationMiss
 from ..passes.analysis import on_host

@@ -40,10 +40,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import env
-from .counters import GraphCounters
 from ..errors import CaptureError, DeviceError
-from .validation import ValidatedReplay
 from ..runtime import CAPTURE_MODES, hipStreamCaptureStatusNone
+from .counters import GraphCounters
+from .validation import ValidatedReplay
 
 NEVER = 1 << 62
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 from operator import is_
 
 from ..errors import CompileError
+from ..operators.base import Operation, register_op
+from ..passes.analysis import bound_params, launch_count
 from .cache import GraphBudget, GraphLaunchState, GraphOptions  # noqa: F401  (the op's state and settings)
 from .validation import Validator
-from ..operators.base import Operation, register_op
-from ..passes.analysis import launch_count
-from ..passes.analysis import bound_params
 
 
 class GraphKey(tuple):

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from operator import is_
 
+from ..errors import ExecutionError, MgxError
+from ..exec.steps import step_kind
+from ..operators.dynamic import SpecializationMiss
 from . import native_replay
 from .call_record import slot_getter
-from ..errors import ExecutionError, MgxError
-from ..operators.dynamic import SpecializationMiss
-from ..exec.steps import step_kind
 
 
 class ReplayPlan:

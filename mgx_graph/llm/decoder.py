@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from .decoder_pipeline import PipelinedSteps, check_token
-from .decoder_sampling import SampledSteps
 from ..errors import MgxError, ParameterError
 from ..operators.index_ops import FLOATS, argmax_rows
+from .decoder_pipeline import PipelinedSteps, check_token
+from .decoder_sampling import SampledSteps
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
 ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .decoder import ONE_ROW_INPUTS, ROWS_INPUTS, Decoder, describe_host_ops, program_alias  # noqa: F401
 from ..errors import ParameterError
+from .decoder import ONE_ROW_INPUTS, ROWS_INPUTS, Decoder, describe_host_ops, program_alias  # noqa: F401
 from .sampling import SamplingConfig, TokenSampler
 from .streaming import RowText, check_stop_strings
 

@@ -37,9 +37,9 @@ import zlib
 
 import numpy as np
 
+from ..errors import CompileError, MgxError, ParseError, ShapeError
 from ..exec.compiled import CompiledProgram, register_saver
 from ..passes.compile_result import CompileResult
-from ..errors import CompileError, MgxError, ParseError, ShapeError
 from .archive import MAX_HEADER_BYTES, MAX_MODEL_BYTES, Archive
 from .checks import check_options, check_program, check_result, walk_document
 

@@ -18,12 +18,12 @@ import onnx
 from ..errors import ParseError, ShapeError, UnsupportedOpError
 from ..ir import Instruction, Module, Program
 from ..ir.fold import fold_instruction  # noqa: F401  (mgx_graph.onnx.fold_instruction)
+from ..ir.shape import Shape, onnx_dtype
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..ir.shape import Shape, onnx_dtype
 from . import op_parser
-from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .loader import load_model, symbolic_inputs, without_weights
+from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .topology import check_acyclic, check_definitions, needed_nodes, node_label, topological_order, used_names
 
 MIN_OPSET, MAX_OPSET = 1, onnx.defs.onnx_opset_version()

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 
 from ..errors import ShapeError, UnsupportedOpError
+from ..ir.fold import fold_instruction
+from ..ir.shape import Shape, onnx_dtype
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..ir.shape import Shape, onnx_dtype
-from ..ir.fold import fold_instruction
 from .op_parser import fallback
 
 

@@ -20,8 +20,8 @@ import json
 import re
 
 from ..errors import CompileError
-from ..operators import make_op
 from ..ir.shape import Shape
+from ..operators import make_op
 from .analysis import bound_params, value_root
 from .pass_manager import Pass
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ShapeError
-from ..operators import make_op
 from ..ir.shape import Shape
+from ..operators import make_op
 from . import fusion
 from .eliminate_dead_code import remove_unread
 

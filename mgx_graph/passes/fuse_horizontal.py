@@ -32,9 +32,9 @@ leaves the instructions as they are.
 """
 from __future__ import annotations
 
-from ..operators.fused_module import module_params, scatter_of
-from ..operators.fused_horizontal import FusedHorizontal
 from ..ir.shape import Shape
+from ..operators.fused_horizontal import FusedHorizontal
+from ..operators.fused_module import module_params, scatter_of
 from . import fusion
 from .fuse_scatternd import _root
 from .fusion import inline_fused

@@ -28,8 +28,8 @@ they are.
 """
 from __future__ import annotations
 
-from ..operators.fused_scatter import FusedScatterND
 from ..ir.shape import Shape
+from ..operators.fused_scatter import FusedScatterND
 from . import fusion
 
 

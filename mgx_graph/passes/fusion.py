@@ -13,10 +13,10 @@ that could write in place into its first input still can: see ``inplace_ok``).
 """
 from __future__ import annotations
 
-from ..operators.fused_module import VIEW_NAMES, module_params
-from ..operators.fused_exprs import SUPPORTED, op_body
-from ..operators.pointwise import Pointwise
 from ..ir.shape import Shape
+from ..operators.fused_exprs import SUPPORTED, op_body
+from ..operators.fused_module import VIEW_NAMES, module_params
+from ..operators.pointwise import Pointwise
 from .pass_manager import ModulePass
 
 VIEWS = VIEW_NAMES  # the views a fused kernel reads through

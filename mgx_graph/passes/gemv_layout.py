@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..operators import make_op
 from ..ir.shape import Shape
+from ..operators import make_op
 from .fusion import VIEWS
 from .pass_manager import ModulePass
 

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import env
-from .compile_result import CompileResult
 from ..errors import CompileError
+from .compile_result import CompileResult
 from .validate import InvalidProgram, validate_program
 
 
