@@ -87,7 +87,7 @@ class Program:
     def instruction_count(self) -> int:
         return sum(len(m) for m in self.module_order())
 
-    # -- compiling (the target code lives in mgx_graph.compiler; imported when used) ----------------
+    # -- compiling (the target code lives in mgx_graph.compiler, which registers itself) -----------
     def compile(self, target: str = "auto", **options):
         """Run the target's pass pipeline over this program (in place) and finalize it on ``target``
         (``ref``, ``gpu`` or ``auto``); returns the :class:`~mgx_graph.exec.compiled.CompiledProgram`, also
