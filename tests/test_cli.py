@@ -393,11 +393,14 @@ def test_license_and_single_version_source():
     proj = _pyproject()
     assert proj["project"]["license"] == "MIT" and "LICENSE" in proj["project"]["license-files"]
     assert "version" not in proj["project"] and "version" in proj["project"]["dynamic"]
-    assert proj["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mgx_graph.__version__"}
+    assert proj["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mgx_graph.version.__version__"}
     assert "py.typed" in proj["tool"]["setuptools"]["package-data"]["mgx_graph"]
     assert os.path.isfile(os.path.join(ROOT, "mgx_graph", "py.typed"))
-    with open(os.path.join(ROOT, "mgx_graph", "__init__.py"), encoding="utf-8") as f:
-        assert len(re.findall(r"^__version__ = ", f.read(), re.M)) == 1
+    written = {}
+    for name in ("__init__.py", "version.py"):
+        with open(os.path.join(ROOT, "mgx_graph", name), encoding="utf-8") as f:
+            written[name] = len(re.findall(r"^__version__ = ", f.read(), re.M))
+    assert written == {"__init__.py": 0, "version.py": 1}  # __init__ imports it from version.py
     assert importlib.metadata.version("mgx_graph") == mgx_graph.__version__  # the installed metadata
 
 
