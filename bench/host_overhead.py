@@ -3,7 +3,7 @@
 Compiles the SmolLM2-135M decode step (fp16, ``hip_graph`` on, KV cache 256: 62 inputs, the 60 KV
 buffers bound in place) on ``--target`` (``ref``: the host queue captures and replays numpy host
 functions as a GPU stream does; ``gpu`` when one is present), feeds the same input objects every
-call as :class:`mgx_graph.generate.Decoder` does, and once every call replays times ``--calls``
+call as :class:`mgx_graph.llm.generation.Decoder` does, and once every call replays times ``--calls``
 replayed calls three ways (``time.perf_counter_ns``, medians over the calls).  ``--state bound``
 binds the 60 cache arrays once (``bind_state``, as the Decoder does) and passes the two step inputs
 per call; ``--state passed`` (the default) passes all 62; ``--on-queue`` makes each call inside
@@ -48,18 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
 import mgx_graph  # noqa: E402
-from mgx_graph.generate import Decoder  # noqa: E402
+from mgx_graph.llm.generation import Decoder  # noqa: E402
 
 PHASES = ("bind / interop", "staging check", "key build", "graph cache lookup", "launch")
 # (module, class, method) wrapped per phase; names missing from the code under test are skipped
 HOOKS = {
-    "bind / interop": [("mgx_graph.executor", "Executor", "bind"),
-                       ("mgx_graph.call_record", "CallRecord", "matches"),
-                       ("mgx_graph.call_record", "CallRecord", "repeat")],
-    "staging check": [("mgx_graph.staging", "InputStaging", "check")],
-    "key build": [("mgx_graph.graph_launch", "GraphLaunch", "graph_key"),
-                  ("mgx_graph.graph_launch", "GraphLaunch", "call_key")],
-    "graph cache lookup": [("mgx_graph.graph_cache", "GraphLaunchState", "execute")],
+    "bind / interop": [("mgx_graph.exec.executor", "Executor", "bind"),
+                       ("mgx_graph.graph.call_record", "CallRecord", "matches"),
+                       ("mgx_graph.graph.call_record", "CallRecord", "repeat")],
+    "staging check": [("mgx_graph.exec.staging", "InputStaging", "check")],
+    "key build": [("mgx_graph.graph.launch", "GraphLaunch", "graph_key"),
+                  ("mgx_graph.graph.launch", "GraphLaunch", "call_key")],
+    "graph cache lookup": [("mgx_graph.graph.cache", "GraphLaunchState", "execute")],
 }
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
 import mgx_graph  # noqa: E402
-from mgx_graph.generate import Decoder  # noqa: E402
+from mgx_graph.llm.generation import Decoder  # noqa: E402
 
 
 def _per_call_us(fn, inputs_for, block: int, blocks: int) -> float:

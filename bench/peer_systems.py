@@ -13,12 +13,12 @@ previous id to having the next one on the host (``ms_per_token``: their median).
 
 Systems:
 
-* :class:`MgxStep` -- mgx_graph's own fixed-shape export through :class:`mgx_graph.generate.Decoder`
+* :class:`MgxStep` -- mgx_graph's own fixed-shape export through :class:`mgx_graph.llm.generation.Decoder`
   (graphs on: ``mgx_graph``, off: ``mgx_eager``); the step takes one token, so the prompt goes token by
   token. Kernels per step: the captured graph's nodes (``stats()["regions"][*]["graph_nodes"]`` plus
   launches outside the graphs), else the eager launches.
 * :class:`MgxGenaiFolder` -- mgx_graph on an onnxruntime-genai folder through
-  :class:`mgx_graph.llm_runner.GenaiRunner` (graphs on); the prompt is one prefill run.
+  :class:`mgx_graph.llm.runner.GenaiRunner` (graphs on); the prompt is one prefill run.
 * :class:`OnnxruntimeGenai` -- onnxruntime-genai's own generator (``append_tokens`` is the prefill; each
   ``generate_next_token`` runs the model on the previous id and picks the next, so the first one after the
   prompt only picks and belongs to the prefill).
@@ -81,14 +81,14 @@ def mgx_details(stats: dict, hip_graph: bool) -> dict:
 
 class MgxStep:
     """mgx_graph's fixed-shape decode step (``onnx_path``) compiled for ``target``; the decode runs as
-    :meth:`mgx_graph.generate.Decoder.greedy_tokens` (each id fed back on the device, the next step
-    queued before the id is read back), as ``mgx_graph.generate`` runs one greedy row."""
+    :meth:`mgx_graph.llm.generation.Decoder.greedy_tokens` (each id fed back on the device, the next step
+    queued before the id is read back), as ``mgx_graph.llm.generation`` runs one greedy row."""
 
     prefill_mode = "token by token (the export is a one-token decode step)"
 
     def __init__(self, onnx_path, target: str, hip_graph: bool, fp16: bool):
         import mgx_graph
-        from mgx_graph.generate import Decoder
+        from mgx_graph.llm.generation import Decoder
 
         self.hip_graph = hip_graph
         self.prog = mgx_graph.compile(str(onnx_path), target=target, hip_graph=hip_graph, fp16=fp16)
@@ -137,10 +137,10 @@ class MgxStep:
 
 
 class MgxGenaiFolder:
-    """An onnxruntime-genai folder run by mgx_graph's :class:`~mgx_graph.llm_runner.GenaiRunner`."""
+    """An onnxruntime-genai folder run by mgx_graph's :class:`~mgx_graph.llm.runner.GenaiRunner`."""
 
     def __init__(self, folder, target: str, max_length: int):
-        from mgx_graph.llm_runner import GenaiRunner
+        from mgx_graph.llm.runner import GenaiRunner
 
         self.runner = GenaiRunner(folder, max_length=max_length, target=target, hip_graph=True)
         self.n = 0
@@ -151,7 +151,7 @@ class MgxGenaiFolder:
         self.n = 0
 
     def prefill(self, prompt) -> int:
-        from mgx_graph.llm_runner import GenaiRunner, length_bucket
+        from mgx_graph.llm.runner import GenaiRunner, length_bucket
 
         S = length_bucket(len(prompt), self.runner.max_len)
         self.prefill_mode = f"one run (the prompt right-padded to {S} tokens)"

@@ -120,7 +120,7 @@ def _check(case: Case, got) -> tuple[float, bool]:
 def measure_mgx(case: Case, target: str, hip_graph: bool, n: int, warmup: int) -> dict:
     """Compile ``case`` for ``target``, check its outputs and time it (see the module docstring)."""
     import mgx_graph
-    from mgx_graph.cli_perf import device_inputs
+    from mgx_graph.cli.perf import device_inputs
 
     prefix = "mgx_graph" if hip_graph else "mgx_eager"
     with warnings.catch_warnings():

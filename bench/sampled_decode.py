@@ -1,7 +1,7 @@
 """Sampled vs greedy decode, ms per step, in one process: ``generate`` pipelined on one row.
 
 The W1 / W2 workloads of ``bench/peer_models.py`` (SmolLM2-135M, vocabulary 49152; the Llama-3.2-1B
-shape, vocabulary 128256), fp16, graphs on, are run through :func:`mgx_graph.generate.generate` with
+shape, vocabulary 128256), fp16, graphs on, are run through :func:`mgx_graph.llm.generation.generate` with
 ``--tokens`` new tokens (no end-of-sequence id, so every run makes all of them) under each mode, the
 modes interleaved ``--reps`` times (A B C A B C ...) so that a drift of the machine reaches all alike:
 
@@ -35,7 +35,7 @@ MODES = {"greedy": {}, "t0.7_p0.9": dict(do_sample=True, temperature=0.7, top_p=
 def time_work(work, args) -> dict:
     """The modes of one workload (see the module docstring); ``{"error": why}`` without its export."""
     import mgx_graph
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
 
     info, why = pm.registry_build(work.registry, work.options, 1200)
     if info is None:

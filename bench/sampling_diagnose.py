@@ -1,4 +1,4 @@
-"""Where the device sampling tail (operators/token_sampling.cu) and mgx_graph.sampling's rule disagree.
+"""Where the device sampling tail (operators/token_sampling.cu) and mgx_graph.llm.sampling's rule disagree.
 
 Runs the top-p configurations of tests/test_token_sampling.py (same logits, seeds and steps) through
 :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance` and the numpy rule, and prints, per config,
@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from mgx_graph import sampling as S  # noqa: E402
+from mgx_graph.llm import sampling as S  # noqa: E402
 from mgx_graph.operators.token_sampling_gpu import SampleAdvance  # noqa: E402
 
 CONFIGS = [dict(temperature=0.7, top_p=0.9), dict(top_k=50, top_p=0.9, temperature=0.7),

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
 import mgx_graph  # noqa: E402
-from mgx_graph.generate import Decoder  # noqa: E402
+from mgx_graph.llm.generation import Decoder  # noqa: E402
 
 
 def used_bytes(prog) -> dict:

@@ -8,7 +8,7 @@ with ``"error"``), every one on the same weights and prompt:
   precision of the workload (W1 fp16 and fp32, W2 fp16); the step takes one token, so the prompt is fed
   token by token (the row's ``prefill_mode`` says so);
 * ``mgx_graph_genai_folder`` -- mgx_graph (graphs on) on the onnxruntime-genai folder through
-  :mod:`mgx_graph.llm_runner`, the prompt as one prefill run;
+  :mod:`mgx_graph.llm.runner`, the prompt as one prefill run;
 * ``onnxruntime_genai`` -- onnxruntime-genai's own generator on the folder its own builder made (fp16,
   ``-e cuda --extra_options enable_cuda_graph=1``; on ``--target ref`` the fp32 CPU folder);
 * ``ort_cuda_graph`` -- onnxruntime's CUDA EP with ``enable_cuda_graph`` on mgx_graph's (float32) export,

@@ -8,20 +8,20 @@
     prog.save("model.mxr")                # the compiled program; mgx_graph.load("model.mxr") runs it again
 """
 from . import operators  # noqa: F401  (registers ops)
-from .compile_result import CompileResult  # noqa: F401
-from .compiled import CompiledProgram  # noqa: F401
-from .counters import GraphCounters  # noqa: F401
+from .passes.compile_result import CompileResult  # noqa: F401
+from .exec.compiled import CompiledProgram  # noqa: F401
+from .graph.counters import GraphCounters  # noqa: F401
 from .errors import (CaptureError, CompileError, DeviceError, ExecutionError, MgxError, ParameterError,  # noqa: F401
                      ParseError, ShapeError, UnsupportedOpError)
-from .graph_launch import GraphLaunch  # noqa: F401  (registers graph_launch)
+from .graph.launch import GraphLaunch  # noqa: F401  (registers graph_launch)
 from .ir import Instruction, Module, Program  # noqa: F401
-from .mxr import load  # noqa: F401
+from .mxr.save_load import load  # noqa: F401
 from .onnx import parse_onnx  # noqa: F401
-from .program import compile, hip_graph_from_env  # noqa: F401
+from .compiler import compile, hip_graph_from_env  # noqa: F401
 from .runtime import gpu_available  # noqa: F401
-from .shape import Shape  # noqa: F401
+from .version import __version__  # noqa: F401
+from .ir.shape import Shape  # noqa: F401
 
-__version__ = "0.1.0"
 
 __all__ = ["compile", "load", "parse_onnx", "Program", "CompiledProgram", "CompileResult", "GraphCounters", "Module",
            "Instruction", "Shape", "gpu_available", "MgxError", "ParseError", "UnsupportedOpError", "ShapeError",

@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-import mgx_graph
+from .compiler import compile as compile_model
+from .runtime import gpu_available
 
 
 #: Cases of the ONNX backend suite mgx_graph is known to fail: test-name pattern -> reason.
@@ -64,7 +65,7 @@ class MgxBackend(Backend):
     @classmethod
     def supports_device(cls, device: str) -> bool:
         if cls._target(device) == "gpu":
-            return mgx_graph.gpu_available()
+            return gpu_available()
         return True
 
     @classmethod
@@ -73,8 +74,8 @@ class MgxBackend(Backend):
         inits = {t.name for t in model.graph.initializer}
         names = [i.name for i in model.graph.input if i.name not in inits]
         # the suite's inputs have the shapes the model declares; symbolic dims take the test data's dims
-        prog = mgx_graph.compile(model, target=cls._target(device), hip_graph=kwargs.get("hip_graph", cls.hip_graph),
-                                 min_partition_size=cls.min_partition_size, alias=None)
+        prog = compile_model(model, target=cls._target(device), hip_graph=kwargs.get("hip_graph", cls.hip_graph),
+                             min_partition_size=cls.min_partition_size, alias=None)
         return MgxBackendRep(prog, names)
 
     @classmethod

@@ -37,9 +37,12 @@ from typing import Any
 import numpy as np
 
 from . import settings as mgx_settings
-from .counters import GraphCounters
+from .graph.counters import GraphCounters
 from .errors import CompileError, MgxError, ParameterError
+from .graph.counters import GraphCounters
+from .onnx import parse_onnx
 from .operators.dynamic import NeedsValue, SpecializationMiss, reduce_for_key
+from .targets import make_context
 
 MAX_ATTEMPTS = 16
 HINTS_PER_SPECIALIZATION = 8
@@ -120,11 +123,12 @@ class Dispatcher:
     """The specializations of one dynamic-shape program (see the module docstring): ``model`` (an
     ``onnx.ModelProto``) is parsed with ``parse_kw`` and compiled with ``compile_kw`` for ``target`` per
     call's shapes and values; each specialization and prefix program is a static
-    :class:`~mgx_graph.compiled.CompiledProgram`."""
+    :class:`~mgx_graph.exec.compiled.CompiledProgram`."""
 
-    def __init__(self, model, parse_kw: dict, compile_kw: dict, target: str, max_specializations: int = 8,
-                 debug: bool = False):
+    def __init__(self, model, parse_kw: dict, compile_kw: dict, target: str, compile_program,
+                 max_specializations: int = 8, debug: bool = False):
         self.model = model
+        self.compile_program = compile_program  # mgx_graph.compiler.compile_program, which makes this object
         self.parse_kw = dict(parse_kw)
         self.compile_kw = dict(compile_kw)
         self.target = target
@@ -145,8 +149,8 @@ class Dispatcher:
         self.compiles = 0
         self.budget = compile_kw.get("budget")
         self.retired = GraphCounters()  # graph counters of the specializations released so far
-        self.retired_fast_path_hits = 0  # repeated run_async calls of those (see mgx_graph.call_record)
-        self.retired_replay_plan_hits = 0  # those of them replayed without the eval loop (mgx_graph.replay_plan)
+        self.retired_fast_path_hits = 0  # repeated run_async calls of those (see mgx_graph.graph.call_record)
+        self.retired_replay_plan_hits = 0  # those of them replayed without the eval loop (mgx_graph.graph.replay_plan)
 
     @property
     def evictions(self) -> int:
@@ -163,8 +167,6 @@ class Dispatcher:
     def queue(self) -> int:
         """The queue every specialization and prefix program runs on (created at the first call).
         Raises MgxError once released, DeviceError when the queue cannot be created."""
-        from .targets import make_context
-
         with self.lock:
             self._check_open()
             if self._queue_ctx is None:
@@ -173,11 +175,8 @@ class Dispatcher:
 
     # -- specializations -------------------------------------------------------------------------
     def _compile(self, shapes: tuple, known: dict, params):
-        """The specialization (a static :class:`~mgx_graph.compiled.CompiledProgram`) for ``shapes`` and
+        """The specialization (a static :class:`~mgx_graph.exec.compiled.CompiledProgram`) for ``shapes`` and
         the run-time values ``known`` (completed here with the values the frontend still needs)."""
-        from .onnx import parse_onnx
-        from .program import compile_program
-
         for _ in range(MAX_ATTEMPTS):
             try:
                 prog = parse_onnx(self.model, input_dims=dict(shapes), known_values=known, **self.parse_kw)
@@ -196,7 +195,7 @@ class Dispatcher:
                 continue
             self.compiles += 1
             label = f"[spec {self.compiles}] "
-            spec = compile_program(prog, self.target, alias=None, _label=label, _queue=self.queue(),
+            spec = self.compile_program(prog, self.target, alias=None, _label=label, _queue=self.queue(),
                                    **self.compile_kw)
             self.trace("SPECIALIZE", f"{label}shapes={_fmt_shapes(shapes)}" +
                        (f" values={_fmt_known(known)}" if known else ""))
@@ -205,8 +204,6 @@ class Dispatcher:
 
     def _prefix_value(self, nv: NeedsValue, shapes, known, params):
         """Run the program parsed up to the node that needs the value (it ends in the tensor)."""
-        from .program import compile_program
-
         pkey = (nv.tensor, nv.fn, shapes, _freeze(known))
         with self.lock:
             self._check_open()
@@ -218,7 +215,7 @@ class Dispatcher:
                 raise MgxError(f"node '{nv.node}': {nv.fn}({nv.tensor}) is needed inside a subgraph; "
                                f"this data-dependent shape is not supported")
             main.add_return([nv.ins], [nv.tensor])
-            compiled = compile_program(prog, self.target, hip_graph=False, alias=None,
+            compiled = self.compile_program(prog, self.target, hip_graph=False, alias=None,
                                        fp16=self.compile_kw.get("fp16", False),
                                        device_id=self.compile_kw.get("device_id"), _queue=self.queue())
             with self.lock:
@@ -240,15 +237,13 @@ class Dispatcher:
 
     def _prefix_eval(self, nv: NeedsValue, shapes, known, params) -> dict:
         """Run the program parsed so far, returning the node's inputs, and evaluate them on the host."""
-        from .program import compile_program
-
         prog = nv.program
         main = prog.get_main_module()
         if any(i.module is not main for i in nv.inputs):
             raise MgxError(f"node '{nv.node}': its output shape depends on values inside a subgraph; "
                            f"this data-dependent shape is not supported")
         main.add_return(list(nv.inputs), [f"in{k}" for k in range(len(nv.inputs))])
-        prog = compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False),
+        prog = self.compile_program(prog, self.target, hip_graph=False, alias=None, fp16=self.compile_kw.get("fp16", False),
                                device_id=self.compile_kw.get("device_id"), _queue=self.queue())
         try:
             self.trace("PREFIX", f"evaluating node '{nv.node}' on the host for its output shapes")
@@ -361,7 +356,7 @@ class Dispatcher:
         raise MgxError(f"run-time values keep changing under the program (last known {list(known)})")
 
     def last(self):
-        """The most recently used specialization (a :class:`~mgx_graph.compiled.CompiledProgram`), or None."""
+        """The most recently used specialization (a :class:`~mgx_graph.exec.compiled.CompiledProgram`), or None."""
         with self.lock:
             return next(reversed(self.specs.items.values())).prog if self.specs.items else None
 

@@ -20,7 +20,7 @@ Models:
 ``"smollm2-genai"``
     The same SmolLM2 weights as an onnxruntime-genai folder (``genai_config.json``, ``model.onnx``,
     tokenizer) made by onnxruntime-genai's model builder (see :mod:`.smollm2_genai`; run by
-    :mod:`mgx_graph.llm_runner`). Options: ``precision`` ("fp32" | "int4" | "fp16"), ``num_layers``
+    :mod:`mgx_graph.llm.runner`). Options: ``precision`` ("fp32" | "int4" | "fp16"), ``num_layers``
     (all 30), ``gguf``.
 ``"gpt2"``
     GPT-2 architecture with seeded random weights (see :mod:`.gpt2`). Options: ``kind``
@@ -39,7 +39,7 @@ Models:
     The same random-weight LLaMA exported with a dynamic past length, optimum's layout
     (``input_ids``, ``attention_mask`` [batch, past + seq], ``position_ids``, past / present
     [batch, kv, past(+seq), head_dim]) plus ``config.json`` (see :mod:`.optimum`; run by
-    :mod:`mgx_graph.optimum_runner`). Options: those of ``"llama"`` less ``batch``.
+    :mod:`mgx_graph.llm.optimum_runner`). Options: those of ``"llama"`` less ``batch``.
 ``"smollm2-optimum"``
     The real SmolLM2-135M-Instruct weights of ``"smollm2"`` in the same dynamic-past layout, with
     ``config.json`` and the tokenizer files (chat template included) next to ``model.onnx`` (see

@@ -10,9 +10,9 @@ Graph interface (L layers, kv = KV heads, hd = head dim; ``batch``, ``seq`` and 
              present.{i}.key/value          float32 [batch, kv, past + seq, hd]
 
 The folder also holds the model's ``config.json`` (``save_pretrained``) and, when it has one, the
-tokenizer files next to ``model.onnx`` (optimum's layout), so :func:`mgx_graph.llm_runner.open_decoder`
+tokenizer files next to ``model.onnx`` (optimum's layout), so :func:`mgx_graph.llm.open_decoder.open_decoder`
 recognises it by ``config.json`` + ``model.onnx`` and runs it through
-:class:`mgx_graph.optimum_runner.OptimumRunner`.
+:class:`mgx_graph.llm.optimum_runner.OptimumRunner`.
 
 ``"llama-optimum"``: the random-weight LLaMA of :mod:`.llama` (its options, less ``batch``);
 ``"smollm2-optimum"``: SmolLM2-135M-Instruct from the GGUF of :mod:`.smollm2` (options ``gguf``,
@@ -113,7 +113,7 @@ def finish_folder(model, out_dir: Path, tokenizer=None, eos_token_ids: list[int]
 
     A ``quantization_config`` (a GGUF checkpoint's) is left out: the graph holds the de-quantized
     float32 weights. ``eos_token_ids``, when given, become the config's ``eos_token_id`` (one id, or
-    the list), which :func:`mgx_graph.optimum_runner.read_folder` reads back."""
+    the list), which :func:`mgx_graph.llm.optimum_runner.read_folder` reads back."""
     import copy
 
     config = copy.deepcopy(model.config)

@@ -92,7 +92,7 @@ def _tokenizer(info: ModelInfo):
     tok = _TOKENIZERS.get(key)
     if tok is None:
         require_modules(info.name, ("transformers",), "the tokenizer")
-        from ..folder_config import load_tokenizer
+        from ..llm.folder_config import load_tokenizer
 
         tok = load_tokenizer(key)  # ParameterError naming a corrupt tokenizer file
         _TOKENIZERS[key] = tok

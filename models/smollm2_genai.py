@@ -19,7 +19,7 @@ Graph interface (the builder's; past and present share one buffer in onnxruntime
 ``input_ids`` int64 [B, S], ``attention_mask`` int64 [B, T], ``past_key_values.{i}.key|value``
 [B, 3, P, 64] -> ``logits`` [B, S, 49152], ``present.{i}.key|value`` [B, 3, max(T, P), 64]; every
 layer is a GroupQueryAttention whose seqlens_k is ``sum(attention_mask) - 1`` and whose
-total_sequence_length is the mask's width (see :mod:`mgx_graph.llm_runner`).
+total_sequence_length is the mask's width (see :mod:`mgx_graph.llm.runner`).
 
 Needs the ``[export]`` extra and ``onnxruntime-genai`` (the ``[genai]`` extra).
 """
@@ -46,7 +46,7 @@ PRECISIONS = {
 DEFAULTS: dict[str, Any] = {"precision": "fp32", "num_layers": None, "gguf": None}
 NOT_HASHED = frozenset({"gguf"})
 REQUIRES = ("torch", "transformers", "gguf", "accelerate", "onnxruntime_genai")
-#: The kind recorded in model.json: the folder is run by :mod:`mgx_graph.llm_runner`.
+#: The kind recorded in model.json: the folder is run by :mod:`mgx_graph.llm.runner`.
 KIND = "genai"
 
 

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (the GGUF of :mod:`.smollm2`) exported with a dynamic past length in
 optimum's layout (see :mod:`.optimum`): ``model.onnx`` + ``model.onnx.data``, ``config.json`` and the
 tokenizer files (with the chat template) in the same folder, so ``mgx-graph generate FOLDER`` and
-:func:`mgx_graph.llm_runner.open_decoder` find them there.
+:func:`mgx_graph.llm.open_decoder.open_decoder` find them there.
 
 Graph interface (L = 30, or ``num_layers``; ``batch``, ``seq`` and ``past`` symbolic):
 ``input_ids`` / ``position_ids`` int64 [batch, seq], ``attention_mask`` int64 [batch, past + seq],

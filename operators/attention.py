@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
-from .normalization_contrib import FLOATS
 from .gather_scatter import _same_buffer
+from .normalization_contrib import FLOATS
 
 
 def _check_index(name: str, what: str, v: Shape, lens) -> None:

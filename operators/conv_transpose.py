@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
 
 

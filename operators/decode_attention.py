@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
 
 HALF_FLOATS = ("float16", "float32")

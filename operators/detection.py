@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, register_op
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -16,21 +16,12 @@ one generated kernel per instruction (:mod:`.fused_gpu`).  Lowering takes the su
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, register_op
+from .fused_module import VIEW_NAMES, module_params  # noqa: F401
 
-VIEW_NAMES = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
 NOT_ELEMENTWISE = ("concat", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "softmax", "logsoftmax",
                    "rms_norm", "layernorm")
-
-
-def module_params(sub) -> list:
-    """Parameters of ``sub`` in binding order: ``x0, x1, ...`` by number (other names after, sorted)."""
-    def key(p):
-        n = p.op.parameter
-        return (0, int(n[1:]), "") if n[:1] == "x" and n[1:].isdigit() else (1, 0, n)
-
-    return sorted((p for p in sub.instructions if p.op.name == "@param"), key=key)
 
 
 def evaluate_module(sub, ctx, args, out) -> None:
@@ -83,7 +74,7 @@ class FusedOp(Operation):
     @classmethod
     def from_attrs(cls, attrs: dict):
         """The op of saved attributes (``_module``, ``_lowered`` and the op's own), as a saved program
-        stores them (:mod:`mgx_graph.ir_codec`)."""
+        stores them (:mod:`mgx_graph.ir.codec`)."""
         own = {k: v for k, v in attrs.items() if k not in ("_module", "_lowered")}
         op = cls(module=attrs.get("_module"), **own)
         if attrs.get("_lowered"):

@@ -23,9 +23,9 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from ..shape import Shape, standard_strides
-from .fused import module_params
+from ..ir.shape import Shape, standard_strides
 from .fused_exprs import CTYPES, arg_names, c_constant, compute_type, op_body, reg_type, specialize_math
+from .fused_module import module_params
 
 BLOCK = 256
 MAX_GRID = 65535

@@ -36,10 +36,10 @@ import numpy as np
 
 from .fused_codegen import (PRELUDE, KernelEmitter, broadcast_index, finish, linear_offset, output_names,
                             param_list, store_expr)
-from .fused_gpu import _check, _layout, compiled_function, precompile
+from .fused_module import module_params
 from .fused_reduce_codegen import _COMBINE, _Row, reduction_of
 from .gemv_gpu import CTYPES, NT, PREFETCH, SMEM_X, make_plan
-from .gpu import GpuKernel
+from .gpu_kernel import GpuKernel, check_strides, compiled_function, layout, precompile
 
 # the generated kernel also builds on the host behind tests/gemv_host.py's shim (MGX_HOST_EMULATION)
 GEMV_PRELUDE = PRELUDE.replace("#else\n#include <cuda_fp16.h>", "#elif !defined(MGX_HOST_EMULATION)\n"
@@ -64,8 +64,6 @@ class GemvParts:
     not of that form."""
 
     def __init__(self, sub, in_shapes):
-        from .fused import module_params
-
         dots = [i for i in sub.instructions if i.op.name == "dot"]
         if len(dots) != 1:
             raise ValueError(f"fused_gemv module '{sub.name}' holds {len(dots)} dot instructions, expected 1")
@@ -325,14 +323,14 @@ def fused_gemv_kernel(sub, in_shapes, out_shape) -> GpuKernel:
     pdl = pdl_setting()  # the compile's MIGRAPHX_PDL, for the launches too
     ready = [precompile(k.source, k.name, pdl) for k in (vks, sks)]
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
-    layouts = [_layout(s) for s in in_shapes] + [_layout(s) for s in outs]
+    layouts = [layout(s) for s in in_shapes] + [layout(s) for s in outs]
     align = plan.vec * np.dtype(plan.dtype).itemsize
     rows_aligned = plan.vec > 1 and (parts.N == 1 or parts.sw % plan.vec == 0)
     grid, block, wk = (vks.grid,), (NT,), parts.weight
 
     def run(ctx, out, args, ws):
         results = out if isinstance(out, tuple) else (out,)
-        _check(list(args) + list(results), layouts, vks.name)
+        check_strides(list(args) + list(results), layouts, vks.name)
         k = 0 if rows_aligned and ctx.data_ptr(args[wk]) % align == 0 else 1
         ks = (vks, sks)[k]
         (ready[k] or compiled_function(ks.source, ks.name, pdl))(grid, block, (*args, *results))

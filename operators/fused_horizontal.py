@@ -29,39 +29,8 @@ from typing import Any
 
 from ..errors import ShapeError
 from .base import register_op
-from .fused import FusedOp, module_params
-
-
-def parts_of(sub) -> list:
-    """``[(returned instruction, data parameter position or None)]`` of a fused_horizontal submodule:
-    the position (in :func:`module_params` order) of each scatter part's data, None for an
-    elementwise part.  Raises ShapeError naming the module when it returns fewer than two values, a
-    scatter with a reduction, a scatter whose data is not a parameter read by it alone, a parameter
-    or literal as a part, or two parts over the same data parameter."""
-    ret = sub.get_return()
-    outs = list(ret.inputs) if ret is not None else []
-    if len(outs) < 2:
-        raise ShapeError(f"fused_horizontal: module '{sub.name}' must return two values or more, returns {len(outs)}")
-    pos = {id(p): k for k, p in enumerate(module_params(sub))}
-    parts: list[tuple[Any, int | None]] = []
-    used: set[int] = set()
-    for v in outs:
-        if v.op.name in ("@param", "@literal"):
-            raise ShapeError(f"fused_horizontal: module '{sub.name}' returns {v.op.name}: every part is computed")
-        if v.op.name != "scatternd":
-            parts.append((v, None))
-            continue
-        data = v.inputs[0]
-        if v.op.reduction != "none":
-            raise ShapeError(f"fused_horizontal: module '{sub.name}' returns scatternd[reduction={v.op.reduction}]; "
-                             f"only reduction none is fused")
-        if id(data) not in pos or any(c is not v for c in data.outputs) or v.inputs.count(data) != 1 \
-                or outs.count(v) != 1 or id(data) in used:
-            raise ShapeError(f"fused_horizontal: module '{sub.name}': the data of each scatter must be a parameter "
-                             f"read by that scatter alone")
-        used.add(id(data))
-        parts.append((v, pos[id(data)]))
-    return parts
+from .fused import FusedOp
+from .fused_module import module_params, parts_of  # noqa: F401
 
 
 @register_op

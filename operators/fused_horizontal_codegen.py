@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .fused_codegen import (KernelEmitter, KernelSource, element_index, linear_offset, param_list,
                             per_element_source, store_expr)
-from .fused_horizontal import parts_of
+from .fused_module import parts_of
 from .fused_scatter_codegen import _scatter_offset
 
 

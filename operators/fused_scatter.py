@@ -22,28 +22,8 @@ from __future__ import annotations
 
 from ..errors import ShapeError
 from .base import register_op
-from .fused import FusedOp, module_params
-
-
-def scatter_of(sub):
-    """The ``scatternd`` a fused_scatternd submodule returns; ShapeError naming the module when the
-    module does not return one scatternd (reduction ``none``) over parameter ``x0``, read by nothing
-    else, with updates computed inside the module."""
-    ret = sub.get_return()
-    outs = ret.inputs if ret is not None else []
-    scat = outs[0] if len(outs) == 1 else None
-    params = module_params(sub)
-    if scat is None or scat.op.name != "scatternd" or scat.op.reduction != "none" or not params:
-        got = ", ".join(str(o.op) for o in outs) or "nothing"
-        raise ShapeError(f"fused_scatternd: module '{sub.name}' must return one scatternd[reduction=none], "
-                         f"returns {got}")
-    x0 = params[0]
-    if scat.inputs[0] is not x0 or any(c is not scat for c in x0.outputs) or scat.inputs.count(x0) != 1:
-        raise ShapeError(f"fused_scatternd: module '{sub.name}': the scatter's data must be parameter "
-                         f"{x0.op.parameter}, read by the scatter alone")
-    if scat.inputs[2].op.name in ("@param", "@literal"):
-        raise ShapeError(f"fused_scatternd: module '{sub.name}': the updates are not computed in the module")
-    return scat
+from .fused import FusedOp
+from .fused_module import module_params, scatter_of  # noqa: F401
 
 
 @register_op

@@ -15,7 +15,7 @@ write that lands is unspecified, as ONNX leaves it for reduction ``none``.
 from __future__ import annotations
 
 from .fused_codegen import KernelEmitter, KernelSource, element_index, per_element_source, store_expr
-from .fused_scatter import scatter_of
+from .fused_module import scatter_of
 
 
 def _scatter_offset(em: KernelEmitter, scat, uidx, out_shape) -> tuple[str, str]:

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, normalize_axis, register_op
 
 

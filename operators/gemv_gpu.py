@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gpu import GpuKernel
+from .fused_module import VIEW_NAMES
+from .gpu_kernel import GpuKernel
 
 NT = 256  # threads per block
 TARGET_BLOCKS = 264  # about two blocks per SM of an H100 / H200 (132 SMs)
@@ -194,7 +195,7 @@ def gemv_kernel(plan: GemvPlan, sx: int, sw: int, sy: int, label: str = "gemv") 
     """The :class:`GpuKernel` of ``plan`` over arguments ``(x, W, [bias])``; both variants compiled now
     when CuPy is importable (ValueError when one does not compile).  ``sx`` / ``sw`` / ``sy``: the
     planned row strides (elements) of x, W^T and y, checked against the arrays at each launch."""
-    from .fused_gpu import compiled_function, precompile
+    from .gpu_kernel import compiled_function, precompile
     from .programmatic_launch import pdl_setting
 
     srcs, pdl = (plan.source(True), plan.source(False)), pdl_setting()
@@ -239,11 +240,9 @@ def dot_gemv_kernel(ins, in_shapes, out_shape) -> GpuKernel | None:
 
 def _constant(ins) -> bool:
     """A literal, or a chain of single-input views over one."""
-    from ..passes.fusion import VIEWS
-
     v = ins
     while v.op.name != "@literal":
-        if v.op.name not in VIEWS or not v.op.is_view or len(v.inputs) != 1:
+        if v.op.name not in VIEW_NAMES or not v.op.is_view or len(v.inputs) != 1:
             return False
         v = v.inputs[0]
     return True

@@ -13,23 +13,14 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from ..shape import Shape, standard_strides
+from ..ir.shape import Shape, standard_strides
+from .gpu_kernel import HEADER, GpuKernel, compiled_function
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@dataclass
-class GpuKernel:
-    fn: Callable
-    launches: int
-    workspace: list = field(default_factory=list)
-    capturable: bool = True
-    label: str = ""
 
 
 def select_gpu_kernel(op, in_shapes: list[Shape], out_shape: Shape) -> GpuKernel:
@@ -128,8 +119,6 @@ def full_reduction_source(kind: str, dtype: str) -> str:
     prod, max, min; max / min propagate NaN as :func:`reduction_kernel` does) of the ``n`` contiguous
     elements of ``x``, by one block of :data:`FULL_REDUCE_THREADS` threads (strided partial values,
     then a shared-memory tree), accumulated in float for float16 / float32, double for float64."""
-    from .attention_gpu import HEADER
-
     ctype = {"float16": "__half", "float32": "float", "float64": "double"}.get(dtype) or _CTYPES[dtype]
     acc = {"float16": "float", "float32": "float", "float64": "double"}.get(dtype, ctype)
     if dtype in ("float16", "float32"):
@@ -171,8 +160,6 @@ def full_reduction(kind: str, x, out) -> bool:
     type) into the one element of ``out`` with one launch that allocates nothing (capturable: CuPy's
     reductions of large arrays run in two passes over a temporary they allocate); False when ``x`` does
     not qualify (the caller reduces otherwise)."""
-    from .fused_gpu import compiled_function
-
     dtype = x.dtype.name
     if kind not in ("sum", "mean", "prod", "max", "min") or out.size != 1 or x.size == 0 or \
             x.size > FULL_REDUCE_MAX or not x.flags.c_contiguous or not out.flags.c_contiguous or \
@@ -275,7 +262,7 @@ def _dot_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
 def blas_matmul(ctx, a, b, out) -> None:
     """``out = a @ b`` (2-D, or 3-D batched with a shared or batched operand) with the layouts read from
     the arrays at run time; raises TypeError when an operand is not a BLAS layout (callers copy first)."""
-    from ..shape import Shape as _S
+    from ..ir.shape import Shape as _S
 
     sa = _S(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])
     sb = _S(b.dtype.name, b.shape, [s // b.itemsize for s in b.strides])

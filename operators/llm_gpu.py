@@ -25,8 +25,8 @@ import os
 
 import numpy as np
 
-from ..shape import Shape
-from .gpu import GpuKernel
+from ..ir.shape import Shape
+from .gpu_kernel import GpuKernel
 
 CTYPES = {"float16": "__half", "float32": "float"}
 NT = 256  # threads per block (the normalization's block reduction assumes this power of two)
@@ -36,7 +36,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def kernel_source(dtype: str) -> str:
     """The source of ``llm_kernels.cu`` for element type ``dtype`` (float16 / float32)."""
-    from .attention_gpu import HEADER
+    from .gpu_kernel import HEADER
 
     with open(os.path.join(_HERE, "llm_kernels.cu")) as f:
         return HEADER + f"typedef {CTYPES[dtype]} T;\n" + f.read()
@@ -44,7 +44,7 @@ def kernel_source(dtype: str) -> str:
 
 def _function(dtype: str, name: str):
     """The compiled kernel now when CuPy is importable, else a loader that compiles on first launch."""
-    from .fused_gpu import compiled_function, precompile
+    from .gpu_kernel import compiled_function, precompile
     from .programmatic_launch import pdl_setting
 
     src, pdl = kernel_source(dtype), pdl_setting()

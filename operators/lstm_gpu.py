@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CTYPES = {"float16": ("__half", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
@@ -36,7 +36,7 @@ MAX_BLOCKS = 1 << 16  # its loop is grid-stride
 
 def kernel_source(dtype: str) -> str:
     """The source of ``lstm.cu`` for element type ``dtype`` (float16 / float32 / float64)."""
-    from .attention_gpu import HEADER
+    from .gpu_kernel import HEADER
 
     t, acc = CTYPES[dtype]
     with open(os.path.join(_HERE, "lstm.cu")) as f:

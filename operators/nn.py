@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape, broadcast_lens
+from ..ir.shape import Shape, broadcast_lens
 from .base import Operation, check_inputs, normalize_axis, register_op
 
 

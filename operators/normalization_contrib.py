@@ -10,7 +10,7 @@ rounded to the input type.
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..shape import Shape, broadcast_lens
+from ..ir.shape import Shape, broadcast_lens
 from .base import Operation, check_inputs, normalize_axis, register_op
 
 FLOATS = ("float16", "float32", "float64")

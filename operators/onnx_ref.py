@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import ExecutionError, ShapeError
-from ..shape import NUMPY_TO_ONNX, Shape, onnx_dtype
+from ..ir.shape import NUMPY_TO_ONNX, Shape, onnx_dtype
 from .base import Operation, register_op
 from .dynamic import SpecializationMiss
 

@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape, broadcast_lens
+from ..ir.shape import Shape, broadcast_lens
 from .base import Operation, check_inputs, register_op
 
 FLOATS = ("float16", "float32", "float64")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape, broadcast_lens
+from ..ir.shape import Shape, broadcast_lens
 from .base import Operation, check_inputs, register_op
 
 QUANT_TYPES = ("uint8", "int8", "uint16", "int16")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, register_op
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ExecutionError, ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, register_op
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh",

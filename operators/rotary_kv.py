@@ -34,7 +34,7 @@ class RotaryKvWrite(Operation):
 
     def parts(self) -> tuple:
         """The (rotary_embedding, kv_cache_update key, kv_cache_update value) ops."""
-        from . import make_op
+        from .base import make_op
 
         a = self.attrs
         return make_op("rotary_embedding", **a["rotary"]), make_op("kv_cache_update", **a["key"]), \
@@ -64,7 +64,7 @@ class RotaryKvWrite(Operation):
         return [w for op, g, o in zip(self.parts(), self.split(inputs), output) for w in op.workspace(g, o)]
 
     def compute(self, ctx, out, args, ws):
-        from ..shape import Shape
+        from ..ir.shape import Shape
 
         ws = list(ws)
         for op, g, o in zip(self.parts(), self.split(args), out):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, normalize_axis, register_op
 from .index_ops import topk_order
 

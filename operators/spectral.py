@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CaptureError, ExecutionError, ShapeError
-from ..shape import Shape
+from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
 
 FLOATS = ("float16", "float32", "float64")

@@ -1,4 +1,4 @@
-"""The next token of a decode step on the gpu target: :mod:`mgx_graph.sampling`'s rule as the kernels of
+"""The next token of a decode step on the gpu target: :mod:`mgx_graph.llm.sampling`'s rule as the kernels of
 ``token_sampling.cu``, queued after the program's logits (no host read of the logits).
 
 :class:`SampleAdvance` holds the workspace of ``rows`` rows of ``vocab`` logits (made once; a launch
@@ -83,7 +83,7 @@ class SampleAdvance:
     def __call__(self, x, ids, config, seed: int, step: int, host_ptr: int = 0, pos=None, next_pos: int = 0) -> None:
         """Queue the tail on the current queue: ``x`` the logits (rows * vocab contiguous values of
         ``dtype``), ``ids`` int64 [rows] (gets the ids), ``config`` a
-        :class:`~mgx_graph.sampling.SamplingConfig`, ``seed`` / ``step`` the draw's key and counter,
+        :class:`~mgx_graph.llm.sampling.SamplingConfig`, ``seed`` / ``step`` the draw's key and counter,
         ``host_ptr`` the device address of page-locked memory for ``rows`` int64 (0: none), ``pos`` int64
         (its first element gets ``next_pos``; None: not written).  The chosen ids are also marked in
         :attr:`seen` when the config has a repetition penalty."""

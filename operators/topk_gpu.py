@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..shape import Shape
+from ..ir.shape import Shape
 from .gpu import GpuKernel
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

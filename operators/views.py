@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ShapeError
-from ..shape import Shape, broadcast_lens, standard_strides
+from ..ir.shape import Shape, broadcast_lens, standard_strides
 from .base import Operation, check_inputs, normalize_axis, register_op
 
 

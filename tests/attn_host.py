@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-from mgx_graph.shape import Shape
+from mgx_graph.ir.shape import Shape
 
 
 _SHIM = r"""
@@ -195,7 +195,7 @@ def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:
 
 
 def shape_of(a: np.ndarray) -> Shape:
-    """The :class:`~mgx_graph.shape.Shape` of a numpy array: its dtype, dims and strides in elements."""
+    """The :class:`~mgx_graph.ir.shape.Shape` of a numpy array: its dtype, dims and strides in elements."""
     return Shape(a.dtype.name, a.shape, tuple(s // a.itemsize for s in a.strides))
 
 

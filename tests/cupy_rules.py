@@ -69,7 +69,7 @@ def strict_kernels(monkeypatch, ops):
     from mgx_graph.operators.base import numpy_reduce
     from mgx_graph.operators.gpu import _dot_kernel
     from mgx_graph.passes import lowering
-    from mgx_graph.shape import Shape
+    from mgx_graph.ir.shape import Shape
 
     found, ran = [], []
 

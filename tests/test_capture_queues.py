@@ -3,7 +3,7 @@
 The program's queue is blocking (ordered with the legacy default stream); a capture recorded on it
 would make any legacy-stream use elsewhere in the process fail and spoil the capture (CUDA programming
 guide, "Stream capture").  So each region records on the context's capture queue for the call's queue
-(:mod:`mgx_graph.targets.capture_queues`, created ``hipStreamNonBlocking``) and launches the exec on the
+(:mod:`mgx_graph.graph.capture_queues`, created ``hipStreamNonBlocking``) and launches the exec on the
 call's queue.  Every case checks the values against numpy on calls with new inputs (a launch that
 escaped the capture would run once, at capture time, and leave later replays wrong)."""
 import threading
@@ -116,7 +116,7 @@ def test_a_capture_queue_whose_preparation_fails_otherwise_records_on_the_queue_
     records on the queue itself, the replays are right and the failed queue is destroyed."""
     monkeypatch.setenv("MIGRAPHX_HIP_GRAPH_DEBUG", "1")
     from mgx_graph.runtime import host_runtime
-    from mgx_graph.targets import capture_queues
+    from mgx_graph.graph import capture_queues
 
     rt = host_runtime()
     live = rt.counters()["live_queues"]
@@ -196,7 +196,7 @@ def test_blas_destroys_a_handle_it_cannot_set_up(monkeypatch, platform):
 
 def test_a_failed_prepare_leaves_no_capture_queue():
     from mgx_graph.runtime import host_runtime
-    from mgx_graph.targets.capture_queues import CaptureQueues
+    from mgx_graph.graph.capture_queues import CaptureQueues
 
     rt = host_runtime()
     live = rt.counters()["live_queues"]

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mgx_graph.cli import help_texts, main
+from mgx_graph.cli.main import help_texts, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -319,7 +319,7 @@ def test_a_value_dependent_model_saves_and_specializes_again(target, tmp_path, c
 def _parsers():
     import argparse
 
-    from mgx_graph.cli import build_parser
+    from mgx_graph.cli.main import build_parser
 
     ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
@@ -393,11 +393,14 @@ def test_license_and_single_version_source():
     proj = _pyproject()
     assert proj["project"]["license"] == "MIT" and "LICENSE" in proj["project"]["license-files"]
     assert "version" not in proj["project"] and "version" in proj["project"]["dynamic"]
-    assert proj["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mgx_graph.__version__"}
+    assert proj["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "mgx_graph.version.__version__"}
     assert "py.typed" in proj["tool"]["setuptools"]["package-data"]["mgx_graph"]
     assert os.path.isfile(os.path.join(ROOT, "mgx_graph", "py.typed"))
-    with open(os.path.join(ROOT, "mgx_graph", "__init__.py"), encoding="utf-8") as f:
-        assert len(re.findall(r"^__version__ = ", f.read(), re.M)) == 1
+    written = {}
+    for name in ("__init__.py", "version.py"):
+        with open(os.path.join(ROOT, "mgx_graph", name), encoding="utf-8") as f:
+            written[name] = len(re.findall(r"^__version__ = ", f.read(), re.M))
+    assert written == {"__init__.py": 0, "version.py": 1}  # __init__ imports it from version.py
     assert importlib.metadata.version("mgx_graph") == mgx_graph.__version__  # the installed metadata
 
 
@@ -425,7 +428,7 @@ def test_built_wheel_has_version_license_and_py_typed(tmp_path):
     assert wheel.name.startswith(f"mgx_graph-{mgx_graph.__version__}-")
     assert f"\nVersion: {mgx_graph.__version__}\n" in meta and "License-Expression: MIT" in meta
     assert "mgx_graph/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert {"mgx_graph/cli.py", "mgx_graph/cli_inputs.py", "mgx_graph/cli_perf.py"} <= set(names)
+    assert {"mgx_graph/cli/main.py", "mgx_graph/cli/inputs.py", "mgx_graph/cli/perf.py"} <= set(names)
     for extra in ("cuda", "cuda12", "cuda13", "rocm", "export", "test"):
         assert f"Provides-Extra: {extra}\n" in meta
 
@@ -476,7 +479,7 @@ def test_perf_of_a_decode_step_binds_its_cache_in_place_as_generate_does(model_c
         info = build("llama", cache_dir=model_cache, progress=False)
     except ImportError as e:
         pytest.skip(f"model export needs the [export] extra: {e}")
-    from mgx_graph.generate import Decoder
+    from mgx_graph.llm.generation import Decoder
 
     prog = mgx_graph.compile(str(info.onnx_path), target=target)
     Decoder(prog).step(1)  # the Decoder refuses a program whose cache is not bound in place

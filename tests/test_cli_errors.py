@@ -22,8 +22,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import mgx_graph
-from mgx_graph import cli
-from mgx_graph.cli import build_parser, main
+from mgx_graph.cli import main as cli
+from mgx_graph.cli.main import build_parser, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR = "mgx-graph: error: "
@@ -135,8 +135,8 @@ def test_llm_folder_errors_name_the_file_and_the_field(bad, capsys):
 
 
 def _numeric_flags(parser) -> list:
-    """The options of ``parser`` that take a number (their type one of mgx_graph.cli_errors' checks)."""
-    from mgx_graph.cli_errors import float_in, int_at_least
+    """The options of ``parser`` that take a number (their type one of mgx_graph.cli.errors' checks)."""
+    from mgx_graph.cli.errors import float_in, int_at_least
 
     kinds = {type(int_at_least(0)), type(float_in(0.0))}
     return [a for a in parser._actions if a.option_strings and type(a.type) in kinds and a.nargs is None]

@@ -7,7 +7,7 @@ from onnx import TensorProto, helper
 
 import mgx_graph
 from mgx_graph import CompiledProgram, CompileError, CompileResult, GraphCounters, MgxError
-from mgx_graph.program import compile_program
+from mgx_graph.compiler import compile_program
 from util import ort_run
 
 R = np.random.default_rng(23)

@@ -154,7 +154,7 @@ def run_gpu_kernel_on_host(model, x, transposed_x=False):
     """The gpu kernel of the model's one dynamic_quantize_lstm on numpy arrays (the parser's inputs:
     initializers, and zeros for omitted zero points); ``transposed_x``: X given as a non-standard view."""
     from mgx_graph.operators import make_op
-    from mgx_graph.shape import Shape
+    from mgx_graph.ir.shape import Shape
 
     node = model.graph.node[0]
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -198,7 +198,7 @@ def test_dq_lstm_cu_copies_a_non_standard_input(host_dq_lstm_cu):
 
 def test_dynamic_quantize_lstm_type_errors():
     from mgx_graph.operators import make_op
-    from mgx_graph.shape import Shape
+    from mgx_graph.ir.shape import Shape
 
     op = make_op("dynamic_quantize_lstm", hidden_size=4, direction="forward")
     good = [Shape("float32", [3, 2, 5]), Shape("int8", [1, 5, 16]), Shape("int8", [1, 4, 16]),

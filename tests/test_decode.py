@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.generate import Decoder, generate
+from mgx_graph.llm.generation import Decoder, generate
 
 
 def _ort_session(info):

@@ -111,7 +111,7 @@ def _command_lines():
 
 
 def test_documented_command_lines_parse():
-    from mgx_graph.cli import build_parser
+    from mgx_graph.cli.main import build_parser
 
     lines = list(_command_lines())
     assert {w[0] for _, w in lines} >= {"generate", "compile", "verify", "run", "perf"}

@@ -133,7 +133,7 @@ def test_kernel_error_names_the_instruction_and_the_program_recovers():
 
 
 def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     f = tmp_path / "bad.onnx"
     f.write_bytes(b"nope")
@@ -148,23 +148,24 @@ def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
 def test_cli_generate_refuses_an_encoder(monkeypatch, capsys):
     from types import SimpleNamespace
 
-    import mgx_graph.cli as cli
+    import mgx_graph.cli.main as cli
+    import mgx_graph.cli.model_arg as model_arg
 
     encoder = SimpleNamespace(name="minilm", config={"kind": "encoder"}, tokenizer_dir="/nonexistent",
                               onnx_path="/nonexistent/model.onnx")
-    monkeypatch.setattr(cli, "_load_model", lambda name, progress=True: encoder)
+    monkeypatch.setattr(model_arg, "load_model", lambda name, progress=True: encoder)
     assert cli.main(["generate", "minilm", "--prompt", "hi", "--target", "ref"]) == 1
     err = capsys.readouterr().err
     assert "'minilm' is an encoder model, not a decoder" in err
     assert "use 'run' or 'verify'" in err and "Traceback" not in err
     # the registry name is refused before anything is downloaded or built
-    monkeypatch.setattr(cli, "_load_model", lambda name, progress=True: pytest.fail("built the model"))
+    monkeypatch.setattr(model_arg, "load_model", lambda name, progress=True: pytest.fail("built the model"))
     assert cli.main(["generate", "minilm", "--prompt", "hi"]) == 1
     assert "is an encoder model" in capsys.readouterr().err
 
 
 def test_cli_verify_run_perf(tmp_path, capsys):
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     path = tmp_path / "m.onnx"
     onnx.save(good_model(), str(path))
@@ -183,7 +184,7 @@ def test_cli_verify_run_perf(tmp_path, capsys):
 @pytest.mark.usefixtures("unfused")
 def test_cli_verify_compares_a_replay_and_perf_reads_env(tmp_path, capsys, monkeypatch):
     from mgx_graph import settings as mgx_settings
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     # an int input that indexes a 2-row table (like token_type_ids): the random inputs must be valid indices
     nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.generate import Decoder, generate
+from mgx_graph.llm.generation import Decoder, generate
 from mgx_graph.passes import PassContext, PassManager, PipelineOptions
 from mgx_graph.targets import pipeline
 

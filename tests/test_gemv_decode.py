@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.generate import Decoder
+from mgx_graph.llm.generation import Decoder
 from mgx_graph.passes import GemvLayout, PassGroup
 
 pytestmark = pytest.mark.usefixtures("gemv_on")  # the opt-in kernel on
@@ -68,7 +68,7 @@ def test_decode_steps_with_transposed_weights_match_onnxruntime(tiny, target, mo
 def test_smollm2_greedy_tokens_with_transposed_weights_equal_transformers(model_cache, monkeypatch):
     """The real SmolLM2-135M (ref, float32) with every layer projection stored transposed by
     ``gemv_layout`` (merged QKV, O, merged gate/up, down): greedy tokens equal transformers' generate."""
-    from mgx_graph.generate import generate
+    from mgx_graph.llm.generation import generate
     from mgx_graph.models import build
     from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
 

@@ -137,7 +137,7 @@ def _dot_label(cp) -> str:
 @pytest.mark.parametrize("row_major", [True, False], ids=["kn", "nk"])
 def test_gemv_and_cublas_agree_in_a_program(row_major, gpu_target, monkeypatch):
     from mgx_graph import env
-    from mgx_graph.program import compile_program
+    from mgx_graph.compiler import compile_program
 
     rng = np.random.default_rng(3)
     for dtype in ("float16", "float32"):

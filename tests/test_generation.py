@@ -8,9 +8,9 @@ import pytest
 
 import mgx_graph
 from mgx_graph.errors import ParameterError
-from mgx_graph.generate import Decoder, generate
-from mgx_graph.sampling import SamplingConfig, TokenSampler, process_logits
-from mgx_graph.streaming import RowText
+from mgx_graph.llm.generation import Decoder, generate
+from mgx_graph.llm.sampling import SamplingConfig, TokenSampler, process_logits
+from mgx_graph.llm.streaming import RowText
 
 TINY = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=256, max_cache_len=16),
         "llama": dict(max_cache_len=16)}
@@ -426,7 +426,7 @@ def test_one_row_build_has_the_one_row_interface(llama):
 
 # -- the command line ---------------------------------------------------------------------------------
 def test_cli_batches_prompts_and_streams_one(pair, capsys, tmp_path):
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     one, two = pair
     prog = _compile(one, "ref")
@@ -453,7 +453,7 @@ def test_cli_counts_what_it_lists_outside_the_program(pair, capsys):
     """One greedy row: one fill (the position), the argmax written into the next step's ids and the
     id's read-back copy; B rows: three copies (ids, positions, mask),
     one fill (the slot) and the argmax, or the logits read back when sampling."""
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
     from util import outside_the_program
 
     one, two = pair

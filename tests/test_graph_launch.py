@@ -9,7 +9,7 @@ from onnx import helper
 import mgx_graph
 from mgx_graph import env
 from mgx_graph.operators import Operation, register_op
-from mgx_graph.shape import Shape
+from mgx_graph.ir.shape import Shape
 from util import make_model, ort_run
 
 R = np.random.default_rng(7)
@@ -102,7 +102,7 @@ def test_new_pointer_is_a_new_key(target):
 
 def test_key_holds_shape_and_dtype(target):
     """Two inputs at the same address but a different shape are different keys."""
-    from mgx_graph.graph_launch import GraphLaunchState
+    from mgx_graph.graph.launch import GraphLaunchState
 
     prog = mgx_graph.compile(chain_model(), target=target, hip_graph=True)
     state = GraphLaunchState("t", prog.context, 1, 1)

@@ -7,14 +7,14 @@ import pytest
 
 import mgx_graph
 from mgx_graph import CompileError, Program, Shape
-from mgx_graph import eval_loop
-from mgx_graph.executor import Executor
-from mgx_graph.graph_launch import GraphLaunchState
-from mgx_graph.graph_cache import GraphOptions
+from mgx_graph.exec import eval_loop
+from mgx_graph.exec.executor import Executor
+from mgx_graph.graph.launch import GraphLaunchState
+from mgx_graph.graph.cache import GraphOptions
 from mgx_graph.operators import make_op
 from mgx_graph.passes import HipGraph, Lowering, MemoryColoring, PassContext, validate_program
 from mgx_graph.runtime import host_runtime
-from mgx_graph.steps import step_kind
+from mgx_graph.exec.steps import step_kind
 from mgx_graph.targets import make_context
 from test_control_flow import if_model, loop_model
 from util import ort_run

@@ -32,7 +32,7 @@ def test_tokens_default_to_what_the_tiny_cache_holds_and_bad_flags_exit():
 
 
 def test_ref_refuses_the_cuda_policies_and_poll_with_a_reason():
-    from mgx_graph.decoder_pipeline import _CopyReader
+    from mgx_graph.llm.decoder_pipeline import _CopyReader
 
     ref = _runner("host", _CopyReader(None))
     for name in ("spin", "yield", "blocking"):
@@ -54,7 +54,7 @@ def test_poll_setting_turns_the_reader_s_poll_on_and_back():
 
 
 def test_time_settings_summarizes_refused_failed_and_partly_failed_settings(monkeypatch):
-    from mgx_graph.decoder_pipeline import _CopyReader
+    from mgx_graph.llm.decoder_pipeline import _CopyReader
 
     calls = []
 

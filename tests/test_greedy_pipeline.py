@@ -6,7 +6,7 @@ import pytest
 
 import mgx_graph
 from mgx_graph.errors import MgxError
-from mgx_graph.generate import Decoder, generate
+from mgx_graph.llm.generation import Decoder, generate
 
 PROMPT = [5, 9, 2, 77, 31, 8]
 SLOTS = 16
@@ -136,7 +136,7 @@ class _Letters:
 def _generate_both_ways(dec, monkeypatch, max_new, **kw):
     """generate() as it runs ("piped") and with the pipeline turned off ("plain"): per way the result,
     the streamer's pieces, the on_token ids and whether it took Decoder.sampled_tokens (the pipeline)."""
-    from mgx_graph import generate as gen
+    from mgx_graph.llm import generation as gen
 
     calls = []
     real = Decoder.sampled_tokens
@@ -252,7 +252,7 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
     """The greedy tail as the gpu target runs it (``_greedy_tail``: the id into input_ids and the reader,
     the next slot into cache_position), here with numpy standing in for the kernel: the same ids as the
     step chain, one fill per chain (its first slot), and a later feed at another slot fills it again."""
-    from mgx_graph import decoder_pipeline as decoder_module
+    from mgx_graph.llm import decoder_pipeline as decoder_module
 
     reader = _WrittenReader()
 
@@ -278,7 +278,7 @@ def test_the_one_kernel_tail_writes_the_slot_and_the_id_so_no_fill_is_queued(lla
 def _tail_decoder(llama, monkeypatch):
     """A ref Decoder whose greedy chain takes the one-kernel tail path (numpy standing in for the kernel, as
     above), and the list of ``(cache_position seen by the program, Decoder.position)`` of every run."""
-    from mgx_graph import decoder_pipeline as decoder_module
+    from mgx_graph.llm import decoder_pipeline as decoder_module
 
     reader = _WrittenReader()
 

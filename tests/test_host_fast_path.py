@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import mgx_graph
-from mgx_graph.graph_cache import GraphLaunchState
-from mgx_graph.graph_launch import GraphKey
+from mgx_graph.graph.cache import GraphLaunchState
+from mgx_graph.graph.launch import GraphKey
 from util import make_model
 
 R = np.random.default_rng(23)

@@ -1,4 +1,4 @@
-"""Parameters given as torch tensors, DLPack and CUDA Array Interface objects (mgx_graph.interop), on
+"""Parameters given as torch tensors, DLPack and CUDA Array Interface objects (mgx_graph.exec.interop), on
 every target: values against onnxruntime fed numpy, "no copy" shown by pointers and by an output bound
 in place that writes the caller's memory, one copy with ``copy=True``, typed errors naming the
 parameter, and staging of an output fed back through another array type."""
@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 import mgx_graph
-from mgx_graph.interop import to_target
+from mgx_graph.exec.interop import to_target
 from test_graph_launch import counter_model
 from test_output_lifetime import X6, roll_model
 from util import make_model, ort_run

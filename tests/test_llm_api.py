@@ -1,4 +1,4 @@
-"""mgx_graph.llm_api.LLM on a 2-layer SmolLM2 onnxruntime-genai folder (ref): text, streams and chat messages
+"""mgx_graph.llm.LLM on a 2-layer SmolLM2 onnxruntime-genai folder (ref): text, streams and chat messages
 against onnxruntime-genai's own greedy decode and the tokenizer's chat template."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def og_greedy(model, prompt, max_new: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def llm(folder):
-    from mgx_graph.llm_api import LLM
+    from mgx_graph.llm import LLM
 
     with LLM(str(folder), target="ref", max_length=64, batch=2) as m:
         yield m
@@ -130,7 +130,7 @@ def test_bad_arguments_raise_parameter_error(llm, call, match):
 
 
 def test_unknown_llm_option_raises(folder):
-    from mgx_graph.llm_api import LLM
+    from mgx_graph.llm import LLM
 
     with pytest.raises(ParameterError, match="unknown option"):
         LLM(str(folder), target="ref", bogus=1)
@@ -140,7 +140,7 @@ def test_unknown_llm_option_raises(folder):
 def test_token_id_prompts_on_layouts_without_a_tokenizer(name, options):
     """A registry decode step and an optimum-style folder (random-weight LLaMA, no tokenizer): token-id
     prompts give onnxruntime's greedy tokens of the same weights; text needs a tokenizer."""
-    from mgx_graph.llm_api import LLM
+    from mgx_graph.llm import LLM
     from mgx_graph.models import build
     from mgx_graph.models.oracle import ort_greedy_tokens
 

@@ -17,9 +17,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from mgx_graph.errors import ParameterError, ParseError
-from mgx_graph.folder_config import load_tokenizer
-from mgx_graph.llm_runner import GenaiLayout, GenaiRunner, open_decoder
-from mgx_graph.optimum_runner import OptimumRunner, read_folder
+from mgx_graph.llm.folder_config import load_tokenizer
+from mgx_graph.llm.open_decoder import open_decoder
+from mgx_graph.llm.runner import GenaiLayout, GenaiRunner
+from mgx_graph.llm.optimum_runner import OptimumRunner, read_folder
 
 VOCAB, LAYERS, KV, HD = 32, 2, 2, 4
 
@@ -301,7 +302,7 @@ def test_optimum_past_dims_must_be_fixed(tmp_path):
 
 # -- built model folders and tokenizers -----------------------------------------------------------------
 def test_a_malformed_model_json_is_named(tmp_path):
-    from mgx_graph.folder_config import load_built_info
+    from mgx_graph.llm.folder_config import load_built_info
 
     (tmp_path / "model.onnx").write_bytes(b"")
     good = {"name": "x", "onnx_path": "model.onnx", "inputs": {}, "outputs": {},
@@ -406,7 +407,7 @@ GENERATE_BAD = [
 
 @pytest.mark.parametrize("kw,says", GENERATE_BAD, ids=[repr(k)[:50] for k, _ in GENERATE_BAD])
 def test_each_generate_argument_is_checked_and_the_decoder_stays_usable(step, kw, says):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
 
     prog, table = step
     dec = Decoder(prog)
@@ -423,14 +424,14 @@ def test_each_generate_argument_is_checked_and_the_decoder_stays_usable(step, kw
                                          ([1, VOCAB], "token ids must be ints in 0..31"), ([1, 2.0], "token ids"),
                                          ([[1], [2]], "at most 1 rows")])
 def test_prompt_ids_are_checked(step, prompt, says):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
 
     with pytest.raises(ParameterError, match=says):
         generate(Decoder(step[0]), prompt, 2)
 
 
 def test_decoder_arguments_are_checked(step):
-    from mgx_graph.generate import Decoder
+    from mgx_graph.llm.generation import Decoder
 
     prog, table = step
     dec = Decoder(prog)
@@ -446,8 +447,8 @@ def test_decoder_arguments_are_checked(step):
 
 
 def test_generate_needs_a_decoder_and_a_streamer_a_file():
-    from mgx_graph.generate import generate
-    from mgx_graph.streaming import TextStreamer
+    from mgx_graph.llm.generation import generate
+    from mgx_graph.llm.streaming import TextStreamer
 
     with pytest.raises(ParameterError, match="decoder must be a Decoder"):
         generate(None, [1, 2], 2)

@@ -235,10 +235,10 @@ def genai_decoder(B=1, S=1, T=8, D=64, N=4, Nkv=2, F=96, layers=2, seed=0, dtype
 
 def _lower_gpu(model, disabled=()):
     """The program of ``model`` through the gpu pipeline up to lowering (no device needed)."""
-    from mgx_graph.compile_result import CompileResult
+    from mgx_graph.passes.compile_result import CompileResult
     from mgx_graph.onnx import parse_onnx
     from mgx_graph.passes import PassContext, PassManager, PipelineOptions
-    from mgx_graph.program import detect_alias
+    from mgx_graph.compiler import detect_alias
     from mgx_graph.targets import gpu
 
     prog = parse_onnx(model)

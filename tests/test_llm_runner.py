@@ -1,4 +1,4 @@
-"""onnxruntime-genai folders (made by its own model builder) run by mgx_graph.llm_runner: greedy tokens
+"""onnxruntime-genai folders (made by its own model builder) run by mgx_graph.llm.runner: greedy tokens
 against onnxruntime-genai's generator, the decode step captured once, one capture per prefill bucket."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mgx_graph.errors import ParameterError
-from mgx_graph.generate import generate
-from mgx_graph.llm_runner import GenaiLayout, GenaiRunner, length_bucket
+from mgx_graph.llm.generation import generate
+from mgx_graph.llm.runner import GenaiLayout, GenaiRunner, length_bucket
 
 og = pytest.importorskip("onnxruntime_genai")
 PROMPT = [1, 9690, 28, 378, 3575, 282, 4649, 314, 260]  # <|im_start|>... token ids of SmolLM2's vocabulary
@@ -108,7 +108,7 @@ def test_trace_one_capture_for_decode_and_per_prefill_bucket(monkeypatch, capfd)
 
 def test_cli_counts_what_it_lists_outside_the_program(capsys):
     """A genai folder: per run two copies (ids, mask) and the argmax, counted as listed."""
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
     from util import outside_the_program
 
     argv = ["generate", str(genai_folder(num_layers=2)), "--target", "ref", "--no-stream", "--max-new-tokens", "2",
@@ -125,7 +125,7 @@ def test_cli_fp32_folder_same_tokens_as_onnxruntime_genai(graphs, capsys):
     greedy answer to the chat prompt."""
     from transformers import AutoTokenizer
 
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     folder = genai_folder(precision="fp32")
     tok = AutoTokenizer.from_pretrained(str(folder))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph import mxr
+from mgx_graph.mxr import save_load as mxr
 from test_compiled_program import _chain
 from test_control_flow import if_model, loop_model
 from test_graph_launch import chain_model
@@ -154,7 +154,7 @@ def test_dynamic_program_saves_its_model_and_recompiles(target, tmp_path, capfd,
 def test_kv_cache_decode_step_round_trip(model_cache, target, tmp_path):
     import onnxruntime as ort
 
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models import build
 
     try:

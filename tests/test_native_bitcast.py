@@ -6,7 +6,7 @@ from onnx import helper
 
 import mgx_graph
 from mgx_graph.errors import ShapeError
-from mgx_graph.shape import NUMPY_TO_ONNX
+from mgx_graph.ir.shape import NUMPY_TO_ONNX
 from native_util import run_native
 
 R = np.random.default_rng(2)

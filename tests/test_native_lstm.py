@@ -113,7 +113,7 @@ def run_gpu_kernel_on_host(direction, args, strided=()):
 
     from mgx_graph.operators import make_op
     from mgx_graph.operators.gpu import _dot_kernel
-    from mgx_graph.shape import Shape
+    from mgx_graph.ir.shape import Shape
 
     def shape(a):
         return Shape(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides])

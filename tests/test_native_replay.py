@@ -1,4 +1,4 @@
-"""The native replay (:mod:`mgx_graph.native_replay`, ``cpp/replay.c``) against the Python path.
+"""The native replay (:mod:`mgx_graph.graph.native_replay`, ``cpp/replay.c``) against the Python path.
 
 On ``ref`` the three C calls it makes (launch, capture status, current device) are ctypes callbacks
 into the host runtime, and the program's replay plan is made to look like a device target's (device 0,
@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from mgx_graph import native_replay
+from mgx_graph.graph import native_replay
 from mgx_graph.errors import MgxError
 from test_host_fast_path import R, _host, _stepper, _write, f
 

@@ -187,7 +187,7 @@ def host_sampling_cu(monkeypatch):
 
     def run(name, args, **attrs):
         from mgx_graph.operators import make_op
-        from mgx_graph.shape import Shape
+        from mgx_graph.ir.shape import Shape
 
         op = make_op(name, **attrs)
         shapes = [Shape(a.dtype.name, a.shape) for a in args]

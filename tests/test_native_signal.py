@@ -307,7 +307,7 @@ def test_mel_weight_matrix_out_of_range():
 @pytest.fixture
 def host_fft_glue(monkeypatch):
     from mgx_graph.operators import make_op, spectral
-    from mgx_graph.shape import Shape
+    from mgx_graph.ir.shape import Shape
 
     def plan_fft(self, ctx, src, dst, n, batch, inverse):  # cuFFT semantics: the inverse is not scaled
         cdt = np.complex128 if src.dtype == np.float64 else np.complex64

@@ -1,13 +1,13 @@
-"""Dynamic-past (optimum-style) exports run by mgx_graph.optimum_runner over a fixed sliding window:
+"""Dynamic-past (optimum-style) exports run by mgx_graph.llm.optimum_runner over a fixed sliding window:
 greedy tokens against transformers' own ``generate`` of the same torch model."""
 from __future__ import annotations
 
 import pytest
 
 from mgx_graph.errors import ParameterError
-from mgx_graph.generate import generate
-from mgx_graph.llm_runner import open_decoder
-from mgx_graph.optimum_runner import OptimumRunner, read_folder
+from mgx_graph.llm.generation import generate
+from mgx_graph.llm.open_decoder import open_decoder
+from mgx_graph.llm.optimum_runner import OptimumRunner, read_folder
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -82,7 +82,7 @@ def test_open_decoder_detects_the_layout(folder, tmp_path):
 
 
 def test_cli_generate_optimum_folder(folder, capsys):
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     want = hf_greedy(folder, PROMPTS[0], 6)
     argv = ["generate", str(folder.directory), "--target", "ref", "--no-stream", "--max-new-tokens", "6",
@@ -126,7 +126,7 @@ def test_fp16_window_follows_the_program_and_matches_torch(folder, target):
 
 
 def test_cli_generate_optimum_fp16(capsys):
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     argv = ["generate", "llama-optimum", "--target", "ref", "--fp16", "--no-stream", "--max-new-tokens", "3",
             "--prompt", " ".join(map(str, PROMPTS[0]))]

@@ -91,14 +91,14 @@ def test_a_captured_decode_step_with_pdl_gives_the_same_tokens(gpu_target, monke
     programmatically inside the capture."""
     import mgx_graph
     from mgx_graph import env
-    from mgx_graph.generate import Decoder
-    from mgx_graph.operators import fused_gpu
+    from mgx_graph.llm.generation import Decoder
+    from mgx_graph.operators import gpu_kernel
     from mgx_graph.operators.programmatic_launch import ProgrammaticKernel
 
     def tokens(pdl: str):
         monkeypatch.setenv("MIGRAPHX_PDL", pdl)
         env._reset_for_tests()
-        fused_gpu.compiled_function.cache_clear()
+        gpu_kernel.compiled_function.cache_clear()
         prog = mgx_graph.compile(str(tiny.onnx_path), target="gpu", hip_graph=True, fp16=True)
         dec = Decoder(prog)
         out, t = [], 1
@@ -113,7 +113,7 @@ def test_a_captured_decode_step_with_pdl_gives_the_same_tokens(gpu_target, monke
     before = ProgrammaticKernel.total
     got, st = tokens("1")
     env._reset_for_tests()
-    fused_gpu.compiled_function.cache_clear()
+    gpu_kernel.compiled_function.cache_clear()
     assert st["captures"] >= 1 and st["replays"] >= 1
     assert ProgrammaticKernel.total > before  # the capture took programmatic launches
     assert got == base

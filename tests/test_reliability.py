@@ -17,7 +17,7 @@ from onnx import helper
 
 import mgx_graph
 from mgx_graph.operators import Operation, register_op
-from mgx_graph.shape import Shape
+from mgx_graph.ir.shape import Shape
 from util import make_model, ort_run
 
 R = np.random.default_rng(2024)

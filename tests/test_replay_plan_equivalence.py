@@ -1,4 +1,4 @@
-"""The replay plan (:mod:`mgx_graph.replay_plan`) against the full path in the cases around a replay.
+"""The replay plan (:mod:`mgx_graph.graph.replay_plan`) against the full path in the cases around a replay.
 
 Each test runs the same calls through two programs compiled alike, the second with its plan switched
 off (``executor._replay_plan = None``: every call runs the eval loop), checks every call's values
@@ -15,7 +15,7 @@ import pytest
 from onnx import helper
 
 import mgx_graph
-from mgx_graph import graph_cache
+from mgx_graph.graph import cache as graph_cache
 from mgx_graph.errors import DeviceError
 from test_host_fast_path import ALIAS, W, Stepper, _compile, _host, _stepper, _write, f, map_model, step_model
 from util import make_model
@@ -388,7 +388,7 @@ def test_one_lone_view_after_the_region_gets_no_plan(target):
     """A region followed by one view step of its own (hand-built IR: a reshape of the region's result
     returned): the eval loop makes that view again on every run, a new object each call, so the program
     gets no plan and returns what the full path returns; values of numpy."""
-    from mgx_graph.executor import Executor
+    from mgx_graph.exec.executor import Executor
     from mgx_graph.operators import make_op
     from mgx_graph.passes import HipGraph, Lowering, MemoryColoring, PassContext, validate_program
     from mgx_graph.targets import make_context

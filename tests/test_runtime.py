@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mgx_graph.errors import DeviceError
-from mgx_graph.graph_launch import GraphLaunchState
+from mgx_graph.graph.launch import GraphLaunchState
 from mgx_graph.runtime import (hipStreamCaptureModeGlobal, hipStreamCaptureModeRelaxed,
                                hipStreamCaptureModeThreadLocal, host_runtime)
 from mgx_graph.runtime._hip import HipRuntime
@@ -245,7 +245,7 @@ class FakeHip:
 
 class _Ctx:
     def __init__(self, rt):
-        from mgx_graph.targets.capture_queues import CaptureQueues
+        from mgx_graph.graph.capture_queues import CaptureQueues
 
         self.runtime = rt
         self.capture_queue = CaptureQueues(rt).get

@@ -1,4 +1,4 @@
-"""mgx_graph.sampling's rule (the one the gpu kernels implement) against references written here: a
+"""mgx_graph.llm.sampling's rule (the one the gpu kernels implement) against references written here: a
 plain-Python Philox4x32-10 checked on Random123's known-answer vectors, a sort-based numpy version of
 transformers' processors (and transformers' own processors where installed) for the kept set, and
 chi-square tests of many seeded draws against the renormalized probabilities."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mgx_graph.errors import ParameterError
-from mgx_graph.sampling import SamplingConfig, TokenSampler, kept, philox4x32, process_logits, uniforms
+from mgx_graph.llm.sampling import SamplingConfig, TokenSampler, kept, philox4x32, process_logits, uniforms
 
 # Random123 1.14, examples/kat_vectors: philox4x32 10 rounds (counter, key, output)
 KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mgx_graph
 from mgx_graph import ParameterError, settings
-from mgx_graph.cli import main
+from mgx_graph.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "settings.md"
@@ -152,7 +152,7 @@ def test_the_attention_planner_follows_the_switches():
 
 
 def test_native_replay_switch_reaches_the_replay_plan():
-    from mgx_graph import native_replay
+    from mgx_graph.graph import native_replay
 
     off = settings.Settings.from_env({"MIGRAPHX_NATIVE_REPLAY": "0"})
     assert native_replay.available(off) is False
@@ -169,7 +169,7 @@ def test_host_reader_poll_switch(monkeypatch):
 
 
 def test_graph_variables_reach_the_graph_options(monkeypatch):
-    from mgx_graph.graph_cache import GraphOptions
+    from mgx_graph.graph.cache import GraphOptions
 
     s = settings.Settings.from_env({"MIGRAPHX_HIP_GRAPH_MAX": "3", "MIGRAPHX_HIP_GRAPH_MAX_BYTES": "4096",
                                     "MIGRAPHX_HIP_GRAPH_VALIDATE": "1", "MIGRAPHX_TRACE_EVAL": "2"})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.generate import Decoder, generate
+from mgx_graph.llm.generation import Decoder, generate
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is the capital of France?"

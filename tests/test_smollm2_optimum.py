@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mgx_graph.generate import generate
-from mgx_graph.optimum_runner import OptimumRunner, read_folder
+from mgx_graph.llm.generation import generate
+from mgx_graph.llm.optimum_runner import OptimumRunner, read_folder
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -69,7 +69,7 @@ def hf_greedy(info, ids, n: int, eos: list[int]) -> list[int]:
 
 def cli_text(folder, n: int, graphs: bool, capsys, eos_ids=(), fp16: bool = False) -> tuple[str, str]:
     """``(answer text, report)`` that ``mgx-graph generate FOLDER --target ref [--fp16]`` prints."""
-    from mgx_graph.cli import main
+    from mgx_graph.cli.main import main
 
     argv = ["generate", str(folder), "--target", "ref", "--no-stream", "--max-new-tokens", str(n),
             "--prompt", PROMPT, *(["--hip-graph"] if graphs else []), *(["--fp16"] if fp16 else [])]

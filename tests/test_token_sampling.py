@@ -1,5 +1,5 @@
 """The device sampling tail (``operators/token_sampling.cu`` through
-:class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`) against mgx_graph.sampling's numpy rule on
+:class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`) against mgx_graph.llm.sampling's numpy rule on
 the same Philox draws: on the host (tests/attn_host.py runs the kernels as threads, block after block)
 and on the gpu target; and sampled generation pipelined on the device, equal across runs and to the
 host rule."""
@@ -10,7 +10,7 @@ import pytest
 
 import attn_host
 from mgx_graph.operators.token_sampling_gpu import SampleAdvance
-from mgx_graph.sampling import SamplingConfig, TokenSampler
+from mgx_graph.llm.sampling import SamplingConfig, TokenSampler
 
 # what the host shim of attn_host lacks and token_sampling.cu uses
 _EXTRA = r"""
@@ -182,7 +182,7 @@ def test_kernels_on_the_gpu_follow_the_rule(gpu_ctx, cfg, dtype, rows, v):
 @pytest.mark.gpu
 def test_sampled_generation_pipelines_on_the_device(model_cache, gpu_target):
     import mgx_graph
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models import build
 
     try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mgx_graph.operators import topk_gpu
-from mgx_graph.shape import Shape
+from mgx_graph.ir.shape import Shape
 
 import attn_host
 from test_native_nan import _nan_rows

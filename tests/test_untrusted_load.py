@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mgx_graph
-from mgx_graph.cli import main as cli_main
+from mgx_graph.cli.main import main as cli_main
 from util import ort_run
 
 SECRET = b"TOPSECRET-BYTES!"  # 16 bytes: four float32 values, the size of the weight w

@@ -306,8 +306,8 @@ def test_every_metadata_key_the_code_sets_is_known_to_the_load_checks():
     import re
     from pathlib import Path
 
-    from mgx_graph.ir_codec import NOT_SAVED_META
-    from mgx_graph.mxr_checks import META
+    from mgx_graph.ir.codec import NOT_SAVED_META
+    from mgx_graph.mxr.checks import META
 
     root = Path(__file__).resolve().parents[1]
     set_keys = set()

@@ -102,7 +102,7 @@ def members_of_json(members) -> bytes:
 def test_program_json_and_model_caps(tmp_path, good, inflated, monkeypatch):
     members, _ = good
     write_zip(tmp_path / "capped.mxr", members)
-    monkeypatch.setattr(mgx_graph.mxr, "MAX_HEADER_BYTES", 1000)
+    monkeypatch.setattr(mgx_graph.mxr.save_load, "MAX_HEADER_BYTES", 1000)
     refused(tmp_path / "capped.mxr", r"member program\.json: declares \d+ bytes, more than the 1000 bytes", inflated)
 
 

@@ -18,16 +18,16 @@ import onnx
 
 from ..errors import ParseError, ShapeError, UnsupportedOpError
 from ..ir import Instruction, Module, Program
+from ..ir.fold import fold_instruction  # noqa: F401  (mgx_graph.onnx.fold_instruction)
+from ..ir.shape import Shape, onnx_dtype
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..shape import Shape, onnx_dtype
 from . import op_parser
-from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .loader import load_model, symbolic_inputs, without_weights
+from .schema_check import check_input_types, check_model, check_output_type, read_tensor
 from .topology import check_acyclic, check_definitions, needed_nodes, node_label, topological_order, used_names
 
 MIN_OPSET, MAX_OPSET = 1, onnx.defs.onnx_opset_version()
-FOLD_LIMIT = 1 << 22  # largest literal (elements) that constant folding may create
 
 
 class OnnxParser:
@@ -311,33 +311,6 @@ class OnnxParser:
         finally:
             self.values = saved
             self.node, self.node_name = saved_node, saved_name
-
-
-def fold_instruction(m: Module, ins: Instruction) -> Instruction:
-    """Replace ``ins`` by a literal when all its inputs are literals (constant propagation).
-
-    Not folded: builtins, ops with submodules or not foldable, tuple results, results over
-    ``FOLD_LIMIT`` elements.  Raises ShapeError when evaluating the op fails."""
-    op = ins.op
-    if not op.foldable or op.builtin or ins.module_inputs or not ins.inputs:
-        return ins
-    if any(i.op.name != "@literal" for i in ins.inputs):
-        return ins
-    if isinstance(ins.shape, tuple):
-        return ins
-    n_out = ins.shape.elements()
-    n_in = sum(i.shape.elements() for i in ins.inputs)
-    if n_out > FOLD_LIMIT or (op.name == "multibroadcast" and n_out > max(4 * n_in, 4096)):
-        return ins
-    vals = [i.op.value for i in ins.inputs]
-    try:
-        value = op.fold(vals, [i.shape for i in ins.inputs], ins.shape)
-    except Exception as e:
-        raise ShapeError(f"constant folding of {op} failed: {type(e).__name__}: {e}") from None
-    lit = m.insert_literal(ins, value)
-    m.replace_instruction(ins, lit)
-    m.remove_instruction(ins)
-    return lit
 
 
 def parse_onnx(model, *, input_dims: dict | None = None, default_dim_value: int = 1,

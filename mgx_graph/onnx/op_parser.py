@@ -147,7 +147,7 @@ def check_min(p, values, lo: int, name: str) -> list:
 def element_type(p, value, name: str) -> str:
     """The numpy dtype name of the ONNX element type ``value`` of attribute ``name``: ParseError when
     ``value`` is no ONNX element type, ShapeError (naming the node) when it has no numpy counterpart."""
-    from ..shape import onnx_dtype
+    from ..ir.shape import onnx_dtype
 
     if value not in onnx.TensorProto.DataType.values() or not value:
         raise p.err(f"'{name}' = {value} is not an ONNX element type (TensorProto.DataType)")

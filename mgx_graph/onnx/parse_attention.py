@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shape import onnx_dtype
+from ..ir.shape import onnx_dtype
 from .op_parser import FLOATS, attr, parser, unsupported
 
 _INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")

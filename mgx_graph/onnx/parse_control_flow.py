@@ -15,9 +15,9 @@ import numpy as np
 from onnx import numpy_helper
 
 from ..errors import ParseError, ShapeError, UnsupportedOpError
+from ..ir.shape import Shape
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..shape import Shape
 from .op_parser import attr, check_axis, check_count, parser
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shape import onnx_dtype
+from ..ir.shape import onnx_dtype
 from .op_parser import attr, check_choice, decode, element_type, parser
 from .parse_generic import parse_generic
 

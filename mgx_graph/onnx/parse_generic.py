@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 
 from ..errors import ShapeError, UnsupportedOpError
+from ..ir.fold import fold_instruction
+from ..ir.shape import Shape, onnx_dtype
 from ..operators import make_op
 from ..operators.dynamic import NeedsValue
-from ..shape import Shape, onnx_dtype
-from .onnx_parser import fold_instruction
 from .op_parser import fallback
 
 
@@ -48,7 +48,7 @@ def parse_generic(p, m, node, ins):
             from onnx.reference import ReferenceEvaluator
 
             from ..operators.onnx_ref import one_node_model
-            from ..shape import NUMPY_TO_ONNX
+            from ..ir.shape import NUMPY_TO_ONNX
 
             shp = [Shape(np.asarray(v).dtype.name, np.shape(v)) for v in values]
             names = [n for n in node.input if n]

@@ -70,7 +70,7 @@ def _gemm_c(p, c, mn):
 
 def _layernorm_params(p, ins) -> None:
     """ParseError unless Scale (and B) broadcast to the normalized dims of X."""
-    from ..shape import broadcast_lens
+    from ..ir.shape import broadcast_lens
 
     x = ins[0]
     a = check_axis(p, attr(p.node, "axis", -1), x.shape.ndim)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError
-from ..shape import broadcast_lens
+from ..ir.shape import broadcast_lens
 from .op_parser import attr, check_axes, check_axis, parser, require_float, unsupported
 
 

@@ -138,7 +138,7 @@ def _type_name(t: int) -> str:
 
 def _onnx_type(p, node, t: int, allowed, what: str) -> str:
     """numpy name of ONNX element type ``t`` when it is in ``allowed``, else UnsupportedOpError."""
-    from ..shape import ONNX_TO_NUMPY
+    from ..ir.shape import ONNX_TO_NUMPY
 
     name = ONNX_TO_NUMPY.get(int(t))
     if name is None or name not in allowed:

@@ -5,7 +5,7 @@ ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
-from ..shape import onnx_dtype
+from ..ir.shape import onnx_dtype
 from .op_parser import attr, parser
 
 

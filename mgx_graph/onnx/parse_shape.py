@@ -159,7 +159,7 @@ def _parse_split(p, m, node, ins):
 
 @parser("Expand")
 def _parse_expand(p, m, node, ins):
-    from ..shape import broadcast_lens
+    from ..ir.shape import broadcast_lens
 
     x = ins[0]
     shape = ints(p.const(ins[1], "shape"))

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.shape import ONNX_TO_NUMPY
 from ..operators.spectral import mel_edges, mel_matrix, mel_range_error, window
-from ..shape import ONNX_TO_NUMPY
 from .op_parser import attr, ints, parser, require_float, unsupported
 
 

@@ -22,7 +22,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from ..errors import ParseError
-from ..shape import NUMPY_TO_ONNX
+from ..ir.shape import NUMPY_TO_ONNX
 from .op_parser import ONNX_DOMAINS
 from .topology import node_label
 

@@ -20,9 +20,9 @@ import json
 import re
 
 from ..errors import CompileError
+from ..ir.shape import Shape
 from ..operators import make_op
-from ..shape import Shape
-from .memory_coloring import bound_params, value_root
+from .analysis import bound_params, value_root
 from .pass_manager import Pass
 
 _PATTERNS = [

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ShapeError
+from ..ir.shape import Shape
 from ..operators import make_op
-from ..shape import Shape
 from . import fusion
 from .eliminate_dead_code import remove_unread
 

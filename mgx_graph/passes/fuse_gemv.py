@@ -27,8 +27,8 @@ leaves the program as it was.
 """
 from __future__ import annotations
 
+from ..ir.shape import Shape
 from ..operators.fused import FusedGemv
-from ..shape import Shape
 from . import fusion
 
 NORMS = ("rms_norm",)

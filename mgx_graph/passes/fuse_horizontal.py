@@ -32,10 +32,9 @@ leaves the instructions as they are.
 """
 from __future__ import annotations
 
-from ..operators.fused import module_params
+from ..ir.shape import Shape
 from ..operators.fused_horizontal import FusedHorizontal
-from ..operators.fused_scatter import scatter_of
-from ..shape import Shape
+from ..operators.fused_module import module_params, scatter_of
 from . import fusion
 from .fuse_scatternd import _root
 from .fusion import inline_fused

@@ -21,9 +21,9 @@ is left.  Results on ``ref`` are those of the unfused instructions (the submodul
 """
 from __future__ import annotations
 
+from ..ir.shape import Shape
 from ..operators.fused import FusedReduce
 from ..operators.fused_exprs import FLOATS
-from ..shape import Shape
 from . import fusion
 
 REDUCE_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")

@@ -28,8 +28,8 @@ they are.
 """
 from __future__ import annotations
 
+from ..ir.shape import Shape
 from ..operators.fused_scatter import FusedScatterND
-from ..shape import Shape
 from . import fusion
 
 

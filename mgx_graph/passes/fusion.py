@@ -13,13 +13,13 @@ that could write in place into its first input still can: see ``inplace_ok``).
 """
 from __future__ import annotations
 
-from ..operators.fused import module_params
+from ..ir.shape import Shape
 from ..operators.fused_exprs import SUPPORTED, op_body
+from ..operators.fused_module import VIEW_NAMES, module_params
 from ..operators.pointwise import Pointwise
-from ..shape import Shape
 from .pass_manager import ModulePass
 
-VIEWS = ("transpose", "reshape", "squeeze", "unsqueeze", "multibroadcast", "slice")
+VIEWS = VIEW_NAMES  # the views a fused kernel reads through
 MAX_MEMBERS = 256  # a group stops growing here (one generated kernel's source stays small)
 
 

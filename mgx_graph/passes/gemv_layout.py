@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.shape import Shape
 from ..operators import make_op
-from ..shape import Shape
 from .fusion import VIEWS
 from .pass_manager import ModulePass
 

@@ -17,7 +17,7 @@ op binds the fixed ones once when the program is finalized and keys its graphs o
 from __future__ import annotations
 
 from ..operators import make_op
-from .memory_coloring import param_bindings
+from .analysis import launch_count, movable_values  # noqa: F401
 from .pass_manager import Pass
 
 
@@ -29,33 +29,6 @@ def is_capturable(ins) -> bool:
         return True
     k = ins.meta.get("kernel")
     return k is not None and k.capturable
-
-
-def launch_count(ins) -> int:
-    k = ins.meta.get("kernel")
-    return k.launches if k is not None else 0
-
-
-def movable_values(program) -> set[int]:
-    """``id`` of every instruction whose value the eval loop binds per call, so that its array (and its
-    device pointer) may differ between calls: parameters (except a loop body's, bound to the loop's own
-    buffers), ``graph_launch`` results, ``@return``, instructions writing into a parameter
-    (``bind_param``), guards, and views of any of these.  Every other value has a fixed address for
-    the program's life (a scratch-arena buffer, a literal, a host buffer)."""
-    binds = param_bindings(program)
-    moving: set[int] = set()
-    for m in program.module_order():  # parents first: an outer value is classified before its readers
-        for ins in m.instructions:
-            op = ins.op
-            if op.name == "@param":
-                b = binds.get(id(ins))
-                if b is None or b[0] not in ("loop", "loopvar"):
-                    moving.add(id(ins))
-            elif op.name in ("graph_launch", "@return") or "bind_param" in ins.meta:
-                moving.add(id(ins))
-            elif op.is_view and (op.name == "guard" or id(ins.inputs[0]) in moving):
-                moving.add(id(ins))
-    return moving
 
 
 def record_input_placement(program) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import CompileError
-from .memory_coloring import bound_params
+from .analysis import bound_params
 from .pass_manager import Pass
 
 

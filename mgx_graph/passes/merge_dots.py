@@ -41,11 +41,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CompileError, MgxError
+from ..ir.shape import Shape, standard_strides
 from ..operators import make_op
 from ..operators.pointwise import Pointwise
-from ..shape import Shape, standard_strides
-from .fuse_reduce import NORM_OPS, REDUCE_OPS
 from .eliminate_dead_code import remove_unread
+from .fuse_reduce import NORM_OPS, REDUCE_OPS
 from .fusion import VIEWS, fused_modules
 from .pass_manager import ModulePass
 

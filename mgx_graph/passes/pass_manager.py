@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import settings as mgx_settings
-from ..compile_result import CompileResult
 from ..errors import CompileError
+from .compile_result import CompileResult
 from .validate import InvalidProgram, validate_program
 
 
@@ -40,7 +40,7 @@ class PassContext:
     """What a pass may read besides the program, and where it writes what it found.
 
     target: the name of the target compiled for (``ref`` or ``gpu``).
-    result: the :class:`~mgx_graph.compile_result.CompileResult` the passes fill (memory plan,
+    result: the :class:`~mgx_graph.passes.compile_result.CompileResult` the passes fill (memory plan,
         host-fallback ops, outputs bound in place); a fresh one for ``target`` when not given.
     settings: the :class:`~mgx_graph.settings.Settings` of this compile (default: the result's, else the
         process's, :func:`mgx_graph.settings.current`); the result keeps the same object.

@@ -6,7 +6,7 @@ API reference: https://nvidia.github.io/cuda-python/cuda-bindings/latest/module/
 """
 from __future__ import annotations
 
-from . import Runtime, check, cupy_call, hipStreamDefault, library_calls
+from .base import Runtime, check, cupy_call, hipStreamDefault, library_calls
 
 try:  # cuda-bindings >= 12.6 layout
     from cuda.bindings import runtime as _rt

@@ -13,7 +13,7 @@ API reference: https://rocm.docs.amd.com/projects/hip-python/en/latest/
 """
 from __future__ import annotations
 
-from . import Runtime, check, hipStreamDefault, library_calls
+from .base import Runtime, check, hipStreamDefault, library_calls
 
 
 def _import_hip():

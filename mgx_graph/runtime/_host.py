@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from ..errors import DeviceError
-from . import Runtime, hipStreamCaptureModeGlobal, hipStreamCaptureModeRelaxed, hipStreamCaptureModeThreadLocal
+from .base import Runtime, hipStreamCaptureModeGlobal, hipStreamCaptureModeRelaxed, hipStreamCaptureModeThreadLocal
 
 
 def _physical_memory() -> int:

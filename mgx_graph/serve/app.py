@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..errors import ParameterError
-from ..sampling import SamplingConfig
+from ..llm.sampling import SamplingConfig
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from .scheduler import QueueFull, Request, ShuttingDown
 

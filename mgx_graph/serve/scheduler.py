@@ -1,4 +1,4 @@
-"""In-flight batching: one engine thread owns a batched :class:`~mgx_graph.llm_runner.GenaiRunner` of B rows
+"""In-flight batching: one engine thread owns a batched :class:`~mgx_graph.llm.runner.GenaiRunner` of B rows
 and runs every request in it, each in a row of its own, between the others' decode steps.
 
 Each loop of the engine thread:
@@ -18,7 +18,7 @@ Each loop of the engine thread:
    for the next loop (a row that close to the end of the cache finishes within S steps);
 3. runs one **decode step** of all B rows: each busy row feeds its last token at slot n (mask n + 1); a
    free row feeds the pad token at slot 0. Each busy row's next token is the argmax (greedy, read on the
-   device) or its own :class:`~mgx_graph.sampling.TokenSampler`'s choice (its seed, its step count: the
+   device) or its own :class:`~mgx_graph.llm.sampling.TokenSampler`'s choice (its seed, its step count: the
    same tokens whatever the row and whoever else runs).
 
 A request leaves its row when it ends (an end-of-sequence token, a stop string, ``max_new`` tokens, a
@@ -36,9 +36,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import MgxError, ParameterError
-from ..llm_runner import GenaiRunner, length_bucket
-from ..sampling import SamplingConfig, TokenSampler
-from ..streaming import RowText
+from ..llm.runner import GenaiRunner, length_bucket
+from ..llm.sampling import SamplingConfig, TokenSampler
+from ..llm.streaming import RowText
 
 log = logging.getLogger("mgx_graph.serve")
 
@@ -98,7 +98,7 @@ class Engine:
     """
 
     def __init__(self, runner, tokenizer, eos_token_ids, *, max_queue: int = 64, pad_token_id: int | None = None):
-        from ..optimum_runner import OptimumRunner
+        from ..llm.optimum_runner import OptimumRunner
 
         if not isinstance(runner, GenaiRunner) or isinstance(runner, OptimumRunner):
             raise ParameterError(f"in-flight batching needs an onnxruntime-genai folder's runner (GenaiRunner: each "

@@ -20,7 +20,7 @@ DESCRIPTION = ("An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/comp
 
 def add_parser(sub, parser_kw: dict, cmd) -> None:
     """Add the ``serve`` command to the subparsers ``sub``; ``cmd`` is its function."""
-    from ..cli_errors import float_in, int_at_least
+    from ..cli.errors import float_in, int_at_least
 
     s = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API, with in-flight batching",
                        description=DESCRIPTION, **parser_kw)
@@ -56,8 +56,8 @@ def build_service(args):
     """The :class:`~mgx_graph.serve.app.Service` of the parsed ``args``: the model loaded and compiled."""
     from pathlib import Path
 
-    from ..cli_inputs import UsageError
-    from ..llm_api import LLM
+    from ..cli.inputs import UsageError
+    from ..llm.api import LLM
     from .app import Service
     from .scheduler import Engine
 
@@ -102,7 +102,7 @@ def make_server(service, host: str, port: int, grace: float = 30.0, log_level: s
 def cmd_serve(args) -> int:
     import importlib.util
 
-    from ..cli_inputs import UsageError
+    from ..cli.inputs import UsageError
 
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:

@@ -14,13 +14,13 @@ import threading
 import numpy as np
 
 from ..errors import CaptureError
+from ..graph.capture_queues import CaptureQueues
+from ..ir.shape import Shape
 from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
                       FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering,
                       MemoryColoring, MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
-from ..shape import Shape
-from .capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:

@@ -10,13 +10,13 @@ import threading
 
 import numpy as np
 
+from ..graph.capture_queues import CaptureQueues
+from ..ir.shape import Shape
 from ..operators.base import numpy_reduce
 from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
                       FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring,
                       MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
 from ..runtime import host_runtime
-from ..shape import Shape
-from .capture_queues import CaptureQueues
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:

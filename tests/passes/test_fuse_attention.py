@@ -290,7 +290,7 @@ def test_decomposed_attention_in_half_matches_onnxruntime_and_the_unfused_progra
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_tiny_exports_fuse_every_layer(tiny, target, fp16, monkeypatch):
     from mgx_graph import env
-    from mgx_graph.generate import Decoder
+    from mgx_graph.llm.generation import Decoder
 
     progs = []
     for disabled in ("", "fuse_attention"):

@@ -13,7 +13,7 @@ from mgx_graph import Program
 from mgx_graph.operators.gemv_gpu import PREFETCH
 from mgx_graph.passes import (EliminateDeadCode, FuseGemv, FusePointwise, FuseReduce, GemvLayout, PassContext,
                               PassManager)
-from mgx_graph.program import compile_program
+from mgx_graph.compiler import compile_program
 
 import gemv_host
 from irtools import S, assert_same_ir, lit, op, run_pass

@@ -277,7 +277,7 @@ def test_tiny_decoder_one_kernel_per_layer_for_the_writes_and_q(tiny, fp16):
 
 
 def test_tiny_decoder_tokens_unchanged(tiny, target):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models.oracle import hf_greedy_tokens
 
     prompt, n_new = [5, 9, 2, 77], 8

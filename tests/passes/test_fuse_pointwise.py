@@ -318,7 +318,7 @@ def test_decode_step_kernels_per_step_drop(llama, fp16):
 
 
 def test_decode_step_tokens_unchanged_on_ref(llama, monkeypatch):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models.oracle import hf_greedy_tokens
 
     prompt, n_new = [5, 9, 2, 77], 8

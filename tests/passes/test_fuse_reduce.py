@@ -268,7 +268,7 @@ def test_a_fused_reduce_writer_binds_in_place():
 
 # -- causal float16 Attention: the gpu program of the node suite's case, run on the host -------------------------
 def _gpu_program(model):
-    from mgx_graph.compile_result import CompileResult
+    from mgx_graph.passes.compile_result import CompileResult
     from mgx_graph.onnx import parse_onnx
     from mgx_graph.passes import PipelineOptions
     from mgx_graph.targets import pipeline

@@ -425,7 +425,7 @@ def test_decode_step_one_kernel_fewer_per_layer(llama, fp16):
 
 
 def test_decode_step_tokens_unchanged_on_ref(llama):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models.oracle import hf_greedy_tokens
 
     prompt, n_new = [5, 9, 2, 77], 8

@@ -13,7 +13,7 @@ import pytest
 from mgx_graph import Program
 from mgx_graph.operators.gemv_gpu import MAX_ROWS, NT, PREFETCH, TARGET_BLOCKS, gemv_plan_for, make_plan
 from mgx_graph.passes import EliminateDeadCode, GemvLayout, Lowering, PassContext, PassManager
-from mgx_graph.program import compile_program
+from mgx_graph.compiler import compile_program
 
 import gemv_host
 from irtools import S, assert_same_ir, lit, op, run_pass
@@ -95,11 +95,11 @@ class _HostCtx:
 def test_launch_takes_the_vector_variant_only_for_aligned_rows(pad, offset, vec, monkeypatch):
     """Rows of whole 16-byte loads at aligned addresses: 16-byte loads; a row stride off the grid
     (``pad`` 1) or a data pointer one element off: the element-wise variant."""
-    from mgx_graph.operators import fused_gpu
+    from mgx_graph.operators import gpu_kernel
     from mgx_graph.operators.gemv_gpu import gemv_kernel
 
     rec = _Recorder()
-    monkeypatch.setattr(fused_gpu, "compiled_function", rec)
+    monkeypatch.setattr(gpu_kernel, "compiled_function", rec)
     K, N = 64, 4
     plan = make_plan("float16", 1, K, N)
     k = gemv_kernel(plan, K, K + pad, N)
@@ -379,7 +379,7 @@ def test_one_row_dot_matches_numpy(K, N, dtype, weight, bias, target):
 def test_perf_names_the_gemv_instructions():
     """``mgx-graph perf`` sums a dot lowered to the gemv kernel as ``dot (gemv)``, apart from BLAS dots
     (the kernel label is what the gpu lowering sets; here given to a ref program's dot)."""
-    from mgx_graph.cli_perf import named_row
+    from mgx_graph.cli.perf import named_row
     from mgx_graph.passes.lowering import Kernel
 
     prog = _dot_program("float32", 16, 6)[0]

@@ -12,7 +12,7 @@ import mgx_graph
 from mgx_graph import Program
 from mgx_graph.passes import EliminateDeadCode, MergeDots, PassContext, PassManager, PipelineOptions
 from mgx_graph.passes.merge_dots import constant_value
-from mgx_graph.program import compile_program
+from mgx_graph.compiler import compile_program
 from mgx_graph.targets import pipeline
 
 from irtools import S, assert_same_ir, lit, op, run_pass
@@ -363,7 +363,7 @@ def test_decode_step_three_dots_fewer_per_layer(llama, fp16):
 
 
 def _greedy(prog, llama, prompt, n_new):
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
 
     return generate(Decoder(prog), prompt, n_new, llama.config["eos_token_ids"]).tokens
 
@@ -389,7 +389,7 @@ def test_decode_step_tokens_match_transformers(llama, monkeypatch):
 def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, monkeypatch):
     """The real SmolLM2-135M decode step in fp16 on ref, graphs on: 3 kernels fewer per layer (Q K V
     one GEMM, gate up one) and transformers' greedy tokens (float32) for a chat prompt."""
-    from mgx_graph.generate import Decoder, generate
+    from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models import build
     from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
 

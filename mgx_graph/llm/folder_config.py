@@ -1,0 +1,239 @@
+"""Checked reads of the JSON files of a model folder (``genai_config.json``, ``config.json``,
+``generation_config.json``, the tokenizer's files).
+
+Every field goes through :meth:`Fields.get` with a check (:class:`Int`, :class:`Ids`, :class:`Str`,
+:class:`NameTemplate`, :class:`Obj`), so a malformed file is a ParameterError that names the file, the
+field, what was expected and what was given.  A file that is missing, unreadable, not UTF-8, not JSON or
+not a JSON object is a ParameterError naming the file.  A path named by a field (:meth:`Fields.path`)
+must stay inside the folder: an absolute path or one through ``..`` is a ParseError.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ParameterError, ParseError
+
+_MISSING = object()
+
+
+def _given(value) -> str:
+    """``value`` as the error message shows it (its repr, cut at 80 characters)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def read_json(path, what: str = "") -> dict:
+    """The JSON object in ``path``.  ParameterError naming ``path`` (and ``what`` the file is for) when
+    it is missing, unreadable, not UTF-8, not JSON or not a JSON object."""
+    path = Path(path)
+    where = f"{path}{f' ({what})' if what else ''}"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ParameterError(f"{where}: no such file") from None
+    except OSError as e:
+        raise ParameterError(f"{where}: cannot read the file: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParameterError(f"{where}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParameterError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        shown = json.dumps(data)
+        raise ParameterError(f"{where}: expected a JSON object, got {shown if len(shown) <= 80 else shown[:77] + '...'}")
+    return data
+
+
+class _Bad(Exception):
+    """A check failed: the field's value is not what the check expects."""
+
+
+@dataclass(frozen=True)
+class Int:
+    """An int (not a bool) in ``low..high`` (``high`` None: no upper bound)."""
+
+    low: int = 0
+    high: int | None = None
+
+    @property
+    def expected(self) -> str:
+        return f"an int in {self.low}..{self.high}" if self.high is not None else f"an int >= {self.low}"
+
+    def __call__(self, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < self.low or (self.high is not None and v > self.high):
+            raise _Bad
+        return v
+
+
+@dataclass(frozen=True)
+class Ids:
+    """One token id or a non-empty list of them, each an int in ``0..vocab - 1``; gives a list."""
+
+    vocab: int | None
+    empty_ok: bool = False
+
+    @property
+    def expected(self) -> str:
+        ids = f"a token id in 0..{self.vocab - 1}" if self.vocab else "a token id (an int >= 0)"
+        return f"{ids} or a {'' if self.empty_ok else 'non-empty '}list of them"
+
+    def __call__(self, v):
+        items = v if isinstance(v, list) else [v]
+        one = Int(0, self.vocab - 1 if self.vocab else None)
+        if not items and not self.empty_ok:
+            raise _Bad
+        return [one(t) for t in items]
+
+
+@dataclass(frozen=True)
+class Str:
+    """A non-empty string."""
+
+    expected: str = "a non-empty string"
+
+    def __call__(self, v):
+        if not isinstance(v, str) or not v:
+            raise _Bad
+        return v
+
+
+@dataclass(frozen=True)
+class NameTemplate:
+    """A name pattern with exactly one ``%d`` (the layer index) and no other ``%``."""
+
+    expected: str = "a name with one '%d' (the layer index), e.g. 'past_key_values.%d.key'"
+
+    def __call__(self, v):
+        if not isinstance(v, str) or v.count("%") != 1 or "%d" not in v:
+            raise _Bad
+        return v
+
+
+@dataclass(frozen=True)
+class Obj:
+    """A JSON object (a dict)."""
+
+    expected: str = "a JSON object"
+
+    def __call__(self, v):
+        if not isinstance(v, dict):
+            raise _Bad
+        return v
+
+
+class Fields:
+    """Checked access to the JSON object ``data`` read from ``path``; ``prefix`` is its dotted place in
+    the file ("model.decoder." for a section)."""
+
+    def __init__(self, path, data: dict, prefix: str = ""):
+        self.path, self.data, self.prefix = Path(path), data, prefix
+
+    @classmethod
+    def read(cls, path, what: str = "") -> "Fields":
+        """The fields of the JSON object in ``path`` (:func:`read_json`)."""
+        return cls(path, read_json(path, what))
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def get(self, key: str, check, default=_MISSING):
+        """The value of ``key`` passed through ``check``.  A missing or null key gives ``default``
+        when one is given; else ParameterError naming the file and the field, expected vs given."""
+        name = self.prefix + key
+        v = self.data.get(key)
+        if v is None:
+            if default is not _MISSING:
+                return default
+            got = "null" if key in self.data else "missing"
+            raise ParameterError(f"{self.path}: field '{name}': expected {check.expected}, got {got}")
+        try:
+            return check(v)
+        except _Bad:
+            raise ParameterError(f"{self.path}: field '{name}': expected {check.expected}, "
+                                 f"got {_given(v)}") from None
+
+    def section(self, key: str) -> "Fields":
+        """The fields of the object under ``key`` (required)."""
+        return Fields(self.path, self.get(key, Obj()), f"{self.prefix}{key}.")
+
+    def path_in(self, key: str, folder) -> Path:
+        """The file named by ``key``, inside ``folder``: ParseError for an absolute path or one that
+        leaves the folder through ``..``; ParameterError when it does not exist."""
+        v = self.get(key, Str("a file name relative to the folder"))
+        norm = os.path.normpath(v)
+        if os.path.isabs(v) or os.path.isabs(norm) or norm == ".." or norm.startswith(".." + os.sep):
+            raise ParseError(f"{self.path}: field '{self.prefix}{key}': expected a path inside {folder} "
+                             f"(relative, without '..'), got {_given(v)}")
+        full = Path(folder) / norm
+        if not full.is_file():
+            raise ParameterError(f"{self.path}: field '{self.prefix}{key}': {_given(v)} is not a file in {folder}")
+        return full
+
+    def fail(self, key: str, message: str) -> ParameterError:
+        """A ParameterError naming the file and the field ``key`` with ``message``."""
+        return ParameterError(f"{self.path}: field '{self.prefix}{key}': {message}")
+
+
+MODEL_JSON = "model.json"
+
+
+def load_built_info(folder):
+    """The :class:`~mgx_graph.models.ModelInfo` of a folder built by :mod:`mgx_graph.models` (its
+    ``model.json``), the fields the runtime reads checked; ParameterError naming what the folder lacks,
+    or the file and the field."""
+    from ..models import load_info
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ParameterError(f"{folder}: no such folder")
+    if not (folder / MODEL_JSON).is_file():
+        near = [n for n in ("genai_config.json", "config.json", "model.onnx") if (folder / n).is_file()]
+        raise ParameterError(f"{folder} is not a model folder: it needs genai_config.json (onnxruntime-genai), "
+                             f"config.json + model.onnx (optimum) or {MODEL_JSON} (built by mgx_graph.models)"
+                             + (f"; it has only {', '.join(near)}" if near else ""))
+    f = Fields.read(folder / MODEL_JSON, "a model built by mgx_graph.models")
+    f.get("name", Str())
+    onnx_path = Path(f.get("onnx_path", Str()))
+    if not (folder / onnx_path).is_file():
+        raise f.fail("onnx_path", f"{str(onnx_path)!r} is not a file")
+    f.get("inputs", Obj())
+    f.get("outputs", Obj())
+    cfg = f.section("config")
+    vocab = cfg.get("vocab_size", Int(1), None)
+    for key in ("batch", "max_cache_len", "num_layers"):
+        cfg.get(key, Int(1), None)
+    cfg.get("kind", Str(), None)
+    cfg.get("eos_token_ids", Ids(vocab, empty_ok=True), None)
+    try:
+        return load_info(folder)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise ParameterError(f"{folder / MODEL_JSON}: cannot read the model description "
+                             f"({type(e).__name__}: {e})") from None
+
+
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def load_tokenizer(folder):
+    """``transformers.AutoTokenizer.from_pretrained(folder)`` after checking its JSON files (each present
+    one a UTF-8 JSON object); ParameterError naming the folder and the file when it cannot be loaded."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ParameterError(f"{folder}: the tokenizer folder does not exist")
+    for name in TOKENIZER_JSON:
+        if (folder / name).exists():
+            read_json(folder / name, "a tokenizer file")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # tokenizers / transformers raise plain Exception for a corrupt file
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise ParameterError(f"{folder}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json): "
+                             f"{type(e).__name__}: {first}") from None
