@@ -88,7 +88,7 @@ def _model(path: Path) -> None:
 
 def test_readme_python_tour_runs(tmp_path, monkeypatch):
     """The README's Python block, run as it is on ref against a small model; its outputs checked with numpy."""
-    (block,) = _blocks(README, "python")
+    block = _blocks(README, "python")[0]
     _model(tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
@@ -120,3 +120,27 @@ def test_documented_command_lines_parse():
             build_parser().parse_args(words)
         except SystemExit:
             pytest.fail(f"{name}: `mgx-graph {' '.join(words)}` does not parse")
+
+
+def test_readme_llm_example_runs_and_matches_onnxruntime_genai(model_cache, monkeypatch, capsys):
+    """The README's LLM block, run as it is (target "auto": ref here), in the test's model cache; its
+    chat answer equals onnxruntime-genai's own greedy decode of the chat-template ids."""
+    og = pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    block = _blocks(README, "python")[1]
+    assert "LLM(" in block
+    monkeypatch.setenv("MGX_GRAPH_CACHE", str(model_cache))
+    ns: dict = {}
+    exec(compile(block, "README.md", "exec"), ns)
+    res, llm = ns["res"], ns["llm"]
+    model = og.Model(str(llm.runner.layout.folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(res.prompt_token_ids) + 16, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens([list(res.prompt_token_ids)])
+    want = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        want.append(int(gen.get_next_tokens()[0]))
+    assert res.token_ids == want
+    assert res.text in capsys.readouterr().out
