@@ -75,6 +75,10 @@ def test_open_decoder_detects_the_layout(folder, tmp_path):
     runner, tok, eos, _ = open_decoder(str(folder.directory), target="ref", max_length=16)
     assert isinstance(runner, OptimumRunner) and runner.max_len == 16 and tok is None and eos == [255]
     runner.release()
+    context = read_folder(folder.directory)["context_length"]
+    runner, *_ = open_decoder(str(folder.directory), target="ref")  # the default window fits the context
+    assert runner.max_len == min(64, context)
+    runner.release()
     with pytest.raises(ParameterError, match="config.json"):
         read_folder(tmp_path)
     with pytest.raises(ParameterError, match="max_length"):

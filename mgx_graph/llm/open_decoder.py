@@ -9,7 +9,7 @@ from ..errors import ParameterError
 from ..models import build, list_models
 from .folder_config import load_built_info
 from .generation import Decoder
-from .optimum_runner import OptimumRunner, is_optimum_folder
+from .optimum_runner import OptimumRunner, is_optimum_folder, read_folder
 from .runner import FOLDER_MODELS, GenaiLayout, GenaiRunner, is_genai_folder, positive_int
 
 
@@ -20,7 +20,8 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     An onnxruntime-genai folder (or the registry name ``smollm2-genai``) gives a :class:`GenaiRunner`
     of ``max_length`` cache rows (default: 256, at most the context length); an optimum-style folder
     (``config.json`` + ``model.onnx``, or the registry names ``llama-optimum`` / ``smollm2-optimum``) an
-    :class:`~mgx_graph.llm.optimum_runner.OptimumRunner` of a ``max_length`` window (default 64); anything else a
+    :class:`~mgx_graph.llm.optimum_runner.OptimumRunner` of a ``max_length`` window (default 64, at most the
+    context length); anything else a
     :class:`~mgx_graph.llm.generation.Decoder` over the model's fixed-shape decode step (``batch`` rows;
     ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
     ``(runner, tokenizer folder or None, eos ids, info or None)``. Raises ParameterError.
@@ -43,8 +44,10 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
         runner = GenaiRunner(folder, batch=batch, max_length=m, target=target, hip_graph=hip_graph, fp16=fp16)
         return runner, folder, lay.eos_token_ids, info
     if is_optimum_folder(folder):
-        runner = OptimumRunner(folder, batch=batch, max_length=64 if max_length is None else max_length, target=target,
-                               hip_graph=hip_graph, fp16=fp16)
+        if max_length is None:
+            max_length = min(64, read_folder(folder)["context_length"])
+        runner = OptimumRunner(folder, batch=batch, max_length=max_length, target=target, hip_graph=hip_graph,
+                               fp16=fp16)
         tok = folder if (folder / "tokenizer.json").is_file() else None
         return runner, tok, runner.info["eos_token_ids"], info
     if max_length is not None:
