@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..passes.bind_outputs import BindOutputs
 from ..passes.eliminate_dead_code import EliminateDeadCode
 from ..passes.fuse_attention import FuseAttention
+from ..passes.fuse_converts import FuseConverts
 from ..passes.fuse_gemv import FuseGemv
 from ..passes.fuse_horizontal import FuseHorizontal
 from ..passes.fuse_norms import FuseNorms
@@ -39,7 +40,7 @@ def pipeline(target_name: str, options: PipelineOptions, *, gemv_layout: bool = 
     gemv = (PassGroup("layout", [GemvLayout(), FuseGemv(o.host_ops)]) if gemv_layout
             else PassGroup("gemv", [FuseGemv(o.host_ops)]))
     return [
-        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
+        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes(), FuseConverts()]),
         PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
         PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
         PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
