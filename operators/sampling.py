@@ -1,5 +1,6 @@
 """Sampling at computed positions: ONNX GridSample (4-D and 5-D; nearest, linear, cubic; zeros, border and
-reflection padding; align_corners) and RoiAlign (avg / max; half_pixel / output_half_pixel).
+reflection padding; align_corners) and RoiAlign (avg / max; half_pixel / output_half_pixel); AffineGrid,
+which makes GridSample's grid (on ``ctx.xp``, both targets).
 
 Both follow onnxruntime's CPU kernels (which the ONNX reference implementation matches, except GridSample
 cubic with border padding, where onnxruntime and PyTorch clamp each tap and the reference clamps the
@@ -296,3 +297,48 @@ class RoiAlign(Operation):
                                                                        (args[0], args[1], args[2], out, *scal, *tail))
 
         return run, 1, [], True, "sampling.cu roi_align"
+
+
+# ---------------------------------------------------------------------------------------------------
+# AffineGrid
+# ---------------------------------------------------------------------------------------------------
+@register_op
+class AffineGrid(Operation):
+    """ONNX AffineGrid: theta ``[N, 2, 3]`` (or ``[N, 3, 4]``) and the constant ``size`` ``[N, C, H, W]``
+    (or ``[N, C, D, H, W]``) -> the sampling grid ``[N, H, W, 2]`` (``[N, D, H, W, 3]``) of GridSample:
+    theta times the normalized coordinates (x, y[, z], 1) of each output position, x along the last axis;
+    ``align_corners`` 1 puts -1 and 1 at the centers of the corner positions, 0 at their outer edges.
+    Computed on ``ctx.xp`` (with temporaries: not captured)."""
+
+    name = "affine_grid"
+    capturable = False
+
+    def __init__(self, size=(), align_corners=0):
+        super().__init__(size=tuple(int(v) for v in size), align_corners=int(align_corners))
+
+    def compute_shape(self, inputs, mods=()):
+        check_inputs(self, inputs, 1)
+        t = inputs[0]
+        nd = len(self.size) - 2
+        if t.dtype not in FLOATS or nd not in (2, 3) or list(t.lens) != [self.size[0], nd, nd + 1] \
+                or min(self.size) < 1 or self.align_corners not in (0, 1):
+            raise ShapeError(f"{self.name}: theta {t.dtype} {list(t.lens)} does not match size {list(self.size)} "
+                             f"(expected float theta [N, 2, 3] with size [N, C, H, W] or [N, 3, 4] with "
+                             f"[N, C, D, H, W]; align_corners {self.align_corners} must be 0 or 1)")
+        return Shape(t.dtype, [self.size[0], *self.size[2:], nd])
+
+    def _line(self, xp, n: int, W):
+        """The ``n`` normalized coordinates of one spatial axis."""
+        if self.align_corners:
+            return xp.linspace(-1, 1, n, dtype=W)
+        return (xp.arange(n, dtype=W) * W(2) + W(1)) / W(n) - W(1)
+
+    def compute(self, ctx, out, args, ws):
+        xp = ctx.xp
+        nd = len(self.size) - 2
+        W = _work(out.dtype)
+        mesh = xp.meshgrid(*[self._line(xp, n, W) for n in self.size[2:]], indexing="ij")  # spatial axes in order
+        base = xp.stack([mesh[nd - 1 - k] for k in range(nd)] + [xp.ones_like(mesh[0])], axis=-1)  # x, y[, z], 1
+        theta = args[0].astype(W)
+        res = xp.matmul(base.reshape(1, -1, nd + 1), xp.swapaxes(theta, 1, 2))  # [N, positions, nd]
+        out[...] = res.reshape(out.shape).astype(out.dtype)

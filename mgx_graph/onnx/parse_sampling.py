@@ -1,15 +1,18 @@
-"""ONNX parsers for the sampling ops GridSample and RoiAlign: one native ``grid_sample`` / ``roi_align``
-instruction each (operators/sampling.py).
+"""ONNX parsers for the sampling ops GridSample, RoiAlign and AffineGrid: one native ``grid_sample`` /
+``roi_align`` / ``affine_grid`` instruction each (operators/sampling.py).
 
 GridSample: opsets 16-19 name the modes bilinear / nearest / bicubic and take 4-D inputs, opset 20 names
 them linear / nearest / cubic and adds N-D inputs (here 4-D and 5-D; cubic 4-D only, as onnxruntime).
 The grid is converted to X's type.  RoiAlign: opset 10 has no coordinate_transformation_mode (it behaves as
 output_half_pixel); opset 16 defaults to half_pixel.
-Source: ONNX operator spec (GridSample-16/20/22, RoiAlign-10/16/22).
+AffineGrid (opset 20): the ``size`` input must be known at compile time.
+Source: ONNX operator spec (GridSample-16/20/22, RoiAlign-10/16/22, AffineGrid-20).
 """
 from __future__ import annotations
 
-from .op_parser import attr, decode, parser, require_float, unsupported
+import numpy as np
+
+from .op_parser import attr, check_choice, check_count, check_min, decode, parser, require_float, unsupported
 
 _MODES_16 = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
 _MODES_20 = {"linear": "linear", "nearest": "nearest", "cubic": "cubic"}
@@ -70,3 +73,24 @@ def _p_roi_align(p, m, node, ins):
     return p.add(m, "roi_align", [p.contiguous(m, x), p.contiguous(m, rois), p.contiguous(m, b)], mode=mode,
                  output_height=oh, output_width=ow, sampling_ratio=sr,
                  spatial_scale=float(attr(node, "spatial_scale", 1.0)), half_pixel=int(ctm == "half_pixel"))
+
+
+@parser("AffineGrid")
+def _p_affine_grid(p, m, node, ins):
+    """AffineGrid (theta [N, 2, 3] or [N, 3, 4], size [N, C, H, W] or [N, C, D, H, W]) -> [N, H, W, 2] or
+    [N, D, H, W, 3]."""
+    theta = ins[0]
+    require_float(p, theta, "theta")
+    align = check_choice(p, int(attr(node, "align_corners", 0)), (0, 1), "align_corners")
+    lens = list(theta.shape.lens)
+    if lens[1:] not in ([2, 3], [3, 4]):
+        raise p.err(f"theta {lens} must be [N, 2, 3] (2-D) or [N, 3, 4] (3-D)")
+    if len(ins) < 2 or ins[1] is None:
+        raise p.err("input 'size' is missing")
+    nd = lens[1]
+    size = check_count(p, np.asarray(p.const(ins[1], "size")).reshape(-1), nd + 2, "size",
+                       f"theta {lens} is {nd}-D")
+    check_min(p, size, 1, "size")
+    if size[0] != lens[0]:
+        raise p.err(f"size {size} has batch {size[0]}, theta {lens} has {lens[0]}")
+    return p.add(m, "affine_grid", [p.contiguous(m, theta)], size=size, align_corners=align)

@@ -3,7 +3,7 @@
 Each pass is a :class:`Pass` with a ``name`` and ``apply(program, ctx)``; :class:`PassManager` runs a
 target's pipeline of them (validating the program after each pass, tracing and timing them under
 ``MIGRAPHX_TRACE_COMPILE`` / ``MIGRAPHX_TIME_PASSES``, skipping ``MIGRAPHX_DISABLE_PASSES``).  The
-pipelines themselves are declared by the targets (``mgx_graph/targets/ref.py``, ``gpu.py``).
+pipeline itself is defined in ``mgx_graph/targets/pipeline.py``, which imports each pass from its module.
 """
 from __future__ import annotations
 

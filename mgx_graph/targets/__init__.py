@@ -1,9 +1,11 @@
 """Targets: ``ref`` (numpy on the CPU, host queue) and ``gpu`` (CuPy + vendor BLAS on a GPU
 stream, NVIDIA through CUDA or AMD through HIP).  ``auto`` picks ``gpu`` when one is usable.
-Each target declares its compile pipeline (``pipeline()`` in ``ref.py`` / ``gpu.py``)."""
+The compile pipeline is defined once (``pipeline.py``); ``ref.py`` / ``gpu.py`` specialize it."""
 from __future__ import annotations
 
 from ..errors import CompileError
+# loaded before ``def pipeline`` below, so that the function, not the submodule, is ``targets.pipeline``
+from . import pipeline as _shared  # noqa: F401
 
 
 def resolve_target(name: str) -> str:

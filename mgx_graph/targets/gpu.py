@@ -16,35 +16,16 @@ import numpy as np
 from ..errors import CaptureError
 from ..graph.capture_queues import CaptureQueues
 from ..ir.shape import Shape
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
-                      FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, GemvLayout, HipGraph, Lowering,
-                      MemoryColoring, MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes.pass_manager import PassGroup, PipelineOptions
 from ..runtime import device_runtime
 from ..runtime.blas import Blas
+from .pipeline import pipeline as shared_pipeline
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
-    """The ``gpu`` compile pipeline, as named groups run in this order (``options`` selects them).
-
-    ``layout`` stores the weights of one-row ``dot`` instructions transposed for the gemv kernel, then
-    fuses such a ``dot`` with the RMSNorm before it and the elementwise epilogue after it (``fuse_gemv``);
-    ``lower`` picks CuPy / vendor-BLAS / gemv kernels and runs the ops with no gpu kernel (and ``host_ops``)
-    on the host between ``copy_from_gpu`` / ``copy_to_gpu``; ``graph`` then cuts its regions there.
-    """
-    o = options
-    return [
-        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
-        PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
-        PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
-        PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
-                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
-                                   FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
-        PassGroup("layout", [GemvLayout(), FuseGemv(o.host_ops)]),
-        PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
-        PassGroup("lower", [Lowering("gpu", host_ops=o.host_ops)]),
-        PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),
-        PassGroup("memory", [MemoryColoring()]),
-    ]
+    """The ``gpu`` compile pipeline (:func:`mgx_graph.targets.pipeline.pipeline`): group ``layout``
+    stores one-row ``dot`` weights transposed for the gemv kernel before ``fuse_gemv``."""
+    return shared_pipeline("gpu", options, gemv_layout=True)
 
 
 class _Guard(threading.local):

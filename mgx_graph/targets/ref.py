@@ -13,33 +13,16 @@ import numpy as np
 from ..graph.capture_queues import CaptureQueues
 from ..ir.shape import Shape
 from ..operators.base import numpy_reduce
-from ..passes import (BindOutputs, EliminateDeadCode, FuseAttention, FuseGemv, FuseHorizontal, FuseNorms,
-                      FusePointwise, FuseReduce, FuseRotaryKv, FuseScatterND, HipGraph, Lowering, MemoryColoring,
-                      MergeDots, PassGroup, PipelineOptions, PropagateConstant, QuantizeFp16, SimplifyReshapes)
+from ..passes.pass_manager import PassGroup, PipelineOptions
 from ..runtime import host_runtime
+from .pipeline import pipeline as shared_pipeline
 
 
 def pipeline(options: PipelineOptions) -> list[PassGroup]:
-    """The ``ref`` compile pipeline, as named groups run in this order (``options`` selects them).
-
-    ``graph`` runs on ``ref`` too: its kernels are host functions on a host queue, which capture and
-    replay as a GPU stream does.  ``gemv`` fuses one-row ``dot`` instructions with their RMSNorm and
-    elementwise epilogue as the gpu target does (``fuse_gemv``), so the fused submodules run here too.
-    """
-    o = options
-    return [
-        PassGroup("simplify", [EliminateDeadCode(), PropagateConstant(), SimplifyReshapes()]),
-        PassGroup("fuse", [FuseNorms(), EliminateDeadCode()]),
-        PassGroup("precision", [QuantizeFp16(), PropagateConstant()], enabled=o.fp16),
-        PassGroup("fuse_kernels", [MergeDots(), FuseAttention(o.host_ops), FuseReduce(o.host_ops),
-                                   FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
-                                   FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
-        PassGroup("gemv", [FuseGemv(o.host_ops)]),
-        PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
-        PassGroup("lower", [Lowering("ref", host_ops=o.host_ops)]),
-        PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),
-        PassGroup("memory", [MemoryColoring()]),
-    ]
+    """The ``ref`` compile pipeline (:func:`mgx_graph.targets.pipeline.pipeline`): group ``gemv`` runs
+    ``fuse_gemv`` alone, and ``graph`` runs here too (host functions on a host queue capture and replay
+    as a GPU stream does)."""
+    return shared_pipeline("ref", options)
 
 
 _IGNORE = dict(over="ignore", invalid="ignore", divide="ignore", under="ignore")
