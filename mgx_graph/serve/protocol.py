@@ -15,7 +15,8 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: HTTP status -> the error ``type`` of the body
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
