@@ -206,14 +206,33 @@ def test_16_concurrent_streams_equal_each_sent_alone(server, client, tok, og_tex
     ("completions", {"prompt": "hi"}, "model"),
     ("completions", {"model": NAME, "prompt": ""}, "prompt"),
     ("completions", {"model": NAME, "prompt": [[1, 2]]}, "prompt"),
+    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "hi", "stream": 1}, "stream"),
+    ("completions", {"model": NAME, "prompt": "hi", "repetition_penalty": float("inf")}, "repetition_penalty"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "temperature": float("nan")},
+     "temperature"),
 ])
 def test_bad_fields_get_a_400_and_the_server_keeps_serving(server, client, path, body, param):
-    r = httpx.post(f"{server[0]}/v1/{path}", json=body, timeout=60)
+    r = httpx.post(f"{server[0]}/v1/{path}", content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=60)  # json.dumps writes inf and nan as Infinity and NaN, as Python's json reads them
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["message"]
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=1, temperature=0).choices[0].text is not None
+
+
+def test_malformed_json_and_a_wrong_method_are_invalid_requests(server):
+    url = server[0]
+    r = httpx.post(f"{url}/v1/completions", content=b'{"model":', headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] is None and err["type"] == "invalid_request_error"
+    assert err["message"].startswith("the body is not valid JSON (at character 9"), err
+    r = httpx.get(f"{url}/v1/completions", timeout=60)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", r.text
 
 
 def test_openai_client_raises_bad_request_and_not_found(client):

@@ -229,6 +229,11 @@ def create_app(service: Service):
     async def _invalid(request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # its location is a character offset, not a field
+            at = [x for x in first.get("loc", ()) if isinstance(x, int)]
+            why = str((first.get("ctx") or {}).get("error", ""))[:200]
+            msg = f"the body is not valid JSON{f' (at character {at[0]})' if at else ''}{f': {why}' if why else ''}"
+            return JSONResponse(error_body(400, msg), status_code=400)
         loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
         msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
                                                                           if len(errs) > 1 else "")

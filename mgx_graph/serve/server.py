@@ -20,13 +20,13 @@ DESCRIPTION = ("An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/comp
 
 def add_parser(sub, parser_kw: dict, cmd) -> None:
     """Add the ``serve`` command to the subparsers ``sub``; ``cmd`` is its function."""
-    from ..cli.errors import float_in, int_at_least
+    from ..cli.errors import float_in, int_at_least, int_in
 
     s = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API, with in-flight batching",
                        description=DESCRIPTION, **parser_kw)
     s.add_argument("model", help="an onnxruntime-genai folder (with its tokenizer) or smollm2-genai")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=int_at_least(0), default=8000, help="port to listen on")
+    s.add_argument("--port", type=int_in(0, 65535), default=8000, help="port to listen on")
     s.add_argument("--max-rows", type=int_at_least(1), default=8, metavar="N",
                    help="rows of the batched decode step: requests decoded at once")
     s.add_argument("--max-queue", type=int_at_least(0), default=64, metavar="N",
