@@ -227,17 +227,7 @@ def create_app(service: Service):
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":  # its location is a character offset, not a field
-            at = [x for x in first.get("loc", ()) if isinstance(x, int)]
-            why = str((first.get("ctx") or {}).get("error", ""))[:200]
-            msg = f"the body is not valid JSON{f' (at character {at[0]})' if at else ''}{f': {why}' if why else ''}"
-            return JSONResponse(error_body(400, msg), status_code=400)
-        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
-        msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
-                                                                          if len(errs) > 1 else "")
-        return JSONResponse(error_body(400, msg, ".".join(loc) or None), status_code=400)
+        return _validation_error(exc)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -295,6 +285,21 @@ def create_app(service: Service):
                     usage=_usage(reqs))
 
     return app
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """The 400 of a body pydantic refused: the first error's field as ``param`` (none for malformed JSON)."""
+    errs = exc.errors()
+    first: dict = dict(errs[0]) if errs else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # its location is a character offset, not a field
+        at = [x for x in first.get("loc", ()) if isinstance(x, int)]
+        why = str((first.get("ctx") or {}).get("error", ""))[:200]
+        msg = f"the body is not valid JSON{f' (at character {at[0]})' if at else ''}{f': {why}' if why else ''}"
+        return JSONResponse(error_body(400, msg), status_code=400)
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
+    msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
+                                                                  if len(errs) > 1 else "")
+    return JSONResponse(error_body(400, msg, ".".join(loc) or None), status_code=400)
 
 
 def _longest_token(tokenizer) -> int:
