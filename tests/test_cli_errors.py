@@ -191,6 +191,36 @@ def test_bad_output_paths_and_flag_files(bad, tmp_path, capsys):
     assert not (file_ / "sub").exists() and not os.path.exists(tmp_path / "no")
 
 
+def test_batch_prompts_must_be_a_bounded_regular_file(tmp_path, capsys, monkeypatch):
+    from mgx_graph.cli import generate
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)  # opening it for read would wait for a writer
+    rc, _, err = run_cli(capsys, "generate", "gpt2", "--batch-prompts", fifo)
+    assert f"--batch-prompts: cannot read {fifo}: not a regular file" in one_error(rc, err, "fifo")
+    rc, _, err = run_cli(capsys, "generate", "gpt2", "--batch-prompts", "/dev/zero")
+    assert "--batch-prompts: cannot read /dev/zero: not a regular file" in one_error(rc, err, "/dev/zero")
+    big = tmp_path / "big.txt"
+    big.write_text("1 2\n" * 100)
+    monkeypatch.setattr(generate, "MAX_BATCH_PROMPTS_BYTES", 64)
+    rc, _, err = run_cli(capsys, "generate", "gpt2", "--batch-prompts", big)
+    assert f"--batch-prompts: {big} has 400 bytes, more than the 64 read here" in one_error(rc, err, "big")
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "-1"])
+def test_serve_port_out_of_range_is_a_flag_error_before_loading(bad, port, capsys):
+    rc, _, err = run_cli(capsys, "serve", bad["missing"], f"--port={port}")
+    line = one_error(rc, err, port)
+    assert rc == 2 and f"argument --port: expected an int in 0..65535, got '{port}'" in line, line
+
+
+def test_the_commands_summary_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    summary = capsys.readouterr().out.split("positional arguments:")[0]
+    for name in subcommands():
+        assert f"\n  {name} " in summary, (name, summary)
+
+
 def test_interrupt_and_internal_errors(bad, monkeypatch, capsys):
     def boom(exc):
         def session(*a, **k):

@@ -206,14 +206,33 @@ def test_16_concurrent_streams_equal_each_sent_alone(server, client, tok, og_tex
     ("completions", {"prompt": "hi"}, "model"),
     ("completions", {"model": NAME, "prompt": ""}, "prompt"),
     ("completions", {"model": NAME, "prompt": [[1, 2]]}, "prompt"),
+    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "hi", "stream": 1}, "stream"),
+    ("completions", {"model": NAME, "prompt": "hi", "repetition_penalty": float("inf")}, "repetition_penalty"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "temperature": float("nan")},
+     "temperature"),
 ])
 def test_bad_fields_get_a_400_and_the_server_keeps_serving(server, client, path, body, param):
-    r = httpx.post(f"{server[0]}/v1/{path}", json=body, timeout=60)
+    r = httpx.post(f"{server[0]}/v1/{path}", content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=60)  # json.dumps writes inf and nan as Infinity and NaN, as Python's json reads them
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["message"]
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=1, temperature=0).choices[0].text is not None
+
+
+def test_malformed_json_and_a_wrong_method_are_invalid_requests(server):
+    url = server[0]
+    r = httpx.post(f"{url}/v1/completions", content=b'{"model":', headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] is None and err["type"] == "invalid_request_error"
+    assert err["message"].startswith("the body is not valid JSON (at character 9"), err
+    r = httpx.get(f"{url}/v1/completions", timeout=60)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", r.text
 
 
 def test_openai_client_raises_bad_request_and_not_found(client):
@@ -298,3 +317,60 @@ def test_sigterm_finishes_the_running_request_and_exits_0(folder, tmp_path):
     text = open(tmp_path / "server.log").read()
     assert finish[-1] == "length", text
     assert "engine stopped: 0 request(s) cancelled, 0 row(s) busy" in text, text
+
+
+def test_a_body_over_the_limit_is_413_unread_and_the_server_keeps_serving(server, client):
+    url, service = server
+    big = json.dumps({"model": NAME, "prompt": "hello " * 3_500_000, "max_tokens": 1}).encode()  # 21 MB
+    assert len(big) > 20 << 20 and service.max_body_bytes < len(big)
+    for content in (big, iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)])):  # declared, chunked
+        r = httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"},
+                       timeout=60)
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == "request_too_large"
+        assert f"at most {service.max_body_bytes} (--max-body-bytes)" in err["message"]
+    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+    assert client.completions.create(model=NAME, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
+
+
+def test_a_prompt_longer_than_the_context_is_refused_untokenized(server, monkeypatch):
+    url, service = server
+    calls = []
+    real = service.llm.encode
+    monkeypatch.setattr(service.llm, "encode", lambda p: calls.append(p) or real(p))
+    text = "hello " * 200_000  # under the body limit, far over MAX_LENGTH tokens
+    for path, body, param in (("completions", {"prompt": text}, "prompt"),
+                              ("completions", {"prompt": [1] * 100_000}, "prompt"),
+                              ("chat/completions", {"messages": [{"role": "user", "content": text}]}, "messages")):
+        r = httpx.post(f"{url}/v1/{path}", json=dict(body, model=NAME, max_tokens=1), timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+    assert calls == []
+    r = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 1}, timeout=60)
+    assert r.status_code == 200 and calls == ["Hi"]
+
+
+def test_tokenizing_does_not_block_the_event_loop(server, monkeypatch):
+    """A prompt whose tokenizing is held until /health has answered: /health answers (it would wait forever
+    if tokenizing ran on the event loop)."""
+    url, service = server
+    release, entered = threading.Event(), threading.Event()
+    real = service.llm.encode
+
+    def held(prompt):
+        entered.set()
+        assert release.wait(120)
+        return real(prompt)
+
+    monkeypatch.setattr(service.llm, "encode", held)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(httpx.post, f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 1},
+                          timeout=120)
+        try:
+            assert entered.wait(60)
+            assert httpx.get(f"{url}/health", timeout=60).json() == {"status": "ok"}
+        finally:
+            release.set()
+        assert fut.result().status_code == 200

@@ -120,6 +120,8 @@ def set_meta(key, value):
 
 CASES = [
     # (program, edit, expected message after the file name)
+    ("attrs", lambda d: d.update(format_version=True), r"format version True"),
+    ("attrs", lambda d: d.update(format_version=1.0), r"format version 1\.0"),
     ("attrs", lambda d: ins(d, "@param").update(shape={"shape": ["float32", [3, 4], [-4, 1]]}),
      r"shape strides: expected at most 64 non-negative ints"),
     ("attrs", lambda d: ins(d, "@param").update(shape={"shape": ["float32", [3, 4], [0, 0]]}),

@@ -14,7 +14,8 @@ import pytest
 
 import mgx_graph
 from test_graph_launch import chain_model
-from untrusted_zip import deflated, header_of, members_of, npy, npy_header, stored, write_zip
+from untrusted_zip import (deflated, header_of, members_of, npy, npy_header, stored, write_overlapping_zip,
+                           write_zip)
 from util import ort_run
 
 BOMB = 3 << 29  # 1.5 GiB
@@ -171,3 +172,18 @@ def test_a_corrupt_deflated_member_is_a_parse_error(tmp_path, good, inflated):
     members["program.json"] = (method, b"\xff" * 8 + raw[8:], crc, size)
     write_zip(tmp_path / "zlib.mxr", members)
     refused(tmp_path / "zlib.mxr", r"zlib\.mxr: not a readable saved program \((error|BadZipFile)", inflated)
+
+
+def test_members_sharing_one_compressed_block_are_refused_unread(tmp_path, good, inflated):
+    """Each member's deflate stream runs on into the next member's and all end in one run of deflated zeros:
+    every member passes the per-member ratio check, yet together they would inflate to far more than 100
+    times the file."""
+    members, _ = good
+    doc = header_of({"program.json": members_of_json(members)})
+    path = tmp_path / "overlap.mxr"
+    sizes = write_overlapping_zip(path, doc, 4)
+    assert sum(sizes) > 200 * os.path.getsize(path)
+    with zipfile.ZipFile(path) as zf:  # zipfile itself reads each member (with a valid CRC)
+        assert [len(zf.read(f"arrays/o{i}.npy")) for i in range(4)] == sizes
+    refused(path, r"overlap\.mxr: members arrays/o0\.npy \(bytes 0\.\.\d+\) and arrays/o1\.npy \(bytes \d+\.\.\d+\) "
+                  r"overlap", inflated)

@@ -47,6 +47,20 @@ def int_at_least(low: int):
     return parse
 
 
+def int_in(low: int, high: int):
+    """An argparse type: an int in ``low..high``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"expected an int in {low}..{high}, got {text!r}")
+        return v
+    parse.__name__ = f"int in {low}..{high}"
+    return parse
+
+
 def float_in(low: float, high: float = math.inf, low_open: bool = False):
     """An argparse type: a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
     span = f"{'(' if low_open else '['}{low:g}, {high:g}]" if high != math.inf else \

@@ -8,7 +8,10 @@ token ids.
 """
 from __future__ import annotations
 
+import io
 import json
+import os
+import stat
 import sys
 
 from . import model_arg
@@ -68,20 +71,45 @@ class IdText:
         return "".join(f"{int(t)} " for t in ids)
 
 
+MAX_BATCH_PROMPTS_BYTES = 16 << 20  # the largest --batch-prompts file read
+
+
 def _prompt_texts(args) -> list[str]:
     prompts = list(args.prompt or [])
     if args.batch_prompts:
         try:
-            with open(args.batch_prompts, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
-        except OSError as e:
-            raise UsageError(f"--batch-prompts: cannot read {args.batch_prompts}: {e.strerror or e}") from None
+            text = _read_prompts_file(args.batch_prompts).decode("utf-8")
         except UnicodeDecodeError as e:
             raise UsageError(f"--batch-prompts: {args.batch_prompts} is not UTF-8 text ({e.reason} at byte "
                              f"{e.start})") from None
+        prompts += [line.rstrip("\n") for line in io.StringIO(text, newline=None) if line.strip()]
     if not prompts:
         raise UsageError("give a prompt: --prompt TEXT (repeatable) or --batch-prompts FILE")
     return prompts
+
+
+def _read_prompts_file(path) -> bytes:
+    """The bytes of the regular file ``path``, at most :data:`MAX_BATCH_PROMPTS_BYTES` (a FIFO or a device is
+    refused without blocking or reading it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise UsageError(f"--batch-prompts: cannot read {path}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"--batch-prompts: cannot read {path}: not a regular file (a folder, FIFO or device)")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > MAX_BATCH_PROMPTS_BYTES:
+            raise UsageError(f"--batch-prompts: {path} has {st.st_size} bytes, more than the "
+                             f"{MAX_BATCH_PROMPTS_BYTES} read here")
+        try:
+            data = f.read(MAX_BATCH_PROMPTS_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"--batch-prompts: cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_BATCH_PROMPTS_BYTES:
+        raise UsageError(f"--batch-prompts: {path} has more than the {MAX_BATCH_PROMPTS_BYTES} bytes read here")
+    return data
 
 
 def _prompt_ids(info, prompt: str, chat_prompt_ids) -> list:

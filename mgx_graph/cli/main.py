@@ -2,6 +2,7 @@
 
 commands:
   generate MODEL --prompt TEXT   text generation with a decoder (smollm2, gpt2, llama, or a folder)
+  serve MODEL                    an OpenAI-compatible HTTP server over a decoder folder, in-flight batching
   compile MODEL.onnx [-o P.mxr]  print the compiled program, its graph_launch regions and scratch size; save it
   verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
   run MODEL.onnx|P.mxr           one run with random or given inputs; save the outputs

@@ -5,16 +5,20 @@ Every field goes through :meth:`Fields.get` with a check (:class:`Int`, :class:`
 :class:`NameTemplate`, :class:`Obj`), so a malformed file is a ParameterError that names the file, the
 field, what was expected and what was given.  A file that is missing, unreadable, not UTF-8, not JSON or
 not a JSON object is a ParameterError naming the file.  A path named by a field (:meth:`Fields.path`)
-must stay inside the folder: an absolute path or one through ``..`` is a ParseError.
+must stay inside the folder: an absolute path, one through ``..`` or one whose symbolic links resolve
+outside the folder is a ParseError; so is any file read here (:func:`resolve_in`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ParameterError, ParseError
+from ..onnx.external_data import is_inside
 
 _MISSING = object()
 
@@ -25,17 +29,24 @@ def _given(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def read_json(path, what: str = "") -> dict:
-    """The JSON object in ``path``.  ParameterError naming ``path`` (and ``what`` the file is for) when
-    it is missing, unreadable, not UTF-8, not JSON or not a JSON object."""
+def resolve_in(path, folder, where: str | None = None) -> str:
+    """The real path of ``path`` (symbolic links resolved), which must be inside the real path of
+    ``folder``: ParseError naming the file (``where``) and where it resolves to otherwise."""
+    root, real = os.path.realpath(folder), os.path.realpath(path)
+    if not is_inside(root, real):
+        raise ParseError(f"{where or path}: resolves to {real}, outside the model's folder {folder}")
+    return real
+
+
+def read_json(path, what: str = "", folder=None) -> dict:
+    """The JSON object in ``path``, a regular file inside ``folder`` (default: the folder holding it) with
+    symbolic links resolved.  ParseError when it resolves outside the folder; ParameterError naming
+    ``path`` (and ``what`` the file is for) when it is missing, not a regular file, unreadable, not
+    UTF-8, not JSON (nested too deeply or with an integer too long included) or not a JSON object."""
     path = Path(path)
     where = f"{path}{f' ({what})' if what else ''}"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ParameterError(f"{where}: no such file") from None
-    except OSError as e:
-        raise ParameterError(f"{where}: cannot read the file: {e.strerror or e}") from None
+    real = resolve_in(path, path.parent if folder is None else folder, where)
+    raw = _read_regular(real, where)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -44,10 +55,31 @@ def read_json(path, what: str = "") -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ParameterError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise ParameterError(f"{where}: not valid JSON here (nested too deeply)") from None
+    except ValueError as e:  # an integer of more digits than int() converts
+        raise ParameterError(f"{where}: not valid JSON here ({str(e)[:120]})") from None
     if not isinstance(data, dict):
         shown = json.dumps(data)
         raise ParameterError(f"{where}: expected a JSON object, got {shown if len(shown) <= 80 else shown[:77] + '...'}")
     return data
+
+
+def _read_regular(real: str, where: str) -> bytes:
+    """The bytes of the regular file ``real`` (a FIFO or a device is refused without blocking)."""
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise ParameterError(f"{where}: no such file") from None
+    except OSError as e:
+        raise ParameterError(f"{where}: cannot read the file: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ParameterError(f"{where}: not a regular file")
+        try:
+            return f.read()
+        except OSError as e:
+            raise ParameterError(f"{where}: cannot read the file: {e.strerror or e}") from None
 
 
 class _Bad(Exception):
@@ -171,6 +203,7 @@ class Fields:
             raise ParseError(f"{self.path}: field '{self.prefix}{key}': expected a path inside {folder} "
                              f"(relative, without '..'), got {_given(v)}")
         full = Path(folder) / norm
+        resolve_in(full, folder, f"{self.path}: field '{self.prefix}{key}': {_given(v)}")
         if not full.is_file():
             raise ParameterError(f"{self.path}: field '{self.prefix}{key}': {_given(v)} is not a file in {folder}")
         return full
@@ -220,15 +253,39 @@ def load_built_info(folder):
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
+# what transformers' tokenizers may open in their folder: their own files, vocabularies, chat templates and
+# config.json (which names the tokenizer's class)
+TOKENIZER_FILES = re.compile(r"(tokenizer|vocab|merges|chat_template|special_tokens_map|added_tokens|spiece|"
+                             r"sentencepiece|config\.json).*|.*\.(jinja|model|tiktoken|txt)")
+TEMPLATE_DIR = "additional_chat_templates"
+
+
+def check_tokenizer_files(folder) -> None:
+    """ParseError naming the file when a file of ``folder`` that a tokenizer may read (:data:`TOKENIZER_FILES`,
+    and everything under ``additional_chat_templates/``) resolves outside the folder."""
+    folder = Path(folder)
+    with os.scandir(folder) as entries:
+        names = sorted(e.name for e in entries if TOKENIZER_FILES.fullmatch(e.name) or e.name == TEMPLATE_DIR)
+    for name in names:
+        resolve_in(folder / name, folder, f"{folder / name} (a tokenizer file)")
+    templates = folder / TEMPLATE_DIR
+    if templates.is_dir():
+        for sub, _, files in os.walk(templates):
+            for name in files:
+                resolve_in(Path(sub) / name, folder, f"{Path(sub) / name} (a chat template)")
+
+
 def load_tokenizer(folder):
-    """``transformers.AutoTokenizer.from_pretrained(folder)`` after checking its JSON files (each present
-    one a UTF-8 JSON object); ParameterError naming the folder and the file when it cannot be loaded."""
+    """``transformers.AutoTokenizer.from_pretrained(folder)`` after checking its files (none resolving
+    outside the folder: :func:`check_tokenizer_files`) and its JSON files (each present one a UTF-8 JSON
+    object); ParseError / ParameterError naming the folder and the file when it cannot be loaded."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ParameterError(f"{folder}: the tokenizer folder does not exist")
+    check_tokenizer_files(folder)
     for name in TOKENIZER_JSON:
         if (folder / name).exists():
-            read_json(folder / name, "a tokenizer file")
+            read_json(folder / name, "a tokenizer file", folder)
     from transformers import AutoTokenizer
 
     try:

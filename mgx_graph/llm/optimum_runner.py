@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError, ParseError
-from .folder_config import Fields, Ids, Int
+from .folder_config import Fields, Ids, Int, resolve_in
 from .runner import GenaiRunner, check_runner_options
 
 CONFIG = "config.json"
@@ -62,6 +62,7 @@ def read_folder(folder) -> dict:
     pad = cfg.get("pad_token_id", Int(-1, vocab - 1), None)
     cfg.get("bos_token_id", Int(0, vocab - 1), None)
     context = cfg.get("max_position_embeddings", Int(1), 1 << 30)
+    resolve_in(folder / ONNX, folder)
     dims = _past_dims(folder / ONNX)
     L = sum(1 for n in dims if n.startswith("past_key_values.") and n.endswith(".key"))
     want = set(INPUTS) | {f"past_key_values.{i}.{t}" for i in range(L) for t in ("key", "value")}

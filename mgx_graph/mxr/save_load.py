@@ -159,7 +159,7 @@ def _header(archive: Archive, where: str) -> dict:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ParseError(f"{where}: not a saved mgx_graph program ({HEADER} does not say format '{FORMAT}')")
     version = header.get("format_version")
-    if version != FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
         raise ParseError(f"{where}: format version {str(version)[:40]} (written by mgx_graph "
                          f"{str(header.get('mgx_graph_version', '?'))[:40]}); this mgx_graph reads version "
                          f"{FORMAT_VERSION}")

@@ -114,6 +114,11 @@ def _entries(t: TensorProto, where: str) -> tuple[str, int, int | None]:
     return loc, fields["offset"] or 0, fields["length"]
 
 
+def is_inside(root: str, real: str) -> bool:
+    """True when the resolved path ``real`` is strictly inside the resolved folder ``root``."""
+    return os.path.commonpath([root, real]) == root and real != root
+
+
 def _resolve(t: TensorProto, loc: str, root: str, base: str, where: str) -> str:
     """The real path of ``loc`` inside ``root``, or a ParseError."""
     head = f"{where}: tensor '{t.name}': external data location {loc[:200]!r}"
@@ -122,7 +127,7 @@ def _resolve(t: TensorProto, loc: str, root: str, base: str, where: str) -> str:
             or os.path.splitdrive(loc)[0]:
         raise ParseError(f"{head}: must be a relative path inside the model's folder {base}")
     real = os.path.realpath(os.path.join(root, loc))
-    if os.path.commonpath([root, real]) != root or real == root:
+    if not is_inside(root, real):
         raise ParseError(f"{head}: resolves to {real}, outside the model's folder {base}")
     try:
         st = os.stat(real)

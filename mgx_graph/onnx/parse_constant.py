@@ -1,15 +1,16 @@
 """Values known at parse time: Constant, ConstantOfShape, and the shape arithmetic Shape / Size /
 Range, which become literals (their results depend only on static shapes and on inputs known at parse
-time: literals, or values the program is specialized for).
+time: literals, or values the program is specialized for).  A ConstantOfShape or Range of more than
+:data:`~mgx_graph.ir.fold.FOLD_LIMIT` elements is not made a literal: it is computed at run time from
+scalars (:func:`run_time_iota`), so a model of a few bytes never makes the parser allocate gigabytes.
 
 ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
-import math
-import os
-
 import numpy as np
+
+from ..ir.fold import FOLD_LIMIT
 
 from .op_parser import attr, ints, parser
 from .schema_check import read_tensor
@@ -33,24 +34,30 @@ def _parse_constant(p, m, node, ins):
     return p.lit(m, v)
 
 
-def _host_memory() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 64 << 30
-
-
 @parser("ConstantOfShape")
 def _parse_constant_of_shape(p, m, node, ins):
-    lens = ints(p.const(ins[0], "input"))
+    lens = [int(d) for d in ints(p.const(ins[0], "input"))]
     t = attr(node, "value")
     v = read_tensor(t, f"node '{p.node_name}' (ConstantOfShape): attribute 'value'") if t is not None \
         else np.zeros(1, np.float32)
-    nbytes = math.prod(int(d) for d in lens) * v.dtype.itemsize
-    if nbytes > _host_memory():  # refuse before numpy tries (an overcommitting host would kill the process)
-        raise MemoryError(f"node '{node.name}' (ConstantOfShape): a {v.dtype}{list(lens)} literal of {nbytes} "
-                          f"bytes is more than the host's {_host_memory()} bytes of memory")
+    if _count(lens) > FOLD_LIMIT:  # a broadcast scalar made contiguous at run time, never a literal
+        wide = p.add(m, "multibroadcast", [p.lit(m, v.reshape(-1)[:1].reshape([1] * len(lens)))], out_lens=lens)
+        return p.add(m, "contiguous", [wide])
     return p.lit(m, np.full(lens, v.reshape(-1)[0], dtype=v.dtype))
+
+
+def _count(lens) -> int:
+    n = 1
+    for d in lens:
+        n *= max(int(d), 0)
+    return n
+
+
+def run_time_iota(p, m, n: int):
+    """``0 .. n-1`` (int64) computed at run time, an exclusive scan of ``n`` broadcast ones: no literal of ``n``
+    elements."""
+    ones = p.add(m, "multibroadcast", [p.lit(m, np.ones(1, np.int64))], out_lens=[n])
+    return p.add(m, "cumsum", [ones], axis=0, exclusive=1)
 
 
 @parser("Shape")
@@ -76,4 +83,10 @@ def _parse_range(p, m, node, ins):
     if d == 0:
         raise p.err("delta must not be 0")
     n = max(int(np.ceil((l - s) / d)), 0)  # ONNX: number_of_elements = max(ceil((limit - start) / delta), 0)
-    return p.lit(m, (s + np.arange(n) * d).astype(dt))
+    if n <= FOLD_LIMIT:
+        return p.lit(m, (s + np.arange(n) * d).astype(dt))
+    wide = np.result_type(np.int64, dt)  # start + i * delta as the literal's numpy arithmetic does it
+    steps = p.add(m, "convert", [run_time_iota(p, m, n)], target_type=wide.name)
+    scaled = p.add(m, "mul", [steps, p.add(m, "multibroadcast", [p.lit(m, np.array([d], wide))], out_lens=[n])])
+    moved = p.add(m, "add", [p.add(m, "multibroadcast", [p.lit(m, np.array([s], wide))], out_lens=[n]), scaled])
+    return moved if wide == dt else p.add(m, "convert", [moved], target_type=dt.name)

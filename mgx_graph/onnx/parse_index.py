@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 
+from ..ir.fold import FOLD_LIMIT
 from .op_parser import attr, check_axis, check_choice, decode, element_type, parser, require_float
+from .parse_constant import run_time_iota
 
 
 @parser("Hardmax")
@@ -56,7 +58,9 @@ def _p_onehot(p, m, node, ins):
     if ind.shape.dtype != "int64":  # float indices are truncated, as a cast to int64 does
         ind = p.add(m, "convert", [ind], target_type="int64")
     ind = p.add(m, "unsqueeze", [ind], axes=[a])
-    pos = p.lit(m, np.arange(depth, dtype=np.int64).reshape([depth] + [1] * (r - a - 1)))
+    shape = [depth] + [1] * (r - a - 1)
+    pos = p.lit(m, np.arange(depth, dtype=np.int64).reshape(shape)) if depth <= FOLD_LIMIT \
+        else p.add(m, "reshape", [run_time_iota(p, m, depth)], dims=shape)  # no literal of depth elements
     return p.add(m, "onehot", [ind, pos, values], depth=depth)
 
 

@@ -6,13 +6,20 @@ Each HTTP request becomes one engine request per prompt; their events come back 
 server-sent events (``data: {chunk}`` lines, ``data: [DONE]`` last); a client that goes away cancels its
 requests, which leave their rows at the engine's next step. Errors are the OpenAI API's JSON
 (:func:`~mgx_graph.serve.protocol.error_body`): 400 for a bad field (pydantic's validation errors too), 404
-for another model's name, 429 when the queue is full, 503 while shutting down, 504 past ``--timeout``.
+for another model's name, 413 for a body over ``--max-body-bytes``, 429 when the queue is full, 503 while
+shutting down, 504 past ``--timeout``.
+
+A request body is read (at most ``--max-body-bytes``) before it is parsed; a prompt's text longer than the
+context could hold (``max_length`` tokens of at most :attr:`Service.chars_per_token` characters each) is
+refused before it is tokenized, and tokenizing runs in a worker thread, one prompt at a time, so the event
+loop keeps answering other requests (``/health`` too).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -30,15 +37,20 @@ from .scheduler import QueueFull, Request, ShuttingDown
 log = logging.getLogger("mgx_graph.serve")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cache_full": "length"}
 POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+MAX_BODY_BYTES = 4 << 20  # default of --max-body-bytes
+MIN_CHARS_PER_TOKEN = 64  # the least characters per token a prompt's length is bounded with
 
 
 class Service:
     """What the routes share: the LLM (tokenizer, chat template), the engine and the limits."""
 
-    def __init__(self, llm, engine, model_name: str, max_tokens: int, timeout: float | None):
+    def __init__(self, llm, engine, model_name: str, max_tokens: int, timeout: float | None,
+                 max_body_bytes: int = MAX_BODY_BYTES):
         self.llm, self.engine, self.model_name = llm, engine, model_name
-        self.max_tokens, self.timeout = max_tokens, timeout
+        self.max_tokens, self.timeout, self.max_body_bytes = max_tokens, timeout, max_body_bytes
         self.created = int(time.time())
+        self.chars_per_token = max(MIN_CHARS_PER_TOKEN, _longest_token(llm.tokenizer))
+        self._encoding = threading.Lock()
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -46,11 +58,28 @@ class Service:
                            "model", "model_not_found")
 
     def encode(self, prompt, param: str) -> list:
+        """Token ids of one prompt (text, token ids or chat messages); a prompt longer than the context could
+        hold is refused first (400, ``context_length_exceeded``).  Blocking: see :meth:`encode_async`."""
+        chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+        M = self.engine.max_length
+        if isinstance(prompt, list) and not chat and len(prompt) >= M:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens; this model's context (--max-length) is {M} "
+                                f"tokens, prompt and completion together", param, "context_length_exceeded")
+        chars = sum(len(m.get("content") or "") for m in prompt) if chat else len(prompt) \
+            if isinstance(prompt, str) else 0
+        if chars > M * self.chars_per_token:
+            raise APIError(400, f"the prompt has {chars} characters, more than {M} tokens of at most "
+                                f"{self.chars_per_token} characters can hold (this model's context, --max-length, "
+                                f"is {M} tokens)", param, "context_length_exceeded")
         try:
-            return self.llm.chat_ids(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) \
-                else self.llm.encode(prompt)
+            with self._encoding:
+                return self.llm.chat_ids(prompt) if chat else self.llm.encode(prompt)
         except ParameterError as e:
             raise APIError(400, str(e), param) from None
+
+    async def encode_async(self, prompt, param: str) -> list:
+        """:meth:`encode` in a worker thread: the event loop keeps serving while a prompt is tokenized."""
+        return await asyncio.to_thread(self.encode, prompt, param)
 
     def limit(self, body, prompt: list, param: str) -> int:
         """max_tokens of one prompt: as asked (at most ``--max-tokens``, and the cache must hold it), else
@@ -194,15 +223,11 @@ def create_app(service: Service):
         log.info("shutdown: %s", json.dumps(service.engine.stats()))
 
     app = FastAPI(title="mgx_graph OpenAI-compatible server", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=service.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
-        msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
-                                                                          if len(errs) > 1 else "")
-        return JSONResponse(error_body(400, msg, ".".join(loc) or None), status_code=400)
+        return _validation_error(exc)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -229,13 +254,13 @@ def create_app(service: Service):
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, http: HTTPRequest):
         service.check_model(body.model)
-        prompts = [service.encode(body.messages_dicts(), "messages")]
+        prompts = [await service.encode_async(body.messages_dicts(), "messages")]
         return await _answer(service, body, prompts, http, chat=True, param="messages")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HTTPRequest):
         service.check_model(body.model)
-        prompts = [service.encode(p, "prompt") for p in body.prompts()]
+        prompts = [await service.encode_async(p, "prompt") for p in body.prompts()]
         return await _answer(service, body, prompts, http, chat=False, param="prompt")
 
     async def _answer(service, body, prompts, http, chat: bool, param: str):
@@ -260,6 +285,74 @@ def create_app(service: Service):
                     usage=_usage(reqs))
 
     return app
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """The 400 of a body pydantic refused: the first error's field as ``param`` (none for malformed JSON)."""
+    errs = exc.errors()
+    first: dict = dict(errs[0]) if errs else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # its location is a character offset, not a field
+        at = [x for x in first.get("loc", ()) if isinstance(x, int)]
+        why = str((first.get("ctx") or {}).get("error", ""))[:200]
+        msg = f"the body is not valid JSON{f' (at character {at[0]})' if at else ''}{f': {why}' if why else ''}"
+        return JSONResponse(error_body(400, msg), status_code=400)
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _union_tag(x)]
+    msg = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg')}" + (f" (and {len(errs) - 1} more)"
+                                                                  if len(errs) > 1 else "")
+    return JSONResponse(error_body(400, msg, ".".join(loc) or None), status_code=400)
+
+
+def _longest_token(tokenizer) -> int:
+    """The characters of the tokenizer's longest vocabulary entry (0 when it has no vocabulary to ask)."""
+    try:
+        return max(map(len, tokenizer.get_vocab()), default=0)
+    except (AttributeError, TypeError, NotImplementedError):
+        return 0
+
+
+class BodyLimit:
+    """ASGI middleware: an HTTP request's body is read whole before the app sees it; one over ``limit`` bytes
+    (by its Content-Length or as it arrives) is answered 413 without being parsed."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send, int(declared))
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(send, size)
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send, size: int) -> None:
+        body = json.dumps(error_body(413, f"the request body has more than {self.limit} bytes ({size} or more); this "
+                                          f"server takes at most {self.limit} (--max-body-bytes)", None,
+                                     "request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _union_tag(x) -> bool:

@@ -5,6 +5,7 @@ Supported fields: ``model``, ``messages`` (chat) / ``prompt`` (completions: a st
 a list of token ids), ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0: greedy; default 1,
 sampled, as the OpenAI API), ``top_p``, ``stop``, ``seed``, ``stream``, ``stream_options.include_usage``,
 ``n`` (1 only), ``user`` (ignored); and two fields of vLLM's API: ``top_k`` and ``repetition_penalty``.
+Int and bool fields are strict (``true`` or ``"3"`` is no int, ``1`` no bool) and float fields finite.
 Fields the engine does not implement (``logprobs``, ``logit_bias``, penalties other than 0, ``echo``, tools)
 are accepted only at their no-op values, so no request is silently served other than it asked.
 """
@@ -15,7 +16,8 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: HTTP status -> the error ``type`` of the body
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
@@ -55,7 +57,7 @@ class ChatMessage(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool = Field(False, strict=True)
 
 
 def _no_op(value, default, name: str):
@@ -66,19 +68,19 @@ def _no_op(value, default, name: str):
 
 class _Sampling(_Strict):
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)
-    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    max_tokens: Optional[int] = Field(None, ge=1, strict=True)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: Optional[int] = Field(None, ge=0, strict=True)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, allow_inf_nan=False)
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = Field(None, ge=0, lt=2 ** 64)
-    stream: bool = False
+    seed: Optional[int] = Field(None, ge=0, lt=2 ** 64, strict=True)
+    stream: bool = Field(False, strict=True)
     stream_options: Optional[StreamOptions] = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=1, strict=True)
     user: Optional[str] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = Field(None, allow_inf_nan=False)
+    frequency_penalty: Optional[float] = Field(None, allow_inf_nan=False)
     logit_bias: Optional[dict] = None
     logprobs: Optional[Union[bool, int]] = None
 
@@ -118,7 +120,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, strict=True)
     top_logprobs: Optional[int] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[str, dict]] = None
@@ -153,7 +155,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int]]
-    echo: bool = False
+    echo: bool = Field(False, strict=True)
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 

@@ -20,13 +20,13 @@ DESCRIPTION = ("An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/comp
 
 def add_parser(sub, parser_kw: dict, cmd) -> None:
     """Add the ``serve`` command to the subparsers ``sub``; ``cmd`` is its function."""
-    from ..cli.errors import float_in, int_at_least
+    from ..cli.errors import float_in, int_at_least, int_in
 
     s = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API, with in-flight batching",
                        description=DESCRIPTION, **parser_kw)
     s.add_argument("model", help="an onnxruntime-genai folder (with its tokenizer) or smollm2-genai")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=int_at_least(0), default=8000, help="port to listen on")
+    s.add_argument("--port", type=int_in(0, 65535), default=8000, help="port to listen on")
     s.add_argument("--max-rows", type=int_at_least(1), default=8, metavar="N",
                    help="rows of the batched decode step: requests decoded at once")
     s.add_argument("--max-queue", type=int_at_least(0), default=64, metavar="N",
@@ -36,6 +36,8 @@ def add_parser(sub, parser_kw: dict, cmd) -> None:
     s.add_argument("--max-length", type=int_at_least(1), metavar="N",
                    help="KV cache rows per request, prompt and completion together (default: 256, at most the "
                         "model's context)")
+    s.add_argument("--max-body-bytes", type=int_at_least(1), default=4 << 20, metavar="N",
+                   help="request bodies larger than this get 413, unread (default: 4 MiB)")
     s.add_argument("--timeout", type=float_in(0.0, low_open=True), metavar="S",
                    help="seconds a request may take, queued and running; past it: 504 (default: no limit)")
     s.add_argument("--grace", type=float_in(0.0), default=30.0, metavar="S",
@@ -58,7 +60,7 @@ def build_service(args):
 
     from ..cli.inputs import UsageError
     from ..llm.api import LLM
-    from .app import Service
+    from .app import MAX_BODY_BYTES, Service
     from .scheduler import Engine
 
     llm = LLM(args.model, target=args.target, max_length=args.max_length, batch=args.max_rows,
@@ -67,7 +69,8 @@ def build_service(args):
         raise UsageError(f"{args.model} has no tokenizer: the server takes text")
     engine = Engine(llm.runner, llm.tokenizer, llm.eos_token_ids, max_queue=args.max_queue)
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
-    return Service(llm, engine, name, max_tokens=args.max_tokens or engine.max_length, timeout=args.timeout)
+    return Service(llm, engine, name, max_tokens=args.max_tokens or engine.max_length, timeout=args.timeout,
+                   max_body_bytes=getattr(args, "max_body_bytes", None) or MAX_BODY_BYTES)
 
 
 def make_server(service, host: str, port: int, grace: float = 30.0, log_level: str = "info"):
