@@ -3,7 +3,8 @@
 the same de-quantized weights, for the chat-templated prompt, graphs off and on.
 
 The 2-layer build (about 20 s, plus the torch oracle's load) runs in every CI pass; the full 30-layer
-build (about a minute to export) is marked slow."""
+build (about a minute to export) is marked slow.  Each build is made once per module, and transformers'
+greedy tokens are computed once per (model, prompt, length, eos ids)."""
 from __future__ import annotations
 
 import functools
@@ -36,6 +37,11 @@ def small(model_cache):
     return _build(model_cache, num_layers=2)
 
 
+@pytest.fixture(scope="module")
+def full(model_cache):
+    return _build(model_cache)
+
+
 @functools.lru_cache(maxsize=2)
 def _gguf_tokenizer(gguf: str):
     from mgx_graph.models.smollm2 import load_tokenizer
@@ -54,17 +60,24 @@ def chat_ids(tok) -> list[int]:
     return [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]
 
 
+_ORACLE: dict = {}
+
+
 def hf_greedy(info, ids, n: int, eos: list[int]) -> list[int]:
     """transformers' greedy ``generate`` on the GGUF's torch model (same layer cut, loaded by the
     builder's ``load_torch_model`` and kept by the oracle module), stopping after an id of ``eos``
-    (kept), as mgx_graph's generate does."""
+    (kept), as mgx_graph's generate does; computed once per arguments (several tests and
+    parametrizations compare with the same oracle)."""
     from mgx_graph.models.oracle import load_torch_model
 
-    model = load_torch_model(info)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    return out[0, len(ids):].tolist()
+    key = (str(info.directory), tuple(ids), n, tuple(eos))
+    if key not in _ORACLE:
+        model = load_torch_model(info)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        _ORACLE[key] = out[0, len(ids):].tolist()
+    return list(_ORACLE[key])
 
 
 def cli_text(folder, n: int, graphs: bool, capsys, eos_ids=(), fp16: bool = False) -> tuple[str, str]:
@@ -137,10 +150,9 @@ def test_cli_small_build_same_tokens_as_transformers(small, target, graphs, caps
 
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph"])
-def test_cli_full_model_same_tokens_as_transformers(model_cache, graphs, capsys):
+def test_cli_full_model_same_tokens_as_transformers(full, graphs, capsys):
     """All 30 layers: the CLI's answer is transformers' ("... Paris.", ended by <|im_end|>); with
     <|endoftext|> as the only eos id both decode 24 tokens, past the end of the answer."""
-    full = _build(model_cache)
     tok = gguf_tokenizer(full)
     ids = chat_ids(tok)
     eos = full.config["eos_token_ids"]
