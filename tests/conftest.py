@@ -45,6 +45,21 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: rank[item.path])  # stable: the collection order within a rank
 
 
+@pytest.fixture(autouse=True)
+def _mgx_graph_logger_restored():
+    """The ``mgx_graph`` logger's handlers and level as they were before the test: ``mgx-graph serve``'s
+    command adds a stderr handler (on the stream of that moment: a capture closed after the test) and sets
+    the level before it opens the model, so a serve call that fails on a bad model (test_cli_errors.py)
+    would double the trace lines later tests count and log to a closed stream."""
+    import logging
+
+    log = logging.getLogger("mgx_graph")
+    handlers, level = list(log.handlers), log.level
+    yield
+    log.handlers[:] = handlers
+    log.setLevel(level)
+
+
 @pytest.fixture(params=TARGETS)
 def target(request):
     return request.param
