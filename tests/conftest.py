@@ -12,11 +12,52 @@ HAVE_GPU = gpu_available()
 TARGETS = ["ref"] + (["gpu"] if HAVE_GPU else [])
 
 
+# Files that take minutes on a CPU (each builds a real model), longest first: under pytest-xdist they start
+# first, so that no worker is still in one of them after the others ran out of files.
+LONGEST_FILES = ("test_smollm2_optimum_full.py", "test_llm_runner.py", "test_smollm2.py", "test_greedy_host.py")
+
+
+def pytest_configure(config):
+    """Under ``--dist loadfile`` xdist by default sends the files with the most tests first, which leaves
+    the few-test files that build real models to the end; the order of :func:`pytest_collection_modifyitems`
+    is kept instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _file_rank(items) -> dict:
+    """Per test file: 0 .. n-1 for :data:`LONGEST_FILES`, then n for a file with a ``slow`` test, n + 1 else."""
+    rank: dict = {}
+    for item in items:
+        path = item.path
+        first = LONGEST_FILES.index(path.name) if path.name in LONGEST_FILES else len(LONGEST_FILES) + 1
+        rank[path] = min(rank.get(path, first), first, len(LONGEST_FILES) if "slow" in item.keywords else first)
+    return rank
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a usable GPU (CUDA or HIP) with CuPy")
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order the files are sent in
+        rank = _file_rank(items)
+        items.sort(key=lambda item: rank[item.path])  # stable: the collection order within a rank
+
+
+@pytest.fixture(autouse=True)
+def _mgx_graph_logger_restored():
+    """The ``mgx_graph`` logger's handlers and level as they were before the test: ``mgx-graph serve``'s
+    command adds a stderr handler (on the stream of that moment: a capture closed after the test) and sets
+    the level before it opens the model, so a serve call that fails on a bad model (test_cli_errors.py)
+    would double the trace lines later tests count and log to a closed stream."""
+    import logging
+
+    log = logging.getLogger("mgx_graph")
+    handlers, level = list(log.handlers), log.level
+    yield
+    log.handlers[:] = handlers
+    log.setLevel(level)
 
 
 @pytest.fixture(params=TARGETS)

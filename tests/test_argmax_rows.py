@@ -115,12 +115,13 @@ def _edge_rows(dtype, n, rng):
 @pytest.mark.skipif(not attn_host.available(), reason="needs g++")
 @pytest.mark.parametrize("dtype, ctype, acc", [("float32", "float", "float"), ("float64", "double", "double"),
                                                ("float16", "__half", "float")])
-@pytest.mark.parametrize("n", [1, 3, 9, 17, 1000, 4099])
+@pytest.mark.parametrize("n", [1, 3, 9, 17, 40, 1000, 4099])
 def test_the_16_byte_load_paths_on_the_host_match_numpy(dtype, ctype, acc, n):
     """The device-only 16-byte-load branch of ``mgx_scan_first_max`` built on the host too (``__CUDACC_RTC__``
     defined): rows of lengths that are and are not whole vectors, the advance kernel over chunks of one, three
-    and five vectors and over the chunk ``advance_plan`` picks, so the last block's partial vector and the
-    element-by-element tail after the last whole vector are scanned."""
+    and five vectors (rows up to 40 values: 40 is whole vectors of every dtype) and over the chunk
+    ``advance_plan`` picks, so the last block's partial vector and the element-by-element tail after the last
+    whole vector are scanned."""
     import os
 
     import mgx_graph.operators as ops
@@ -132,7 +133,7 @@ def test_the_16_byte_load_paths_on_the_host_match_numpy(dtype, ctype, acc, n):
     v = 16 // itemsize
     rng = np.random.default_rng(n)
     planned = advance_plan(n, itemsize)[1]
-    chunks = sorted({v, 3 * v, 5 * v, planned}) if n < 4000 else [planned]
+    chunks = sorted({v, 3 * v, 5 * v, planned}) if n <= 40 else [planned]
     for kind, row in _edge_rows(dtype, n, rng):
         x, want = _aligned(row), np.argmax(row)
         got = np.full(1, -5, np.int64)

@@ -79,13 +79,19 @@ def test_a_ref_smoke_run_times_what_it_can_and_names_what_it_refuses(tmp_path, m
     pytest.importorskip("torch")  # the tiny W1 is exported from transformers
     pytest.importorskip("transformers")
     monkeypatch.setenv("MGX_GRAPH_CACHE", model_cache)
+    # ref runs the float16 step in numpy (~0.1 s): the chat prompt (37 ids, fed one by one in each of the
+    # three passes) is cut to its first 3 ids and the back-to-back timing to 3 runs; the script's path is
+    # the same
+    prompt_ids, b2b = greedy_host.pm.prompt_ids, greedy_host.back_to_back_us
+    monkeypatch.setattr(greedy_host.pm, "prompt_ids", lambda work, info: prompt_ids(work, info)[:3])
+    monkeypatch.setattr(greedy_host, "back_to_back_us", lambda runner: b2b(runner, calls=3))
     out = tmp_path / "gh.json"
-    rc = greedy_host.main(["--target", "ref", "--tiny", "--tokens", "2", "--reps", "1",
+    rc = greedy_host.main(["--target", "ref", "--tiny", "--tokens", "1", "--reps", "1",
                            "--settings", "default,spin,poll,nogc", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
     s = doc["settings"]
-    assert list(s) == ["default", "spin", "poll", "nogc"] and doc["tokens"] == 2
+    assert list(s) == ["default", "spin", "poll", "nogc"] and doc["tokens"] == 1
     assert s["default"]["same_tokens"] and s["nogc"]["same_tokens"] and s["nogc"]["ms_per_token"] > 0
     assert "CUDA runtime" in s["spin"]["error"] and "copy" in s["poll"]["error"]
     printed = capsys.readouterr().out.splitlines()

@@ -326,6 +326,6 @@ def test_two_layer_decoder_matches_onnxruntime(target, S):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_kernel_source_compiles_for_the_device(dtype, tmp_path):
     """The source NVRTC gets (the element type's typedef, the fp16 header) builds as device code."""
-    r = subprocess.run(["nvcc", "-c", "-x", "cu", "-", "-o", str(tmp_path / "k.o")], input=llm_gpu.kernel_source(dtype),
-                       capture_output=True, text=True)
+    r = subprocess.run(["nvcc", "--cubin", "-x", "cu", "-", "-o", str(tmp_path / "k.cubin")],
+                       input=llm_gpu.kernel_source(dtype), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -2,85 +2,27 @@
 ``mgx-graph generate FOLDER --target ref`` gives the greedy tokens of transformers' own ``generate`` on
 the same de-quantized weights, for the chat-templated prompt, graphs off and on.
 
-The 2-layer build (about 20 s, plus the torch oracle's load) runs in every CI pass; the full 30-layer
-build (about a minute to export) is marked slow."""
+This file: the 2-layer build (about 20 s, plus the torch oracle's load), made once per module; the full
+30-layer build is in test_smollm2_optimum_full.py (slow), so that the two run on two workers."""
 from __future__ import annotations
 
-import functools
 import json
-from pathlib import Path
 
 import pytest
 
 from mgx_graph.llm.generation import generate
 from mgx_graph.llm.optimum_runner import OptimumRunner, read_folder
 
-torch = pytest.importorskip("torch")
+from optimum_cli import build, chat_ids, cli_text, gguf_tokenizer, hf_greedy
+
+pytest.importorskip("torch")
 pytest.importorskip("transformers")
-PROMPT = "What is the capital of France?"
 N_NEW = 16
-END_OF_TEXT = "<|endoftext|>"  # a special token the model does not emit here: decoding runs past <|im_end|>
-
-
-def _build(model_cache, **options):
-    from mgx_graph.models import build
-
-    try:
-        return build("smollm2-optimum", cache_dir=model_cache, progress=False, **options)
-    except ImportError as e:
-        pytest.skip(f"model export needs the [export] extra: {e}")
 
 
 @pytest.fixture(scope="module")
 def small(model_cache):
-    return _build(model_cache, num_layers=2)
-
-
-@functools.lru_cache(maxsize=2)
-def _gguf_tokenizer(gguf: str):
-    from mgx_graph.models.smollm2 import load_tokenizer
-
-    return load_tokenizer(Path(gguf))
-
-
-def gguf_tokenizer(info):
-    """The tokenizer read from the GGUF itself (not the copy saved in the folder)."""
-    return _gguf_tokenizer(str(info.hf_dir_or_gguf))
-
-
-def chat_ids(tok) -> list[int]:
-    out = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                  tokenize=True)
-    return [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]
-
-
-def hf_greedy(info, ids, n: int, eos: list[int]) -> list[int]:
-    """transformers' greedy ``generate`` on the GGUF's torch model (same layer cut, loaded by the
-    builder's ``load_torch_model`` and kept by the oracle module), stopping after an id of ``eos``
-    (kept), as mgx_graph's generate does."""
-    from mgx_graph.models.oracle import load_torch_model
-
-    model = load_torch_model(info)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    return out[0, len(ids):].tolist()
-
-
-def cli_text(folder, n: int, graphs: bool, capsys, eos_ids=(), fp16: bool = False) -> tuple[str, str]:
-    """``(answer text, report)`` that ``mgx-graph generate FOLDER --target ref [--fp16]`` prints."""
-    from mgx_graph.cli.main import main
-
-    argv = ["generate", str(folder), "--target", "ref", "--no-stream", "--max-new-tokens", str(n),
-            "--prompt", PROMPT, *(["--hip-graph"] if graphs else []), *(["--fp16"] if fp16 else [])]
-    for e in eos_ids:
-        argv += ["--eos-id", str(e)]
-    capsys.readouterr()
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    text, sep, report = out.partition("\n--- ")
-    assert sep, out
-    return text, report
+    return build(model_cache, num_layers=2)
 
 
 def test_folder_layout(small):
@@ -133,28 +75,6 @@ def test_cli_small_build_same_tokens_as_transformers(small, target, graphs, caps
     if graphs:
         assert st["decode"]["captures"] == 1 and st["decode"]["replays"] == N_NEW - 1 - 3 and st["fallbacks"] == 0
     runner.release()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph"])
-def test_cli_full_model_same_tokens_as_transformers(model_cache, graphs, capsys):
-    """All 30 layers: the CLI's answer is transformers' ("... Paris.", ended by <|im_end|>); with
-    <|endoftext|> as the only eos id both decode 24 tokens, past the end of the answer."""
-    full = _build(model_cache)
-    tok = gguf_tokenizer(full)
-    ids = chat_ids(tok)
-    eos = full.config["eos_token_ids"]
-    want = hf_greedy(full, ids, 24, eos)
-    assert want[-1] in eos and "Paris" in tok.decode(want)
-    text, report = cli_text(full.directory, 24, graphs, capsys)
-    assert text == tok.decode(want, skip_special_tokens=True)
-    assert f"generated: {len(want)} (eos)" in report
-    other = [tok.convert_tokens_to_ids(END_OF_TEXT)]
-    long = hf_greedy(full, ids, 24, other)
-    assert len(long) == 24 and long[:len(want)] == want
-    text, report = cli_text(full.directory, 24, graphs, capsys, eos_ids=other)
-    assert text == tok.decode(long, skip_special_tokens=True)
-    assert "generated: 24 (length)" in report
 
 
 def test_cli_fp16_small_build_same_answer_as_transformers(small, capsys):

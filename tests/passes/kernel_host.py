@@ -120,7 +120,8 @@ def run_on_host(cases, workdir) -> list:
 
 
 def nvcc_compile(source: str, path) -> subprocess.CompletedProcess:
-    """``nvcc -c`` of ``source`` written to ``path`` (the device build, as NVRTC sees it)."""
+    """``nvcc --cubin`` of ``source`` written to ``path``: the device build only (front end, cicc, ptxas),
+    as NVRTC compiles it; no host pass, which a runtime-compiled source never gets."""
     with open(path, "w") as f:
         f.write(source)
-    return subprocess.run([NVCC, "-c", str(path), "-o", str(path) + ".o"], capture_output=True, text=True)
+    return subprocess.run([NVCC, "--cubin", str(path), "-o", str(path) + ".cubin"], capture_output=True, text=True)

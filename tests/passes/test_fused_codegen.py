@@ -1,4 +1,4 @@
-"""Generated fused kernels without a GPU: the sources compile with ``nvcc -c`` (the device build, as
+"""Generated fused kernels without a GPU: the sources compile with ``nvcc --cubin`` (the device build, as
 NVRTC / hipRTC get it), and built for the host (``-DMGX_HOST_TEST``) their per-element / per-row code
 computes what numpy computes for the same submodule (the ops' own ``ref`` kernels).  Skipped when
 nvcc is missing."""
@@ -265,7 +265,7 @@ def test_decode_step_kernels_match_numpy(tmp_path, rng, fp16, model_cache):
 
 def test_sources_compile_with_nvcc(tmp_path, model_cache):
     """The device build of a few generated sources (pointwise with concat / views / broadcasts, every
-    reduction kind, integer ops) compiles with ``nvcc -c``."""
+    reduction kind, integer ops) compiles with ``nvcc --cubin`` (the device build)."""
     items = _reduce_items()[::2] + [_binary("mod", "int64", fmod=0), _unary("gelu", "float16")]
     sources = [(pointwise_source if kind == "pointwise" else reduce_source)(sub, ins, out).source
                for _, sub, ins, out, kind, _ in items]
