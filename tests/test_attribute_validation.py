@@ -58,6 +58,8 @@ CASES = AXIS_CASES + [
     C("squeeze-range", "Squeeze", {}, "axes", inits={"a": I64(3)}),
     C("squeeze-not-one", "Squeeze", {}, "axes", inits={"a": I64(1)}),
     C("squeeze11-range", "Squeeze", {"axes": [5]}, "axes", opset=11),
+    C("reshape-2d-shape", "Reshape", {}, "shape", inits={"s": np.array([[2], [3], [4]], np.int64)}),
+    C("reshape-scalar-shape", "Reshape", {}, "shape", feeds={"x": np.zeros((3,), F)}, inits={"s": np.array(3, np.int64)}),
     C("unsqueeze-range", "Unsqueeze", {}, "axes", inits={"a": I64(4)}),
     C("unsqueeze-repeat", "Unsqueeze", {}, "axes", inits={"a": I64(0, 0)}),
     C("unsqueeze11-range", "Unsqueeze", {"axes": [-5]}, "axes", opset=11),

@@ -21,6 +21,8 @@ def _parse_reshape(p, m, node, ins):
     if p.opset < 5:
         shape = list(attr(node, "shape"))
     else:
+        if ins[1].shape.ndim != 1:
+            raise p.err(f"'shape' has shape {list(ins[1].shape.lens)}: expected a 1-D tensor")
         shape = ints(p.const(ins[1], "shape"))
     allowzero = attr(node, "allowzero", 0)
     if any(d < -1 for d in shape):

@@ -111,11 +111,16 @@ def cmd_serve(args) -> int:
     if missing:
         raise UsageError(f"mgx-graph serve needs {' and '.join(missing)}: pip install 'mgx_graph[serve]'")
     log = logging.getLogger("mgx_graph")
+    handlers, level = list(log.handlers), log.level
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
         log.addHandler(handler)
     log.setLevel(args.log_level.upper())
-    service = build_service(args)
-    make_server(service, args.host, args.port, args.grace, args.log_level).run()
+    try:
+        service = build_service(args)
+        make_server(service, args.host, args.port, args.grace, args.log_level).run()
+    finally:  # the caller's logger as it was (main() may run in a process that goes on)
+        log.handlers[:] = handlers
+        log.setLevel(level)
     return 0
