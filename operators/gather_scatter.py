@@ -56,14 +56,36 @@ class GatherElements(Operation):
 
     def compute_shape(self, inputs, mods=()):
         check_inputs(self, inputs, 2)
-        return Shape(inputs[0].dtype, inputs[1].lens)
+        x, idx = inputs
+        a = normalize_axis(self.axis, x.ndim, self.name)
+        if idx.ndim != x.ndim or any(i > d for k, (i, d) in enumerate(zip(idx.lens, x.lens)) if k != a):
+            raise ShapeError(f"gather_elements: indices {list(idx.lens)} must have data's rank {x.ndim} and, "
+                             f"off axis {a}, dims <= data's {list(x.lens)}")
+        return Shape(x.dtype, idx.lens)
 
     def compute(self, ctx, out, args, ws):
         x, idx = args
         xp = ctx.xp
         a = self.axis % x.ndim
         idx = xp.where(idx < 0, idx + x.shape[a], idx)
+        x = x[tuple(slice(None) if k == a else slice(0, n) for k, n in enumerate(idx.shape))]
         out[...] = xp.take_along_axis(x, idx, axis=a)
+
+    def gpu_kernel(self, inputs, output):
+        """One elementwise kernel over the output: each element unravels its index over the indices'
+        dims, replaces the axis coordinate by its index (negative ones wrapped, then clamped into the
+        axis: no read outside ``data``) and reads ``data`` there through its strides.  Allocates
+        nothing (captured); None (the generic path) for a rank-0 or empty output."""
+        x, idx = inputs
+        if not idx.lens or output.elements() == 0 or x.lens[self.axis % x.ndim] == 0:
+            return None
+        kern = _gather_elements_kernel(tuple(int(d) for d in idx.lens), self.axis % x.ndim,
+                                       int(x.lens[self.axis % x.ndim]))
+
+        def run(ctx, out, args, ws):
+            kern(args[0], args[1], out)
+
+        return run, 1, [], True, "elementwise gather_elements"
 
 
 @register_op
@@ -135,6 +157,22 @@ def gathernd_geometry(data_lens, idx_lens, batch_dims: int) -> list[int]:
     dims = [int(d) for d in data_lens[b:b + q]] + [1] * (4 - q)
     strides = [after[b + j + 1] for j in range(q)] + [0] * (4 - q)
     return [n, after[b + q], rows, after[b], q] + dims + strides
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_elements_kernel(lens: tuple[int, ...], axis: int, axis_len: int):
+    import cupy
+
+    r = len(lens)
+    body = (f"const ptrdiff_t L[{r}] = {{{', '.join(str(d) for d in lens)}}};\n"
+            f"ptrdiff_t c[{r}]; ptrdiff_t rem = i;\n"
+            f"for (int d = {r - 1}; d >= 0; --d) {{ c[d] = rem % L[d]; rem /= L[d]; }}\n"
+            f"long long k = (long long)j[c];\n"
+            f"if (k < 0) k += {axis_len}LL;\n"
+            f"k = k < 0 ? 0 : (k >= {axis_len}LL ? {axis_len - 1}LL : k);\n"
+            f"c[{axis}] = (ptrdiff_t)k;\n"
+            f"y = x[c];")
+    return cupy.ElementwiseKernel("raw T x, raw I j", "T y", body, f"mgx_gather_elements_r{r}")
 
 
 @functools.lru_cache(maxsize=None)

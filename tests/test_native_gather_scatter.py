@@ -94,3 +94,31 @@ def test_scatternd_strided_inputs(target, hip_graph, strided_upd, strided_idx):
     upd = R.standard_normal((3, 2, 2, 4, 3)).astype(np.float32)
     model, feeds = _scatter_model(data, idx, upd, strided_upd, strided_idx)
     run_native(model, feeds, target, hip_graph, ["scatternd"])
+
+
+GATHER_ELEMENTS_CASES = {  # data, indices, axis
+    "axis0": (R.standard_normal((4, 3)).astype(np.float32), R.integers(-4, 4, size=(2, 3)), 0),
+    "axis1_smaller": (R.standard_normal((3, 5)).astype(np.float32), R.integers(-5, 5, size=(2, 4)), 1),
+    "axis_neg_3d": (R.standard_normal((2, 3, 4)).astype(np.float32), R.integers(0, 4, size=(2, 3, 6)), -1),
+    "float16_int32": (R.standard_normal((3, 4, 2)).astype(np.float16),
+                      R.integers(-3, 3, size=(3, 2, 2)).astype(np.int32), 0),
+    "int64_data": (R.integers(-9, 9, size=(5, 2)), R.integers(0, 2, size=(5, 7)), 1),
+}
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["standard", "strided"])
+@pytest.mark.parametrize("case", list(GATHER_ELEMENTS_CASES))
+def test_gather_elements(target, hip_graph, transpose, case):
+    """GatherElements (run-time indices, negative ones included; data read through a Transpose's
+    strides) against onnxruntime; on the gpu one captured kernel."""
+    data, idx, axis = GATHER_ELEMENTS_CASES[case]
+    nodes, src, x = [], "x", data
+    if transpose:
+        x = np.ascontiguousarray(data.transpose())
+        nodes.append(helper.make_node("Transpose", ["x"], ["xt"], perm=list(range(data.ndim))[::-1]))
+        src = "xt"
+    nodes.append(helper.make_node("GatherElements", [src, "i"], ["y"], axis=axis))
+    feeds = {"x": x, "i": idx}
+    run_native(make_model(nodes, feeds, ["y"], opset=13), feeds, target, hip_graph, ["gather_elements"],
+               tol=(0, 0))
