@@ -55,10 +55,13 @@ PHASES = ("bind / interop", "staging check", "key build", "graph cache lookup", 
 HOOKS = {
     "bind / interop": [("mgx_graph.exec.executor", "Executor", "bind"),
                        ("mgx_graph.graph.call_record", "CallRecord", "matches"),
-                       ("mgx_graph.graph.call_record", "CallRecord", "repeat")],
+                       ("mgx_graph.graph.call_record", "CallRecord", "repeat"),
+                       ("mgx_graph.graph.replay", "CallRecord", "matches"),
+                       ("mgx_graph.graph.replay", "CallRecord", "repeat")],
     "staging check": [("mgx_graph.exec.staging", "InputStaging", "check")],
     "key build": [("mgx_graph.graph.launch", "GraphLaunch", "graph_key"),
-                  ("mgx_graph.graph.launch", "GraphLaunch", "call_key")],
+                  ("mgx_graph.graph.launch", "GraphLaunch", "call_key"),
+                  ("mgx_graph.graph.launch", "GraphLaunch", "region_call")],
     "graph cache lookup": [("mgx_graph.graph.cache", "GraphLaunchState", "execute")],
 }
 

@@ -1,15 +1,17 @@
-/* mgx_graph._native: the repeated replay of a one-region program in one C call.
+/* mgx_graph._native: the replay path of a repeated call of a one-region program, in one C call.
  *
- * A `Replay` holds what mgx_graph.native_replay armed it with after a replay through the Python path
- * (mgx_graph/replay_plan.py): the runtime's launch, capture-status and current-device functions (C
- * addresses: hipGraphLaunch / hipStreamIsCapturing / hipGetDevice, or the CUDA driver's cuGraphLaunch /
- * cuStreamIsCapturing / cuCtxGetDevice), the graph exec and the queue, and the checks and updates of
- * that path as data.  Called as run_async is, it makes every check the Python path makes on the same
- * objects (the locks free, the call's parameters the recorded objects with their shapes, the queue, the
- * attributes and slots the path reads, the device current, no capture open on the queue) and, when all
- * hold, launches the exec, applies the path's counter and attribute updates and returns the program's
- * outputs; when one does not hold (or the launch fails) it returns None having changed nothing, and
- * the caller runs the Python path, which raises what it would raise.
+ * The same path as the Python one (mgx_graph/graph/replay.py: the call record, the region state's repeat
+ * and replay checks, the plan's slots), not a layer of its own: a `Replay` is armed after a replay through
+ * the Python path with the runtime's launch, capture-status and current-device functions (C addresses:
+ * hipGraphLaunch / hipStreamIsCapturing / hipGetDevice, or the CUDA driver's cuGraphLaunch /
+ * cuStreamIsCapturing / cuCtxGetDevice), the graph exec and the queue, and each owner's checks and updates
+ * as data (the record's parameters and layouts; the Guards rows of GraphLaunchState.replay_guards, the
+ * executor and the plan).  Called as run_async is, it makes those checks on the same objects (the locks
+ * free, the call's parameters the recorded objects with their shapes, the queue, the attributes and slots
+ * the path reads, the device current, no capture open on the queue) and, when all hold, launches the exec,
+ * applies the updates and returns the program's outputs; when one does not hold (or the launch fails) it
+ * returns None having changed nothing, and the caller runs the Python path, which raises what it would
+ * raise.
  *
  * Only the CPython limited API (3.10) is used, so one build serves every later CPython.
  */
@@ -340,7 +342,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 
 static PyType_Slot replay_slots[] = {
     {Py_tp_doc, "Replay(launch, capturing, current_device, exec, stream, device, queue_owner, locks, names, "
-                "values, layouts, writeable, attrs, items, counts, sets, returns, env): see mgx_graph/native_replay.py"},
+                "values, layouts, writeable, attrs, items, counts, sets, returns, env): see mgx_graph/graph/replay.py"},
     {Py_tp_new, Replay_new},
     {Py_tp_call, Replay_call},
     {Py_tp_getset, replay_getset},

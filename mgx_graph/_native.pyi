@@ -1,4 +1,4 @@
-"""Types of the native replay (cpp/replay.c); see mgx_graph/native_replay.py."""
+"""Types of the native replay (cpp/replay.c); the replay path in C, armed by mgx_graph/graph/replay.py."""
 from typing import Any
 
 class Replay:

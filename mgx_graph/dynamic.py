@@ -149,8 +149,8 @@ class Dispatcher:
         self.compiles = 0
         self.budget = compile_kw.get("budget")
         self.retired = GraphCounters()  # graph counters of the specializations released so far
-        self.retired_fast_path_hits = 0  # repeated run_async calls of those (see mgx_graph.graph.call_record)
-        self.retired_replay_plan_hits = 0  # those of them replayed without the eval loop (mgx_graph.graph.replay_plan)
+        self.retired_fast_path_hits = 0  # repeated run_async calls of those (see mgx_graph.graph.replay)
+        self.retired_replay_plan_hits = 0  # those of them replayed without the eval loop (mgx_graph.graph.replay)
 
     @property
     def evictions(self) -> int:

@@ -6,7 +6,7 @@ from operator import is_
 import numpy as np
 import pytest
 
-from mgx_graph.graph.call_record import _LAYOUT, _SHAPE, _WRITEABLE, CallRecord
+from mgx_graph.graph.replay import _LAYOUT, _SHAPE, _WRITEABLE, CallRecord
 
 
 class _Device:

@@ -1,4 +1,4 @@
-"""The native replay (:mod:`mgx_graph.graph.native_replay`, ``cpp/replay.c``) against the Python path.
+"""The native replay (``cpp/replay.c``, armed by :mod:`mgx_graph.graph.replay`) against the Python path.
 
 On ``ref`` the three C calls it makes (launch, capture status, current device) are ctypes callbacks
 into the host runtime, and the program's replay plan is made to look like a device target's (device 0,
@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from mgx_graph.graph import native_replay
+from mgx_graph.graph import replay as native_replay
 from mgx_graph.errors import MgxError
 from test_host_fast_path import R, _host, _stepper, _write, f
 
@@ -157,10 +157,10 @@ def test_another_last_result_of_the_region_is_refused(monkeypatch):
     pair is another (equal) one, the C object refuses and the Python path gives the values."""
     s, calls = _armed(monkeypatch)
     ex = s.prog.executor
-    state = ex._replay_plan.region.op.state
-    assert not ex._replay_plan.region.op._single
+    state = ex._replay_plan.state
+    assert state.n_results > 1
     outs, result = state.last_result
-    state.last_result = (list(outs), tuple(result))
+    state.last_result = native_replay.RegionResult(list(outs), tuple(result))
     before = calls.launches
     assert ex._native({"x": s.x, "state_in": s.state}, None, False) is None and calls.launches == before
     s.call()
@@ -410,8 +410,8 @@ def test_a_device_array_is_checked_by_its_shape_alone():
 
     x = _DeviceArray((1, 1))
     h = np.zeros((2, 3), np.float32)
-    rec = SimpleNamespace(values=[h, x], layouts=[(h.shape, h.strides, h.dtype)], shapes=[(1, 1)])
-    layouts = native_replay._layouts(rec)
+    rec = native_replay.CallRecord(("h", "x"), (h, x), 7, False, {"h"}, [], [])
+    layouts = rec.native_layouts()
     assert layouts == ((("shape", "strides", "dtype"), ((2, 3), (12, 4), np.dtype(np.float32))),
                        (("shape",), ((1, 1),)))
     launched = []

@@ -1,4 +1,4 @@
-"""The replay plan (:mod:`mgx_graph.graph.replay_plan`): a repeated ``run_async`` of a one-region program
+"""The replay plan (:mod:`mgx_graph.graph.replay`): a repeated ``run_async`` of a one-region program
 replays its graph without the eval loop, and gives what the full path gives.
 
 Every call is checked against numpy (the oracle of the small decode-like step of
@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 import mgx_graph
-from mgx_graph.graph.replay_plan import ReplayPlan
+from mgx_graph.graph.replay import ReplayPlan
 from test_host_fast_path import ALIAS, B, W, Stepper, _compile, _host, _stepper, _write, f, step_model
 from util import make_model
 

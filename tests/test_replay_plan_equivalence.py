@@ -1,4 +1,4 @@
-"""The replay plan (:mod:`mgx_graph.graph.replay_plan`) against the full path in the cases around a replay.
+"""The replay plan (:mod:`mgx_graph.graph.replay`) against the full path in the cases around a replay.
 
 Each test runs the same calls through two programs compiled alike, the second with its plan switched
 off (``executor._replay_plan = None``: every call runs the eval loop), checks every call's values

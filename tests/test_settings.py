@@ -152,11 +152,11 @@ def test_the_attention_planner_follows_the_switches():
 
 
 def test_native_replay_switch_reaches_the_replay_plan():
-    from mgx_graph.graph import native_replay
+    from mgx_graph.graph import replay
 
     off = settings.Settings.from_env({"MIGRAPHX_NATIVE_REPLAY": "0"})
-    assert native_replay.available(off) is False
-    assert native_replay.available(settings.Settings()) is (native_replay._native is not None)
+    assert replay.available(off) is False
+    assert replay.available(settings.Settings()) is (replay._native is not None)
 
 
 def test_host_reader_poll_switch(monkeypatch):

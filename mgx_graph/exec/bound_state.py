@@ -5,7 +5,7 @@ held as the executor's own views (``a.view()``: the same memory, kept alive by t
 nobody else holds, so a caller reshaping its own object in place changes nothing the program reads).
 Every full bind of a ``run_async`` then binds ``{**state, **params}``, exactly what a call passing
 every array would bind (copies, staging, written parameters and graph keys alike); only the record
-of the call (:class:`~mgx_graph.graph.call_record.CallRecord`) is the call's own: the names and objects it
+of the call (:class:`~mgx_graph.graph.replay.CallRecord`) is the call's own: the names and objects it
 brought, the state views being fixed.
 """
 from __future__ import annotations

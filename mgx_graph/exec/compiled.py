@@ -129,8 +129,8 @@ class CompiledProgram:
         eager), per-region details (instructions, graph nodes, keys, failure reasons), scratch bytes,
         ``host_fallback_instructions`` (the instructions that run on the host in place of a device kernel,
         :attr:`CompileResult.host_instructions`), ``fast_path_hits`` (``run_async`` calls that repeated
-        the previous one, :mod:`mgx_graph.graph.call_record`) and ``replay_plan_hits`` (those of them replayed
-        without the eval loop, :mod:`mgx_graph.graph.replay_plan`); a static program adds ``runs``, a dynamic
+        the previous one) and ``replay_plan_hits`` (those of them replayed without the eval loop: the replay
+        path, :mod:`mgx_graph.graph.replay`); a static program adds ``runs``, a dynamic
         one its specialization counts (its hit counts summed over every specialization)."""
         if self.dispatcher is not None:
             return self.dispatcher.stats()

@@ -13,13 +13,13 @@ A plain run issues a module's steps with every run of consecutive view steps tak
 views over a region's tuple of results cost one step; a capture, ``profile_steps`` and the step
 labels see every instruction's own step.  ``epoch`` counts the executor's full binds of the
 parameters: within one epoch the parameter objects and their layouts are unchanged (see
-:mod:`mgx_graph.graph.call_record`), which lets a step reuse what it derived from them.
+:mod:`mgx_graph.graph.replay`), which lets a step reuse what it derived from them.
 """
 from __future__ import annotations
 
 from ..errors import ExecutionError, MgxError
-from ..graph.call_record import slot_getter
 from ..operators.dynamic import SpecializationMiss
+from .program_buffers import slot_getter
 from .steps import STEP_BUILDERS, StepContext, step_kind, view_group
 
 
@@ -66,6 +66,10 @@ class ModuleRunner:
     def outputs(self, module) -> list:
         """The current return values of ``module`` (a new list)."""
         return list(self._returns[module.name](self._env))
+
+    def returns_of(self, module):
+        """``read(env)``: the return values of ``module`` in ``env`` (a tuple), in one C call."""
+        return self._returns[module.name]
 
     def value(self, ins):
         """The current value of instruction ``ins`` (an array, a tuple of arrays, or None)."""

@@ -6,10 +6,10 @@ the ops with submodules (:class:`~mgx_graph.exec.eval_loop.EvalLoop`), all befor
 intermediate has a fixed address.  A run converts (:mod:`mgx_graph.exec.interop`), validates and binds the
 parameters (staging inputs that overlap the program's own memory, :mod:`mgx_graph.exec.staging`), then
 issues the steps of ``main`` on the queue.  A ``run_async`` that repeats the previous one (the same
-array objects, unchanged, on the same queue: :mod:`mgx_graph.graph.call_record`) reuses its bindings and
-only repeats its copies (``stats()["fast_path_hits"]`` counts those calls).  When the program is one graph region
-and such a call replays its graph, the eval loop is skipped too (:mod:`mgx_graph.graph.replay_plan`,
-``stats()["replay_plan_hits"]``).  Parameters bound once as
+array objects, unchanged, on the same queue) reuses its bindings and only repeats its copies
+(``stats()["fast_path_hits"]`` counts those calls).  When the program is one graph region and such a call
+replays its graph, the eval loop is skipped too, in Python or in one C call once armed (the replay path,
+:mod:`mgx_graph.graph.replay`; ``stats()["replay_plan_hits"]``).  Parameters bound once as
 *state* (:meth:`Executor.bind_state`: a decode step's KV cache) are held as the executor's own views
 and left out of what a ``run_async`` call brings and what its record compares.
 :meth:`Executor.profile_steps` and :meth:`Executor.dry_run` serve ``mgx-graph perf``.
@@ -23,9 +23,8 @@ import numpy as np
 
 from ..errors import MgxError, ParameterError
 from ..graph.cache import GraphBudget, GraphOptions
-from ..graph.call_record import CallRecord
 from ..graph.counters import GraphCounters
-from ..graph.replay_plan import ReplayPlan
+from ..graph.replay import CallRecord, ReplayPlan
 from ..passes.analysis import movable_values
 from .bound_state import BoundState, state_views
 from .eval_loop import EvalLoop
@@ -59,7 +58,7 @@ class Executor:
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         self.replay_plan_hits = 0
-        self._native = None  # armed by the replay plan (mgx_graph.graph.native_replay)
+        self._native = None  # the replay path in C, armed by the replay plan (mgx_graph.graph.replay)
         self._replay_plan = ReplayPlan.for_executor(self)  # a repeated call replayed without the eval loop
         self._uses_blas = any(i.op.uses_blas for m in self.buffers.modules for i in m.instructions)
         _before_any_capture(ctx, self.buffers.modules, self._uses_blas)
@@ -202,7 +201,7 @@ class Executor:
             return self.state.set(views)
 
     def run_async(self, params: dict, queue=None, copy: bool = False) -> list:
-        native = self._native  # the repeated replay in one C call (mgx_graph.graph.native_replay), when armed
+        native = self._native  # the replay path in one C call (mgx_graph.graph.replay), when armed
         outs = native(params, queue, copy) if native is not None else None
         if outs is not None:
             return outs

@@ -19,6 +19,8 @@ the op running them binds them per call.
 """
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from ..passes.analysis import linear_order, on_host
@@ -28,6 +30,18 @@ ALIGN = 256
 
 def _aligned(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def slot_getter(keys):
+    """A function returning ``(container[k] for k in keys)`` as a tuple, in one C call (any count): how
+    a step, a module's return and the replay path read a fixed list of ``env`` slots."""
+    keys = list(keys)
+    if not keys:
+        return lambda container: ()
+    if len(keys) == 1:
+        k = keys[0]
+        return lambda container: (container[k],)
+    return itemgetter(*keys)
 
 
 def host_value(shape):

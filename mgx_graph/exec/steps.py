@@ -22,11 +22,10 @@ from operator import is_
 import numpy as np
 
 from ..errors import ExecutionError
-from ..graph.call_record import slot_getter
 from ..operators.base import HOST
 from ..operators.dynamic import SpecializationMiss
 from ..passes.analysis import on_host
-from .program_buffers import host_value
+from .program_buffers import host_value, slot_getter
 
 
 class StepContext:

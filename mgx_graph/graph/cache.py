@@ -43,6 +43,7 @@ from .. import settings as mgx_settings
 from ..errors import CaptureError, DeviceError
 from ..runtime import CAPTURE_MODES, hipStreamCaptureStatusNone
 from .counters import GraphCounters
+from .replay import FastReplay, RegionCall, RegionResult  # noqa: F401  (RegionCall: the state's last_call)
 from .validation import ValidatedReplay
 
 NEVER = 1 << 62
@@ -121,7 +122,7 @@ class _Failure:
         self.reason, self.retry_at, self.attempts = reason, retry_at, attempts
 
 
-class GraphLaunchState(ValidatedReplay):
+class GraphLaunchState(ValidatedReplay, FastReplay):
     """Runtime state of one graph_launch instruction: its graph execs by key and its counters.
 
     ``region``: name in traces and stats; ``ctx``: the target context (its ``runtime`` is the graph
@@ -132,11 +133,14 @@ class GraphLaunchState(ValidatedReplay):
 
     ``last_launches`` is the number of graph launches the last call issued (0 or 1); the kernels of a
     body run eagerly are counted by whoever runs the body (the eval loop's ``run`` callback).
+
+    The fast checks of a repeated call (:class:`~mgx_graph.graph.replay.FastReplay`; ``n_results``: the
+    body's results) and :meth:`replay_again` are the state's own, asked by the op and the replay path.
     """
 
     def __init__(self, region: str, ctx, body_launches: int, n_instructions: int, warmup: int = 2,
                  debug: bool = False, budget: GraphBudget | None = None, options: GraphOptions | None = None,
-                 family: str | None = None, validator=None):
+                 family: str | None = None, validator=None, n_results: int = 1):
         self.options = options or (budget.options if budget is not None else GraphOptions.from_env(warmup=warmup))
         if options is None and budget is None:
             self.options.warmup = warmup
@@ -164,10 +168,10 @@ class GraphLaunchState(ValidatedReplay):
         self.last_event = ""
         self.capture_ms = 0.0
         self.eager_times: list = []
-        # what the graph_launch op reuses while a call repeats the last one (dropped at release):
-        # (queue, epoch, movable inputs, (key, callbacks)) and (result list, result tuple)
-        self.last_call: tuple | None = None
-        self.last_result = (None, None)
+        # what a call that repeats the last one reuses (dropped at release): see repeat_of, value_of
+        self.n_results = n_results
+        self.last_call: RegionCall | None = None
+        self.last_result = RegionResult(None, None)
 
     # -- helpers ---------------------------------------------------------------------------------
     def trace(self, event: str, key_str: str, detail: str = "") -> None:
@@ -235,13 +239,13 @@ class GraphLaunchState(ValidatedReplay):
             return self._capture(key, queue, run_body, run_body_capture, read_outputs, f)
 
     def replay_again(self, key, queue):
-        """The replay branch of :meth:`execute` (which tries it first), also called directly by
-        :mod:`mgx_graph.graph.replay_plan` for the key object of the region's last call: replays the exec cached
+        """The replay branch of :meth:`execute` (which tries it first), also called directly by the replay
+        path (:mod:`mgx_graph.graph.replay`) for the key of the region's last call: replays the exec cached
         under ``key`` and returns its outputs; None, with nothing changed, when the call takes another
         branch (no exec cached under ``key``, eager mode, a validation due, a capture open on ``queue``)."""
         with self.lock:
             e = self.entries.get(key)
-            if e is None or self.force_eager or self._validation_due(e) or \
+            if e is None or self.force_eager or (self.options.validate and self._validation_due(e)) or \
                     self.rt.hipStreamIsCapturing(queue) != hipStreamCaptureStatusNone:
                 return None
             self.calls += 1
@@ -414,7 +418,7 @@ class GraphLaunchState(ValidatedReplay):
     def release(self) -> None:
         """Destroy every graph exec (after the queue is synchronized)."""
         with self.lock:
-            self.last_call, self.last_result = None, (None, None)
+            self.last_call, self.last_result = None, RegionResult(None, None)
             for e in self.entries.values():
                 self._drop(e)
             self.entries.clear()

@@ -15,17 +15,17 @@ The key is the queue plus ``(parameter name, device pointer, shape, dtype char)`
 input, in sorted parameter-name order (a :class:`GraphKey`: a tuple whose hash is computed once).
 A call whose movable inputs are the very objects of the previous call, on the same queue and in the
 same bind epoch of the eval loop (the parameters not bound anew since, so unchanged: see
-:mod:`mgx_graph.graph.call_record`), has the previous call's key; it is reused with the previous call's
-callbacks instead of being built again.  Graph APIs are called only through the runtime layer.
+:mod:`mgx_graph.graph.replay`), has the previous call's key: the state says so
+(:meth:`GraphLaunchState.repeat_of`), and its :class:`~mgx_graph.graph.replay.RegionCall` (key and
+callbacks) is reused instead of being built again.  Graph APIs are called only through the runtime layer.
 """
 from __future__ import annotations
-
-from operator import is_
 
 from ..errors import CompileError
 from ..operators.base import Operation, register_op
 from ..passes.analysis import bound_params, launch_count
 from .cache import GraphBudget, GraphLaunchState, GraphOptions  # noqa: F401  (the op's state and settings)
+from .replay import RegionCall
 from .validation import Validator
 
 
@@ -82,13 +82,12 @@ class GraphLaunch(Operation):
         run.bind(sub, {n: run.value(ins.inputs[index[n]]) for n in fixed})
         self._movable = sorted((index[n], n) for n in movable)
         self._names = tuple(n for _, n in self._movable)
-        self._single = len(sub.get_return().inputs) == 1
         main = ins.module.program.get_main_module()
         written = [main.get_parameter(n) for i in sub.instructions for _, n in bound_params(i)]
         validator = Validator(ctx, lambda: [run.value(p) for p in written])
         self.state = GraphLaunchState(f"{run.label}{sub.name}", ctx, sum(launch_count(i) for i in sub.instructions),
                                       sum(1 for i in sub.instructions if not i.op.builtin), budget=run.budget,
-                                      family=sub.name, validator=validator)
+                                      family=sub.name, validator=validator, n_results=len(sub.get_return().inputs))
         return self.state
 
     def call_inputs(self) -> list[int]:
@@ -102,43 +101,27 @@ class GraphLaunch(Operation):
         ptr = ctx.data_ptr
         return GraphKey(queue, tuple((n, ptr(a), a.shape, a.dtype.char) for n, a in zip(self._names, args)))
 
-    def call_key(self, ctx, queue, args, sub, run) -> tuple:
-        """``(key, run_body, run_body_capture, read_outputs)`` of a call with movable inputs ``args``:
-        the previous call's when ``args`` are its objects, on the same queue, in the same bind epoch
-        (the key would come out the same), else built anew."""
+    def region_call(self, ctx, queue, args, sub, run) -> RegionCall:
+        """The :class:`RegionCall` of a call with movable inputs ``args``: the state's last call when the
+        call repeats it (:meth:`GraphLaunchState.repeat_of`), else a new one, kept as the last call."""
         state, epoch = self.state, run.epoch
-        last = state.last_call
-        if last is not None and last[0] == queue and last[1] == epoch and all(map(is_, args, last[2])):
-            return last[3]
-        params = dict(zip(self._names, args))
-        calls = (self.graph_key(ctx, queue, args), lambda: run(sub, queue, params),
-                 _capture_body(ctx, run, sub, params), lambda: run.outputs(sub))
-        state.last_call = (queue, epoch, args, calls)
-        return calls
+        call = state.repeat_of(queue, epoch, args)
+        if call is None:
+            params = dict(zip(self._names, args))
+            call = state.last_call = RegionCall(queue, epoch, args, self.graph_key(ctx, queue, args),
+                                                lambda: run(sub, queue, params), _capture_body(ctx, run, sub, params),
+                                                lambda: run.outputs(sub))
+        return call
 
     def compute_modules(self, ctx, queue, out, args, mods, run):
         """One call of the region (``args``: its movable inputs, in :meth:`call_inputs` order): its
         state warms up, captures, replays or runs eagerly; returns the submodule's results (one
         array, or a tuple: the same tuple object while the state returns the same result list)."""
         state = self.state
-        key, body, body_capture, read = self.call_key(ctx, queue, args, mods[0], run)
-        outs = state.execute(key, queue, body, body_capture, read)
+        call = self.region_call(ctx, queue, args, mods[0], run)
+        outs = state.execute(call.key, queue, call.run_body, call.capture_body, call.read_outputs)
         run.add_launches(state.last_launches)
-        return self.result_of(outs)
-
-    def result_of(self, outs):
-        """The instruction's value for the result list ``outs`` a call of its state returned: ``outs[0]``
-        for one result, else a tuple of them (the same tuple object while the state returns the same
-        list)."""
-        if self._single:
-            return outs[0]
-        state = self.state
-        last = state.last_result
-        if last[0] is outs:
-            return last[1]
-        result = tuple(outs)
-        state.last_result = (outs, result)
-        return result
+        return state.value_of(outs)
 
 
 def _where(ins) -> str:

@@ -95,7 +95,7 @@ class Runtime:
             self._cupy_module = mod
         return mod or None
 
-    # -- the native replay (mgx_graph.graph.native_replay) -----------------------------------------------
+    # -- the native replay (mgx_graph.graph.replay) ---------------------------------------------------------
     def native_replay_calls(self):
         """``(launch, capture_status, current_device)``: the C addresses of the three calls of a replay
         that the native replay makes itself (``int f(void *exec, void *stream)``, ``int f(void *stream,
