@@ -444,8 +444,16 @@ def test_extras_pin_matching_releases():
 
     extras = {k: {Requirement(r).name: Requirement(r) for r in v}
               for k, v in _pyproject()["project"]["optional-dependencies"].items()}
-    assert set(extras["cuda12"]) == {"cupy-cuda12x", "cuda-bindings", "nvmath-python"}
-    assert set(extras["cuda13"]) == {"cupy-cuda13x", "cuda-bindings", "nvmath-python"}
+    assert set(extras["cuda12"]) == {"cupy-cuda12x", "cuda-bindings", "nvmath-python", "cuda-toolkit"}
+    assert set(extras["cuda13"]) == {"cupy-cuda13x", "cuda-bindings", "nvmath-python", "cuda-toolkit"}
+    for major in (12, 13):  # the CUDA libraries from PyPI, of the same major as CuPy's build and cuda-bindings
+        ctk = extras[f"cuda{major}"]["cuda-toolkit"]
+        assert ctk.extras == {"cublas", "cudart", "cufft", "nvrtc"}
+        assert ctk.specifier.contains(f"{major}.4.1") and not ctk.specifier.contains(f"{major + 1}.0.0")
+        assert not ctk.specifier.contains(f"{major - 1}.8.0")
+        cupy = extras[f"cuda{major}"][f"cupy-cuda{major}x"].specifier  # CuPy 14 finds the CUDA wheels
+        assert cupy.contains("14.2.0") and not cupy.contains("13.6.0")
+        assert not extras[f"cuda{major}"]["nvmath-python"].specifier.contains("0.5.0")
     cb12, cb13 = extras["cuda12"]["cuda-bindings"].specifier, extras["cuda13"]["cuda-bindings"].specifier
     assert cb12.contains("12.9.10") and not cb12.contains("13.0.0")
     assert cb13.contains("13.5.0") and not cb13.contains("12.9.10") and not cb13.contains("14.0.0")
