@@ -5,62 +5,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from mgx_graph.cli.main import main
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from tiny_checkpoint import save_checkpoint  # noqa: E402
+
 PROMPT = [1, 5, 9, 14, 22, 7]
 NEW_TOKENS = 12
-WORDS = ("the a of to and in is it that was for on are as with his they at be this from have or by one had not but "
-         "what all were when we there can an your which their said if do will each about how up out them then she "
-         "many some so these would other into has more her two like him see time could no make than first been its "
-         "who now people my made over did down only way find use may water long little very after words called").split()
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
 def builder_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "onnx_ir", "onnxruntime_genai"))
-
-
-def save_tokenizer(folder: Path) -> int:
-    """A word-level tokenizer made here (no download) with a plain chat template; returns its vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for w in WORDS:
-        vocab.setdefault(w, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.decoder = decoders.WordPiece(prefix="##")
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                  pad_token="</s>")
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(str(folder))
-    return len(vocab)
-
-
-def save_checkpoint(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """A random checkpoint of ``arch`` (hidden 64, 2 layers, 4 heads over 2 KV heads) and its tokenizer. The
-    end-of-sequence row of the output projection is zero, so that greedy decoding runs the full length: that
-    logit is 0 while the largest of the others is positive (all but surely)."""
-    import torch
-    import transformers as tf
-
-    vocab = save_tokenizer(folder)
-    config = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
-              "qwen3": tf.Qwen3Config}[arch](
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-        tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        model.lm_head.weight[config.eos_token_id] = 0.0
-    model.save_pretrained(str(folder))
-    return folder
 
 
 def genai_greedy(folder: Path, prompt: list, new_tokens: int) -> list:
