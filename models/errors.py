@@ -38,12 +38,12 @@ class MissingExtraError(BuildError, ImportError):
     A :class:`BuildError`; also an ``ImportError`` (not a ``ModuleNotFoundError``) so that
     callers that skip on a missing optional dependency keep working. Attributes: ``model``
     (the builder or helper that needs it), ``module`` (also ``name``, as for ImportError),
-    ``extra`` (``"export"`` or ``"test"``) and ``purpose``.
+    ``extra`` (``"export"`` or ``"test"``, or the one given) and ``purpose``.
     """
 
-    def __init__(self, model: str, module: str, purpose: str, cause: str = ""):
+    def __init__(self, model: str, module: str, purpose: str, cause: str = "", extra: str | None = None):
         self.model, self.module, self.purpose = model, module, purpose
-        self.extra = EXTRA_OF.get(module, "export")
+        self.extra = extra or EXTRA_OF.get(module, "export")
         detail = f" ({cause})" if cause else ""
         super().__init__(
             f"{model}: {purpose} needs the Python module `{module}`, which cannot be imported{detail}; "

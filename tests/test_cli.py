@@ -405,7 +405,9 @@ def test_license_and_single_version_source():
 
 
 def test_built_wheel_has_version_license_and_py_typed(tmp_path):
-    """Build the wheel from a copy of the sources (setuptools' PEP 517 backend, no network)."""
+    """Build the wheel from a copy of the sources (setuptools' PEP 517 backend, no network): one wheel for
+    every CPython >= 3.10 (cp310-abi3, the native replay built against the limited API where a C compiler
+    is present), and no warning from setuptools about this project's configuration."""
     import mgx_graph
 
     src = tmp_path / "src"
@@ -415,17 +417,21 @@ def test_built_wheel_has_version_license_and_py_typed(tmp_path):
     shutil.copytree(os.path.join(ROOT, "mgx_graph"), src / "mgx_graph", symlinks=True,
                     ignore=lambda d, names: [n for n in skip(d, names)] +
                     [n for n in names if os.path.islink(os.path.join(d, n))])
-    for f in ("pyproject.toml", "README.md", "LICENSE"):
+    shutil.copytree(os.path.join(ROOT, "cpp"), src / "cpp", ignore=skip)
+    for f in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(os.path.join(ROOT, f), src / f)
     code = "import sys; from setuptools import build_meta as b; print(b.build_wheel(sys.argv[1]))"
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=src, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code, str(tmp_path / "dist")], cwd=src,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+    warned = re.findall(r"^.*\b\w*(?:Warning|_ExperimentalConfiguration|InformationOnly)\b: .*$", r.stderr, re.M)
+    assert warned == [], warned  # e.g. `[tool.setuptools.ext-modules]` "is still *experimental*"
     wheel = tmp_path / "dist" / r.stdout.strip().splitlines()[-1]
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert wheel.name.startswith(f"mgx_graph-{mgx_graph.__version__}-")
+    assert wheel.name.startswith(f"mgx_graph-{mgx_graph.__version__}-cp310-abi3-"), wheel.name
+    assert all(n.endswith(".abi3.so") for n in names if "_native" in n and n.endswith(".so")), names
     assert f"\nVersion: {mgx_graph.__version__}\n" in meta and "License-Expression: MIT" in meta
     assert "mgx_graph/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert {"mgx_graph/cli/main.py", "mgx_graph/cli/inputs.py", "mgx_graph/cli/perf.py"} <= set(names)
@@ -438,8 +444,16 @@ def test_extras_pin_matching_releases():
 
     extras = {k: {Requirement(r).name: Requirement(r) for r in v}
               for k, v in _pyproject()["project"]["optional-dependencies"].items()}
-    assert set(extras["cuda12"]) == {"cupy-cuda12x", "cuda-bindings", "nvmath-python"}
-    assert set(extras["cuda13"]) == {"cupy-cuda13x", "cuda-bindings", "nvmath-python"}
+    assert set(extras["cuda12"]) == {"cupy-cuda12x", "cuda-bindings", "nvmath-python", "cuda-toolkit"}
+    assert set(extras["cuda13"]) == {"cupy-cuda13x", "cuda-bindings", "nvmath-python", "cuda-toolkit"}
+    for major in (12, 13):  # the CUDA libraries from PyPI, of the same major as CuPy's build and cuda-bindings
+        ctk = extras[f"cuda{major}"]["cuda-toolkit"]
+        assert ctk.extras == {"cublas", "cudart", "cufft", "nvrtc"}
+        assert ctk.specifier.contains(f"{major}.4.1") and not ctk.specifier.contains(f"{major + 1}.0.0")
+        assert not ctk.specifier.contains(f"{major - 1}.8.0")
+        cupy = extras[f"cuda{major}"][f"cupy-cuda{major}x"].specifier  # CuPy 14 finds the CUDA wheels
+        assert cupy.contains("14.2.0") and not cupy.contains("13.6.0")
+        assert not extras[f"cuda{major}"]["nvmath-python"].specifier.contains("0.5.0")
     cb12, cb13 = extras["cuda12"]["cuda-bindings"].specifier, extras["cuda13"]["cuda-bindings"].specifier
     assert cb12.contains("12.9.10") and not cb12.contains("13.0.0")
     assert cb13.contains("13.5.0") and not cb13.contains("12.9.10") and not cb13.contains("14.0.0")

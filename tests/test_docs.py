@@ -43,6 +43,16 @@ def test_readme_is_a_short_guide():
         assert cmd in text
 
 
+def test_readme_installs_from_pypi_alone():
+    """Every install the README shows takes its packages from PyPI: no other index, no wheel folder or URL."""
+    text = _text(README)
+    installs = [ln for ln in text.splitlines() if re.search(r"\bpip3? install\b", ln)]
+    assert len(installs) >= 5, installs  # the scan sees the Install section
+    for line in installs:
+        assert not re.search(r"--(extra-)?index-url|\s-i\s|--find-links|\s-f\s|https?://", line), line
+    assert "download.pytorch.org" not in text
+
+
 def test_every_variable_read_is_documented_and_every_documented_one_is_read():
     read = variables_read()
     assert {"MIGRAPHX_HIP_GRAPH", "MIGRAPHX_HIP_GRAPH_DEBUG", "MGX_GRAPH_CACHE"} <= read  # the scan works

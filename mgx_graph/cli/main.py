@@ -3,6 +3,7 @@
 commands:
   generate MODEL --prompt TEXT   text generation with a decoder (smollm2, gpt2, llama, or a folder)
   serve MODEL                    an OpenAI-compatible HTTP server over a decoder folder, in-flight batching
+  export CHECKPOINT OUT          a transformers checkpoint to an onnxruntime-genai folder (their builder)
   compile MODEL.onnx [-o P.mxr]  print the compiled program, its graph_launch regions and scratch size; save it
   verify MODEL.onnx              compare the target with ref and onnxruntime CPU on the same inputs (PASSED/FAILED)
   run MODEL.onnx|P.mxr           one run with random or given inputs; save the outputs
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..serve.server import add_parser as add_serve_parser, cmd_serve
 from .errors import Parser, debug_wanted, float_in, int_at_least, report
+from .export import add_parser as add_export_parser, cmd_export
 from .generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 from .model_arg import fp16_warnings, model_path, warn
@@ -437,9 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true",
                     help="print the traceback of an error (default: off, or on with MGX_GRAPH_DEBUG=1)")
     sub = ap.add_subparsers(dest="command", required=True,
-                            metavar="{generate,serve,compile,verify,run,perf,settings}")
+                            metavar="{generate,serve,export,compile,verify,run,perf,settings}")
     add_generate_parser(sub, _parser_kw(), cmd_generate)
     add_serve_parser(sub, _parser_kw(), cmd_serve)
+    add_export_parser(sub, _parser_kw(), cmd_export)
     add_settings_parser(sub)
     commands = (
         ("compile", "compile a model and print the program's graph_launch regions",

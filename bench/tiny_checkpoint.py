@@ -1,0 +1,77 @@
+"""A tiny random transformers checkpoint with a tokenizer, made offline: the input of ``mgx-graph export`` in
+tests/test_cli_export.py and the model of bench/clean_install_gpu.sh (exported by bench/download_gpu_wheels.sh).
+
+    python bench/tiny_checkpoint.py OUT [--arch llama|mistral|qwen2|qwen3] [--seed N]
+
+Hidden size 64, 2 layers, 4 attention heads over 2 KV heads, a word-level vocabulary of about 100 common English
+words (the tokenizer is built with ``tokenizers``, nothing is downloaded) with a plain chat template. The
+end-of-sequence row of the output projection is zero, so greedy decoding runs its full length: that logit is 0
+while the largest of the others is positive (all but surely). Needs torch, transformers and tokenizers.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+WORDS = ("the a of to and in is it that was for on are as with his they at be this from have or by one had not but "
+         "what all were when we there can an your which their said if do will each about how up out them then she "
+         "many some so these would other into has more her two like him see time could no make than first been its "
+         "who now people my made over did down only way find use may water long little very after words called").split()
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def save_tokenizer(folder: Path) -> int:
+    """A word-level tokenizer (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, then :data:`WORDS`) with a plain chat template,
+    saved in ``folder``; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                  pad_token="</s>")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    return len(vocab)
+
+
+def save_checkpoint(folder, arch: str = "llama", seed: int = 0) -> Path:
+    """A random checkpoint of ``arch`` and its tokenizer in ``folder`` (made if needed); returns the folder."""
+    import torch
+    import transformers as tf
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch: expected one of {', '.join(ARCHS)}, got {arch!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = save_tokenizer(folder)
+    config = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
+              "qwen3": tf.Qwen3Config}[arch](
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.lm_head.weight[config.eos_token_id] = 0.0
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the checkpoint folder to write")
+    ap.add_argument("--arch", default="llama", choices=ARCHS)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(save_checkpoint(args.out, args.arch, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
