@@ -14,7 +14,8 @@ Both are compiled at run time through CuPy's ``RawModule`` (NVRTC on CUDA, hipRT
 :func:`.gpu_kernel.compiled_function`), allocate nothing (capturable), and take float16 / float32
 activations, scales, float zero points and bias at 2, 4 or 8 bits and any block size of the op (16 ..
 a power of two).  Other types (float64) keep the op's array-library evaluation.  The chosen kernel's
-label goes into the op's ``kernel`` attribute, so ``print(prog)`` shows it.
+label (its first part) goes into the op's ``kernel`` attribute, so ``print(prog)`` shows it:
+``matmul_nbits[K=4096,N=4096,bits=4,block_size=32,zero_points=packed,g_idx=0,bias=0,kernel=gemv_nbits.cu int4 b32 zp]``.
 
 ``mgx_gemv_nbits``'s launch (:func:`make_gemv_plan`): ``NT`` threads per block, groups of ``tpc``
 threads each owning ``nc`` columns (``tpc`` grown, ``nc`` 2 only while the grid keeps
@@ -265,7 +266,8 @@ def gemv_nbits_setting() -> bool:
 def matmul_nbits_kernel(op, inputs: list[Shape], output: Shape) -> GpuKernel | None:
     """The gpu kernel of ``matmul_nbits`` instruction shapes ``inputs`` / ``output`` (see the module
     docstring), or None (the op's array-library evaluation) for types the kernels do not take or when
-    NVRTC / hipRTC rejects the source (with a warning).  Sets ``op.attrs["kernel"]`` to the label."""
+    NVRTC / hipRTC rejects the source (with a warning).  Sets ``op.attrs["kernel"]`` to the label's
+    first part (``gemv_nbits.cu int4 b32 zp``, ``dequant_nbits.cu int4 b32 zp + gemm``)."""
     w = weights_of(op, inputs, output)
     if w is None:
         return None
@@ -279,7 +281,7 @@ def matmul_nbits_kernel(op, inputs: list[Shape], output: Shape) -> GpuKernel | N
         warnings.warn(f"{op.name} {inputs[0].brief()}: no gpu kernel ({e}); the array-library evaluation runs "
                       f"instead", stacklevel=3)
         return None
-    op.attrs["kernel"] = k.label
+    op.attrs["kernel"] = k.label.split(" (")[0]  # printed: gemv_nbits.cu int4 b32 zp
     return k
 
 

@@ -38,7 +38,7 @@ def _spec(w, a, bias):
 
 
 @pytest.mark.parametrize("bits,block,K,N,zp,M,bias,dtype,plan", GEMV,
-                         ids=[f"int{c[0]}_b{c[1]}_K{c[2]}_N{c[3]}_{c[4]}_M{c[5]}{'_plan' if c[8] else ''}" for c in GEMV])
+                         ids=[f"int{c[0]}_b{c[1]}_K{c[2]}_{c[4]}_M{c[5]}{'_plan' if c[8] else ''}" for c in GEMV])
 def test_gemv_on_the_host_matches_the_spec(bits, block, K, N, zp, M, bias, dtype, plan):
     rng = np.random.default_rng(K * N + M)
     w = quantized(rng, K, N, bits, block, zp, dtype)

@@ -42,7 +42,7 @@ def test_matmul_nbits_matches_onnxruntime(bits, block, zp, M, dtype, target):
         labels = [k.label for name, k in kernels(prog) if name == "matmul_nbits"]
         kind = "gemv_nbits.cu" if M <= MAX_ROWS else "dequant_nbits.cu"
         assert len(labels) == 1 and labels[0].startswith(f"{kind} int{bits} b{block}"), labels
-        assert f"kernel={labels[0]}" in str(prog)
+        assert f"kernel={labels[0].split(' (')[0]}]" in str(prog)
 
 
 @pytest.mark.parametrize("M", [1, 33])
@@ -98,9 +98,9 @@ def test_the_hook_picks_the_gemv_for_a_few_rows(M, g_idx, setting, kind, monkeyp
     w = quantized(np.random.default_rng(0), 64, 16, 4, 32, "packed", np.float16)
     op, ins, out = _op_shapes(w, M, g_idx=g_idx)
     k = op.gpu_kernel(ins, out)
-    assert k.label.startswith(kind) and k.capturable and op.kernel == k.label
+    assert k.label.startswith(kind) and k.capturable and op.kernel == k.label.split(" (")[0]
     assert (k.launches, k.workspace) == ((1, []) if kind.startswith("gemv") else (2, [Shape("float16", [16, 64])]))
-    assert f"kernel={k.label}" in str(op)
+    assert str(op).endswith(f",kernel={op.kernel}]")
 
 
 def test_the_hook_leaves_float64_to_the_array_evaluation():
@@ -266,7 +266,8 @@ def test_dequantization_on_the_gpu_equals_the_spec_in_float32(gpu_target):
     """mgx_dequant_nbits: (q - z) * s in float32, rounded once to the activation type, for every element."""
     import cupy
 
-    for bits, block, zp, dtype in [(4, 32, "packed", np.float16), (8, 128, "float", np.float32), (2, 16, "none", np.float16)]:
+    for bits, block, zp, dtype in [(4, 32, "packed", np.float16), (8, 128, "float", np.float32),
+                                   (2, 16, "none", np.float16)]:
         w = quantized(np.random.default_rng(bits), 1000, 70, bits, block, zp, dtype)
         plan = DequantPlan(Weights(np.dtype(dtype).name, np.dtype(dtype).name, bits, block, w.K, w.N, zp,
                                    np.dtype(dtype).name if zp == "float" else None))
