@@ -15,7 +15,7 @@ Both are compiled at run time through CuPy's ``RawModule`` (NVRTC on CUDA, hipRT
 activations, scales, float zero points and bias at 2, 4 or 8 bits and any block size of the op (16 ..
 a power of two).  Other types (float64) keep the op's array-library evaluation.  The chosen kernel's
 label (its first part) goes into the op's ``kernel`` attribute, so ``print(prog)`` shows it:
-``matmul_nbits[K=4096,N=4096,bits=4,block_size=32,zero_points=packed,g_idx=0,bias=0,kernel=gemv_nbits.cu int4 b32 zp]``.
+``matmul_nbits[K=4096,...,kernel=gemv_nbits.cu int4 b32 zp]``.
 
 ``mgx_gemv_nbits``'s launch (:func:`make_gemv_plan`): ``NT`` threads per block, groups of ``tpc``
 threads each owning ``nc`` columns (``tpc`` grown, ``nc`` 2 only while the grid keeps
