@@ -10,7 +10,10 @@ not the L2: at least ``--min-bytes`` of them) into one CUDA graph, replays it an
 programmatic dependent launch (as with ``MIGRAPHX_PDL=0``), so the launches do not overlap.  Reported per
 shape: µs per launch and achieved GB/s (bytes of packed weight + scales + zero points per launch / time;
 for torch its float16 weight's bytes), and the largest difference of the fused output from the GEMM
-path's, relative to its largest magnitude.  Writes JSON (with the machine's details) and a PNG beside it.
+path's, relative to its largest magnitude.  For a prefill of ``--prefill-rows`` rows it also times the
+dequantization kernel + cuBLAS against the op's array-library evaluation (several elementwise kernels,
+then the GEMM: what every row count ran before ``gemv_nbits.cu``).  Writes JSON (with the machine's
+details) and a PNG beside it.
 
     python bench/int4_gemv.py --out bench/results/int4_gemv_h100.json [--blocks 32 128] [--zero-points packed]
 """
@@ -87,47 +90,65 @@ def _operands(cupy, K, N, bits, block, zero_points, copies):
     return out
 
 
-def measure_ours(ctx, cupy, K, N, bits, block, zero_points, M, min_bytes) -> dict:
-    """The fused GEMV and the dequantization + GEMM of one shape: µs, GB/s, labels, agreement."""
+def _kernels(op, w, M: int, P: int, weights, cupy) -> list:
+    """(key, fn(ctx, out, args, ws), rows, workspace arrays) of each timed path: the fused GEMV and the
+    dequantization + cuBLAS at ``M`` rows; at ``P`` rows (a prefill) the dequantization + cuBLAS and the
+    op's array-library evaluation (several elementwise kernels, then the GEMM: what ran before
+    gemv_nbits.cu)."""
+    from mgx_graph.ir.shape import Shape
+    from mgx_graph.operators.quantized_gpu import DequantPlan, dequant_gemm_kernel, gemv_kernel, make_gemv_plan
+
+    ins = [Shape("float16", [P, w.K])] + [Shape(a.dtype.name, list(a.shape)) for a in weights[0] if a is not None]
+    ws_before = [cupy.empty(tuple(s.lens), s.np_dtype) for s in op.workspace(ins, Shape("float16", [P, w.N]))]
+    ws = [cupy.empty((w.N, w.K), cupy.float16)]
+    fused, gemm = gemv_kernel(op, make_gemv_plan(w, M, True)), dequant_gemm_kernel(op, DequantPlan(w), M)
+    return [("fused", fused.fn, M, [], fused.label), ("dequant_cublas", gemm.fn, M, ws, gemm.label),
+            ("prefill_dequant_cublas", dequant_gemm_kernel(op, DequantPlan(w), P).fn, P, ws, gemm.label),
+            ("prefill_before", op.compute, P, ws_before, "elementwise dequantization + gemm")]
+
+
+def _rel(cupy, got, ref) -> float:
+    ref = ref.astype(cupy.float32)
+    return float(cupy.abs(got.astype(cupy.float32) - ref).max()) / max(float(cupy.abs(ref).max()), 1e-30)
+
+
+def measure_ours(ctx, cupy, K, N, bits, block, zero_points, M, min_bytes, prefill_rows=128) -> dict:
+    """The paths of :func:`_kernels` for one shape: µs (and GB/s of packed weight read at ``M`` rows),
+    labels, and each path's agreement with the dequantization + GEMM at the same rows."""
     from mgx_graph.ir.operation import make_op
     from mgx_graph.ir.shape import Shape
-    from mgx_graph.operators.quantized_gpu import (DequantPlan, dequant_gemm_kernel, gemv_kernel, make_gemv_plan,
-                                                   weights_of)
+    from mgx_graph.operators.quantized_gpu import weights_of
 
     op = make_op("matmul_nbits", K=K, N=N, bits=bits, block_size=block, zero_points=zero_points, _const_b=1)
     nbytes = weight_bytes(K, N, bits, block, zero_points)
     copies = copies_for(nbytes, min_bytes)
     weights = _operands(cupy, K, N, bits, block, zero_points, copies)
-    x = cupy.random.standard_normal((M, K), dtype=cupy.float32).astype(cupy.float16)
-    kb = -(-K // block)
-    shapes = [Shape("float16", [M, K]), Shape("uint8", [N, kb, block * bits // 8]), Shape("float16", [N, kb])]
-    if zero_points != "none":
-        shapes.append(Shape(weights[0][2].dtype.name, list(weights[0][2].shape)))
+    shapes = [Shape("float16", [M, K])] + [Shape(a.dtype.name, list(a.shape)) for a in weights[0] if a is not None]
     w = weights_of(op, shapes, Shape("float16", [M, N]))
-    fused = gemv_kernel(op, make_gemv_plan(w, M, True))
-    gemm = dequant_gemm_kernel(op, DequantPlan(w), M)
-    ws = [cupy.empty((N, K), cupy.float16)]
-    outs = [cupy.zeros((M, N), cupy.float16) for _ in range(2)]
+    paths = _kernels(op, w, M, prefill_rows, weights, cupy)
+    xs = {r: cupy.random.standard_normal((r, K), dtype=cupy.float32).astype(cupy.float16) for r in (M, prefill_rows)}
+    outs = {key: cupy.zeros((rows, N), cupy.float16) for key, _, rows, _, _ in paths}
     stream = cupy.cuda.Stream(non_blocking=True)
     ctx.current_queue = stream.ptr
 
-    def args(r):
-        b, s, zp = weights[r]
-        return [x, b, s] + ([zp] if zp is not None else [])
+    def args(r, rows):
+        return [xs[rows]] + [a for a in weights[r] if a is not None]
 
-    row = {"copies": copies, "weight_bytes": nbytes, "fused_label": fused.label, "gemm_label": gemm.label}
-    for key, k, out in (("fused", fused, outs[0]), ("dequant_cublas", gemm, outs[1])):
-        us = _graph_us(cupy, stream, lambda r: k.fn(ctx, out, args(r), ws), copies)
-        row[f"{key}_us"], row[f"{key}_GBps"] = round(us, 3), round(nbytes / us / 1e3, 1)
+    row = {"copies": copies, "weight_bytes": nbytes, "prefill_rows": prefill_rows}
+    for key, fn, rows, ws, label in paths:
+        us = _graph_us(cupy, stream, lambda r: fn(ctx, outs[key], args(r, rows), ws), copies)
+        row[f"{key}_us"], row[f"{key}_label"] = round(us, 3), label
+        if rows == M:
+            row[f"{key}_GBps"] = round(nbytes / us / 1e3, 1)
     with stream:
-        for k, out in ((fused, outs[0]), (gemm, outs[1])):
-            k.fn(ctx, out, args(0), ws)
+        for key, fn, rows, ws, _ in paths:
+            fn(ctx, outs[key], args(0, rows), ws)
         stream.synchronize()
-    ref = outs[1].astype(cupy.float32)
-    diff = float(cupy.abs(outs[0].astype(cupy.float32) - ref).max())
-    row["fused_vs_gemm_max_rel"] = diff / max(float(cupy.abs(ref).max()), 1e-30)
+    row["fused_vs_gemm_max_rel"] = _rel(cupy, outs["fused"], outs["dequant_cublas"])
+    row["prefill_before_vs_now_max_rel"] = _rel(cupy, outs["prefill_before"], outs["prefill_dequant_cublas"])
     row["speedup_vs_dequant_cublas"] = round(row["dequant_cublas_us"] / row["fused_us"], 2)
-    del weights, ws, outs
+    row["prefill_speedup_vs_before"] = round(row["prefill_before_us"] / row["prefill_dequant_cublas_us"], 2)
+    del weights, outs, paths
     cupy.get_default_memory_pool().free_all_blocks()
     return row
 
@@ -173,7 +194,8 @@ def measure_torch(K, N, M, min_bytes) -> dict | None:
 
 
 def plot(result: dict, path: str) -> str:
-    """A PNG beside ``path``: µs per launch and GB/s per shape and block size, one bar per kernel."""
+    """A PNG beside ``path``: per shape and block size, the decode µs per launch and GB/s (one bar per
+    kernel), and the prefill µs before and now."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,25 +203,32 @@ def plot(result: dict, path: str) -> str:
 
     rows = result["results"]
     names = [f"{r['shape']}\n{r['K']}x{r['N']} b{r['block']}" for r in rows]
-    series = [("fused", "gemv_nbits.cu fused", "tab:blue"), ("dequant_cublas", "dequant + cuBLAS", "tab:orange"),
-              ("torch_fp16", "torch fp16 (4x bytes)", "tab:red")]
-    fig, axes = plt.subplots(2, 1, figsize=(max(10.0, 0.8 * len(rows) + 4), 8.0))
-    width = 0.8 / len(series)
-    for ax, unit, label in ((axes[0], "us", "µs per launch (log)"), (axes[1], "GBps", "GB/s of packed weight read")):
+    panels = [("us", f"decode µs per launch, M={result['rows']} (log)",
+               [("fused", "gemv_nbits.cu fused", "tab:blue"), ("dequant_cublas", "dequant + cuBLAS", "tab:orange"),
+                ("torch_fp16", "torch fp16 (4x bytes)", "tab:red")]),
+              ("GBps", "GB/s of packed weight read (torch: its fp16 bytes)",
+               [("fused", "gemv_nbits.cu fused", "tab:blue"), ("dequant_cublas", "dequant + cuBLAS", "tab:orange"),
+                ("torch_fp16", "torch fp16", "tab:red")]),
+              ("us", f"prefill µs, M={result.get('prefill_rows', '?')} (log)",
+               [("prefill_dequant_cublas", "dequant_nbits.cu + cuBLAS", "tab:green"),
+                ("prefill_before", "elementwise dequantization + cuBLAS (before)", "tab:gray")])]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(10.0, 0.8 * len(rows) + 4), 11.0))
+    for ax, (unit, label, series) in zip(axes, panels):
+        width = 0.8 / len(series)
         for k, (key, legend, color) in enumerate(series):
             vals = [r.get(f"{key}_{unit}") or 0 for r in rows]
-            if key == "torch_fp16" and unit == "GBps":  # torch's own bytes: the fp16 weight
-                legend += ", its own bytes"
             if any(vals):
-                ax.bar([i + (k - 1) * width for i in range(len(rows))], vals, width, label=legend, color=color)
-        ax.set_ylabel(label)
+                ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))], vals, width, label=legend,
+                       color=color)
+        ax.set_ylabel(label, fontsize=8)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels(names, fontsize=7, rotation=30, ha="right")
         ax.legend(fontsize=8)
-    axes[0].set_yscale("log")
+        if unit == "us":
+            ax.set_yscale("log")
     machine = result.get("machine", {})
-    fig.suptitle(f"MatMulNBits int4 decode GEMV (M={result['rows']}, fp16, {result['zero_points']} zero points) - "
-                 f"{machine.get('gpu', '?')} - {machine.get('date', '')[:10]}", fontsize=9)
+    fig.suptitle(f"MatMulNBits int4 (fp16, {result['zero_points']} zero points) - {machine.get('gpu', '?')} - "
+                 f"{machine.get('date', '')[:10]}", fontsize=9)
     fig.tight_layout()
     out = os.path.splitext(path)[0] + ".png"
     fig.savefig(out, dpi=100)
@@ -214,6 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--zero-points", choices=("none", "packed", "float"), default="packed")
     ap.add_argument("--rows", type=int, default=1, help="rows of A (1 .. 8: the fused GEMV)")
+    ap.add_argument("--prefill-rows", type=int, default=128, help="rows of A of the prefill timings")
     ap.add_argument("--min-bytes", type=int, default=1 << 30, help="weight bytes per graph, spread over copies")
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args(argv)
@@ -233,13 +263,14 @@ def main(argv=None) -> int:
         for block in a.blocks:
             for name, K, N in SHAPES:
                 row = {"shape": name, "K": K, "N": N, "block": block, "bits": 4}
-                row.update(measure_ours(ctx, cupy, K, N, 4, block, a.zero_points, a.rows, a.min_bytes))
+                row.update(measure_ours(ctx, cupy, K, N, 4, block, a.zero_points, a.rows, a.min_bytes,
+                                        a.prefill_rows))
                 if not a.no_torch and block == a.blocks[0]:
                     row.update(measure_torch(K, N, a.rows, a.min_bytes) or {})
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    result = {"bench": "int4_gemv", "rows": a.rows, "zero_points": a.zero_points, "dtype": "float16",
-              "pdl": False, "machine": machine_info(), "results": rows}
+    result = {"bench": "int4_gemv", "rows": a.rows, "prefill_rows": a.prefill_rows, "zero_points": a.zero_points,
+              "dtype": "float16", "pdl": False, "machine": machine_info(), "results": rows}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

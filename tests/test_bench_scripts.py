@@ -315,9 +315,11 @@ def test_int4_gemv_counts_the_bytes_of_the_weight_arrays(K, block, zp):
 def test_int4_gemv_chart_and_gpu_requirement(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [{"shape": n, "K": K, "N": N, "block": 32, "fused_us": 2.0, "fused_GBps": 1000.0, "dequant_cublas_us": 9.0,
-             "dequant_cublas_GBps": 300.0, **({"torch_fp16_us": 5.0, "torch_fp16_GBps": 2000.0} if K == 2048 else {})}
+             "dequant_cublas_GBps": 300.0, "prefill_dequant_cublas_us": 20.0, "prefill_before_us": 60.0,
+             **({"torch_fp16_us": 5.0, "torch_fp16_GBps": 2000.0} if K == 2048 else {})}
             for n, K, N in int4_gemv.SHAPES]
-    png = int4_gemv.plot({"rows": 1, "zero_points": "packed", "results": rows}, str(tmp_path / "r.json"))
+    result = {"rows": 1, "prefill_rows": 128, "zero_points": "packed", "results": rows}
+    png = int4_gemv.plot(result, str(tmp_path / "r.json"))
     assert png.endswith("r.png") and (tmp_path / "r.png").stat().st_size > 0
     from mgx_graph.runtime import gpu_available
 
@@ -332,7 +334,8 @@ def test_int4_gemv_measures_both_paths_on_the_gpu(gpu_target):
 
     from mgx_graph.targets.gpu import GpuContext
 
-    row = int4_gemv.measure_ours(GpuContext(), cupy, 512, 1024, 4, 32, "packed", 1, 1 << 20)
-    assert row["fused_us"] > 0 and row["dequant_cublas_us"] > 0 and row["copies"] >= 2
-    assert row["fused_label"].startswith("gemv_nbits.cu int4 b32 zp") and row["gemm_label"].startswith("dequant")
-    assert row["fused_vs_gemm_max_rel"] < 4e-3
+    row = int4_gemv.measure_ours(GpuContext(), cupy, 512, 1024, 4, 32, "packed", 1, 1 << 20, 16)
+    assert min(row[f"{k}_us"] for k in ("fused", "dequant_cublas", "prefill_dequant_cublas", "prefill_before")) > 0
+    assert row["copies"] >= 2 and row["fused_label"].startswith("gemv_nbits.cu int4 b32 zp")
+    assert row["dequant_cublas_label"].startswith("dequant_nbits.cu int4 b32 zp + gemm")
+    assert row["fused_vs_gemm_max_rel"] < 4e-3 and row["prefill_before_vs_now_max_rel"] < 4e-3
