@@ -151,12 +151,17 @@ TABLE: tuple[Setting, ...] = (
        "fewer (down to 4) while each thread's loads of its row fit the prefetch registers and the grid keeps 264 "
        "blocks (SmolLM2's lm_head, 49152 x 576, runs 3072 blocks of 16 columns instead of 6144 of 8, each "
        "normalizing the row once)."),
+    _s("MIGRAPHX_GEMV_NBITS", "gemv_nbits", "bool", True, "kernel",
+       "`0` runs every `matmul_nbits` (MatMulNBits) on gpu as one dequantization kernel into a workspace and a "
+       "cuBLAS / hipBLAS GEMM. By default one to 8 rows of A (decode) run the fused GEMV of "
+       "`operators/gemv_nbits.cu` instead, which reads the packed weight once and dequantizes it in registers."),
     _s("MIGRAPHX_PDL", "pdl", "bool", True, "kernel",
        "`0` turns off programmatic dependent launch of the generated and own kernels (`operators/*.cu` through "
        "`compiled_function`) inside graph captures. On by default on compute capability 9.0 and later (no-ops "
        "elsewhere and on HIP): each such kernel starts with `griddepcontrol.wait`, except the GEMV kernels "
-       "(`gemv.cu` and the generated `fused_gemv`), which first load the leading chunks of their constant weight "
-       "into registers and wait after that, so the next kernel's launch and weight loads overlap the running one."),
+       "(`gemv.cu`, the generated `fused_gemv`, and `gemv_nbits.cu` over an initializer's packed weight), which "
+       "first load the leading chunks of their constant weight into registers and wait after that, so the next "
+       "kernel's launch and weight loads overlap the running one."),
     _s("MIGRAPHX_ATTN_SPLIT_ROWS", "attn_split_rows", "int", 256, "kernel",
        "Cache rows one block of the gpu decode-attention kernel walks; a longer cache is split over blocks and "
        "merged by a second kernel.", 1),
@@ -204,6 +209,7 @@ class Settings:
     disable_validate_passes: bool = False
     gemv: bool = True
     gemv_narrow: bool = True
+    gemv_nbits: bool = True
     pdl: bool = True
     attn_split_rows: int = 256
     attn_lanes: bool = True

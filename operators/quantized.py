@@ -1,9 +1,11 @@
 """Block-quantized weights: onnxruntime's com.microsoft::MatMulNBits (what onnxruntime-genai's model
 builder and onnxruntime's ``matmul_nbits_quantizer`` make of a MatMul with int4 weights).
 
-The weights stay packed in memory; each run dequantizes them into a workspace (a few elementwise
-kernels) and multiplies through the same GEMM path as ``dot`` (vendor BLAS on the gpu target), so the
-op allocates nothing and can be captured.
+The weights stay packed in memory.  On ``ref`` (and for types the gpu kernels do not take) each run
+dequantizes them into a workspace (a few elementwise kernels) and multiplies through the same GEMM path
+as ``dot``, so the op allocates nothing and can be captured.  On ``gpu`` the kernels of
+:mod:`.quantized_gpu` (``gemv_nbits.cu``) run instead: a fused dequantizing GEMV for a few rows (decode),
+one dequantization kernel and a vendor-BLAS GEMM for more (prefill).
 
 Source: onnxruntime ContribOperators.md, MatMulNBits: ``W[n, k] = (q[n, k] - zero_point[n, g(k)]) *
 scale[n, g(k)]`` with ``g(k) = k // block_size`` (or ``g_idx[k]``), ``Y = A @ W^T (+ bias)``.
@@ -37,15 +39,19 @@ class MatMulNBits(Operation):
     name = "matmul_nbits"
     alloc_free = True
 
-    def __init__(self, K=0, N=0, bits=4, block_size=32, zero_points="none", g_idx=0, bias=0):
+    def __init__(self, K=0, N=0, bits=4, block_size=32, zero_points="none", g_idx=0, bias=0, kernel=None,
+                 _const_b=0):
+        # kernel: the gpu kernel's label, set at lowering (printed); _const_b: B is an initializer
         super().__init__(K=int(K), N=int(N), bits=int(bits), block_size=int(block_size),
-                         zero_points=str(zero_points), g_idx=int(g_idx), bias=int(bias))
+                         zero_points=str(zero_points), g_idx=int(g_idx), bias=int(bias),
+                         kernel=None if kernel is None else str(kernel), _const_b=int(_const_b))
 
     @property
     def k_blocks(self) -> int:
         return -(-self.K // self.block_size)
 
-    def _split(self, items):
+    def split_inputs(self, items):
+        """(A, B, scales, zero points, g_idx, bias) of ``items`` (inputs or arguments), None where absent."""
         it = iter(items)
         a, b, scales = next(it), next(it), next(it)
         zp = next(it) if self.zero_points != "none" else None
@@ -58,7 +64,7 @@ class MatMulNBits(Operation):
         if self.bits not in (2, 4, 8) or self.zero_points not in ZERO_POINTS or self.block_size < 1:
             raise ShapeError(f"{self.name}: bits {self.bits} (2, 4 or 8), block size {self.block_size} or zero "
                              f"points '{self.zero_points}' not supported")
-        a, b, scales, zp, g, bias = self._split(inputs)
+        a, b, scales, zp, g, bias = self.split_inputs(inputs)
         K, N, kb = self.K, self.N, self.k_blocks
         blob = self.block_size * self.bits // 8
         if a.dtype not in FLOATS or a.ndim < 1 or a.lens[-1] != K:
@@ -92,7 +98,7 @@ class MatMulNBits(Operation):
 
     def compute(self, ctx, out, args, ws):
         xp = ctx.xp
-        a, b, scales, zp, g, bias = self._split(args)
+        a, b, scales, zp, g, bias = self.split_inputs(args)
         N, K, kb, bs = self.N, self.K, self.k_blocks, self.block_size
         q, w = ws[0], ws[1]
         _unpack(xp, b, q.reshape(N, kb, bs // (8 // self.bits), 8 // self.bits), self.bits)
@@ -133,6 +139,12 @@ class MatMulNBits(Operation):
             xp.subtract(wk, gz, out=wk)
         xp.take(scales, g, axis=1, out=gs)
         xp.multiply(wk, gs, out=wk)
+
+    def gpu_kernel(self, inputs, output):
+        """``gemv_nbits.cu``: :func:`.quantized_gpu.matmul_nbits_kernel` (None: :meth:`compute` runs)."""
+        from .quantized_gpu import matmul_nbits_kernel
+
+        return matmul_nbits_kernel(self, inputs, output)
 
     def launches(self, inputs, output):
         per = 8 // self.bits
@@ -264,6 +276,12 @@ class GatherBlockQuantized(Operation):
             else:
                 xp.subtract(w, zp[..., blocks][expand], out=w)
             xp.multiply(w, sc[..., blocks][expand], out=w)
+
+    def gpu_kernel(self, inputs, output):
+        """``gemv_nbits.cu``: :func:`.quantized_gpu.matmul_nbits_kernel` (None: :meth:`compute` runs)."""
+        from .quantized_gpu import matmul_nbits_kernel
+
+        return matmul_nbits_kernel(self, inputs, output)
 
     def launches(self, inputs, output):
         per = 8 // self.bits

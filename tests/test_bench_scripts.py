@@ -18,6 +18,7 @@ sys.path.insert(0, BENCH)
 
 import conformance  # noqa: E402
 import host_overhead  # noqa: E402
+import int4_gemv  # noqa: E402
 import peers  # noqa: E402
 import real_models  # noqa: E402
 
@@ -297,3 +298,44 @@ def test_host_overhead_writes_phases_json_and_chart(target, model_cache, tmp_pat
     assert r["profile_top"] and all(row["calls_per_run"] > 0 for row in r["profile_top"])
     pytest.importorskip("matplotlib")
     assert (tmp_path / "ho.png").stat().st_size > 0
+
+
+# -- int4_gemv: the MatMulNBits decode GEMV timings -------------------------------------------------------
+
+@pytest.mark.parametrize("zp", ["none", "packed", "float"])
+@pytest.mark.parametrize("K, block", [(4096, 32), (14336, 128), (100, 16)])
+def test_int4_gemv_counts_the_bytes_of_the_weight_arrays(K, block, zp):
+    from nbits_util import quantized
+
+    w = quantized(np.random.default_rng(0), K, 24, 4, block, zp, np.float16)
+    assert int4_gemv.weight_bytes(K, 24, 4, block, zp) == sum(v.nbytes for v in w.inputs.values())
+    assert int4_gemv.copies_for(10, 1 << 30) == 256 and int4_gemv.copies_for(1 << 30, 1 << 30) == 2
+
+
+def test_int4_gemv_chart_and_gpu_requirement(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [{"shape": n, "K": K, "N": N, "block": 32, "fused_us": 2.0, "fused_GBps": 1000.0, "dequant_cublas_us": 9.0,
+             "dequant_cublas_GBps": 300.0, "prefill_dequant_cublas_us": 20.0, "prefill_before_us": 60.0,
+             **({"torch_fp16_us": 5.0, "torch_fp16_GBps": 2000.0} if K == 2048 else {})}
+            for n, K, N in int4_gemv.SHAPES]
+    result = {"rows": 1, "prefill_rows": 128, "zero_points": "packed", "results": rows}
+    png = int4_gemv.plot(result, str(tmp_path / "r.json"))
+    assert png.endswith("r.png") and (tmp_path / "r.png").stat().st_size > 0
+    from mgx_graph.runtime import gpu_available
+
+    if not gpu_available():
+        assert int4_gemv.main(["--out", str(tmp_path / "x.json")]) == 1 and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.gpu
+def test_int4_gemv_measures_both_paths_on_the_gpu(gpu_target):
+    """A small shape: both paths timed, the fused output within float16 rounding of the GEMM path's."""
+    import cupy
+
+    from mgx_graph.targets.gpu import GpuContext
+
+    row = int4_gemv.measure_ours(GpuContext(), cupy, 512, 1024, 4, 32, "packed", 1, 1 << 20, 16)
+    assert min(row[f"{k}_us"] for k in ("fused", "dequant_cublas", "prefill_dequant_cublas", "prefill_before")) > 0
+    assert row["copies"] >= 2 and row["fused_label"].startswith("gemv_nbits.cu int4 b32 zp")
+    assert row["dequant_cublas_label"].startswith("dequant_nbits.cu int4 b32 zp + gemm")
+    assert row["fused_vs_gemm_max_rel"] < 4e-3 and row["prefill_before_vs_now_max_rel"] < 4e-3

@@ -27,7 +27,7 @@ def _generated(text: str) -> str:
 
 def test_the_table_and_the_dataclass_name_the_same_fields_and_defaults():
     by_field = {s.field: s for s in settings.TABLE}
-    assert len(by_field) == len(settings.TABLE) == len(settings.BY_NAME) == 21
+    assert len(by_field) == len(settings.TABLE) == len(settings.BY_NAME) == 22
     assert [f.name for f in fields(settings.Settings)] == [s.field for s in settings.TABLE]
     for f in fields(settings.Settings):
         assert f.default == by_field[f.name].default, f.name

@@ -95,14 +95,16 @@ def _profiled_runs(ex, host: dict, dev: dict, n: int, offload: bool, bar):
     return rows, outside, run_ms
 
 
-KERNEL_NAMES = ("gemv",)  # kernels an op can lower to besides its usual one, named in the report
+# kernels an op can lower to besides its usual one, named in the report (the first word of their label)
+KERNEL_NAMES = ("gemv", "gemv_nbits.cu", "dequant_nbits.cu")
 
 
 def named_row(ex, label: str) -> tuple:
     """``(instruction, op)`` of the report for step ``label`` (``"main:@<n> <op>"``): the op's name
     without attributes, followed by ``(<kernel>)`` when its instruction runs one of ``KERNEL_NAMES``
-    (a one-row ``dot`` lowered to the gemv kernel: ``dot (gemv)``), so such instructions are summed
-    apart from the op's other instructions."""
+    (a one-row ``dot`` lowered to the gemv kernel: ``dot (gemv)``; ``matmul_nbits (gemv_nbits.cu)`` /
+    ``matmul_nbits (dequant_nbits.cu)``), so such instructions are summed apart from the op's other
+    instructions."""
     op = label.split(" ", 1)[1].split("[")[0]
     where = label.split(" ", 1)[0]
     mod, _, idx = where.partition(":@")

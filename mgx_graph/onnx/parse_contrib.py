@@ -141,7 +141,8 @@ def _parse_gelu_family(p, m, node, ins):
 @parser("MatMulNBits", domain=MS)
 def _parse_matmul_nbits(p, m, node, ins):
     """com.microsoft::MatMulNBits (A, B, scales, zero_points, g_idx, bias; attributes K, N, bits,
-    block_size; accuracy_level is ignored: the product runs in A's type)."""
+    block_size; accuracy_level is ignored: the product runs in A's type).  ``_const_b``: B is an
+    initializer (the gpu GEMV may read it before the kernel ahead of it finishes)."""
     a, b, scales, zp, g, bias = pad_inputs(ins, 6)
     if a is None or b is None or scales is None:
         raise p.err("needs the A, B and scales inputs")
@@ -174,7 +175,7 @@ def _parse_matmul_nbits(p, m, node, ins):
     if bias is not None:
         args.append(bias)
     return p.add(m, "matmul_nbits", args, K=K, N=N, bits=bits, block_size=bs, zero_points=kind,
-                 g_idx=int(g is not None), bias=int(bias is not None))
+                 g_idx=int(g is not None), bias=int(bias is not None), _const_b=int(b.op.name == "@literal"))
 
 
 @parser("GatherBlockQuantized", domain=MS)
