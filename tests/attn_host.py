@@ -1,12 +1,14 @@
 """Run ``operators/decode_attention.cu`` on the host, so its arithmetic is checked on a machine without a GPU.
 
 The kernel source of a :class:`mgx_graph.operators.attention_gpu.Plan` is built with g++ (C++20) behind a
-shim: each block runs as ``blockDim.x`` std::threads (``threadIdx`` thread-local), ``__syncthreads()`` is a
-barrier of those threads, ``__shared__`` variables are function-local statics (one block runs at a time,
-so they are that block's shared memory) and ``__half`` is ``_Float16``.  ``__shfl_sync`` /
-``__shfl_xor_sync`` exchange values within a group of 32 consecutive threads through a buffer between two
-barriers of that group (a template, so a source may declare its own overloads), so a warp whose lanes do
-not all reach a shuffle hangs here as it would be wrong on the device.  So the index arithmetic, the chunk
+shim: each block runs as ``blockDim.x`` fibers (ucontext) on the calling thread, one after another until
+each waits at a barrier or returns (on 2 cores, thousands of OS threads meeting at barriers took minutes
+where the fibers take seconds), ``__syncthreads()`` is a barrier of those fibers, ``__shared__`` variables
+are function-local statics (one block runs at a time, so they are that block's shared memory) and
+``__half`` is ``_Float16``.  ``__shfl_sync`` / ``__shfl_xor_sync`` exchange values within a group of 32
+consecutive threads through a buffer between two barriers of that group (a template, so a source may
+declare its own overloads), so a warp whose lanes do not all reach a shuffle is reported as a hang
+(:func:`launch` raises), as it would be wrong on the device.  So the index arithmetic, the chunk
 loop, the shared-memory reductions, the online softmax and the split merge run as on the device, block by
 block (not the device's memory model or its float16 / fused multiply-add rounding)."""
 from __future__ import annotations
@@ -29,17 +31,32 @@ _SHIM = r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <ucontext.h>
 #include <atomic>
-#include <barrier>
 #include <memory>
-#include <thread>
 #include <vector>
 struct mgx_dim3 { unsigned x, y, z; };
-static thread_local mgx_dim3 threadIdx;
+mgx_dim3 threadIdx;  // the running thread's: set by the scheduler before it resumes a thread
 static mgx_dim3 blockIdx, blockDim, gridDim;
-static std::barrier<>* mgx_barrier;
-static std::barrier<>* mgx_warp_barrier[32];
-#define __syncthreads() mgx_barrier->arrive_and_wait()
+// Each CUDA thread of a block is a fiber (ucontext) on the calling OS thread: it runs until it waits at a
+// barrier or returns, then the scheduler resumes the next one, in thread order, pass after pass.
+struct mgx_barrier_t { unsigned n, arrived, gen; };
+static mgx_barrier_t mgx_block_barrier, mgx_warp_barrier[32];
+static ucontext_t mgx_sched;
+static std::vector<ucontext_t> mgx_ctx;
+static std::vector<char> mgx_done;
+static unsigned mgx_cur;
+static unsigned long long mgx_events;  // arrivals and returns: a pass without one is a hang
+static int mgx_hung;
+static void (*mgx_fn)(void*);
+static void* mgx_arg;
+static void mgx_wait(mgx_barrier_t& b) {
+    const unsigned g = b.gen;
+    ++mgx_events;
+    if (++b.arrived == b.n) { b.arrived = 0; ++b.gen; return; }
+    while (b.gen == g) swapcontext(&mgx_ctx[mgx_cur], &mgx_sched);
+}
+#define __syncthreads() mgx_wait(mgx_block_barrier)
 #define __threadfence() std::atomic_thread_fence(std::memory_order_seq_cst)
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 #define __global__
@@ -59,32 +76,60 @@ template <class V> static inline V mgx_lane_value(V v, unsigned src) {
     static unsigned long long slot[1024];
     const unsigned t = threadIdx.x, w = t / 32;
     memcpy(&slot[t], &v, sizeof(V));
-    mgx_warp_barrier[w]->arrive_and_wait();
+    mgx_wait(mgx_warp_barrier[w]);
     V r;
     memcpy(&r, &slot[w * 32 + (src & 31)], sizeof(V));
-    mgx_warp_barrier[w]->arrive_and_wait();
+    mgx_wait(mgx_warp_barrier[w]);
     return r;
 }
 template <class V> static inline V __shfl_sync(unsigned, V v, int src) { return mgx_lane_value(v, (unsigned)src); }
 template <class V> static inline V __shfl_xor_sync(unsigned, V v, int o) {
     return mgx_lane_value(v, (threadIdx.x & 31) ^ (unsigned)o);
 }
+static void mgx_entry() {
+    mgx_fn(mgx_arg);
+    mgx_done[mgx_cur] = 1;
+    ++mgx_events;
+}
+extern "C" int mgx_host_hung() { return mgx_hung; }
+static bool mgx_block(unsigned nt) {
+    static std::vector<std::unique_ptr<char[]>> stacks;
+    const size_t stack = 256 * 1024;
+    while (stacks.size() < nt) stacks.emplace_back(new char[stack]);
+    mgx_block_barrier = {nt, 0, 0};
+    for (unsigned w = 0; w * 32 < nt && w < 32; ++w) mgx_warp_barrier[w] = {nt - w * 32 < 32 ? nt - w * 32 : 32, 0, 0};
+    mgx_ctx.assign(nt, ucontext_t{});
+    mgx_done.assign(nt, 0);
+    for (unsigned t = 0; t < nt; ++t) {
+        getcontext(&mgx_ctx[t]);
+        mgx_ctx[t].uc_stack.ss_sp = stacks[t].get();
+        mgx_ctx[t].uc_stack.ss_size = stack;
+        mgx_ctx[t].uc_link = &mgx_sched;
+        makecontext(&mgx_ctx[t], mgx_entry, 0);
+    }
+    for (unsigned left = nt; left;) {
+        const unsigned long long before = mgx_events;
+        for (unsigned t = 0; t < nt; ++t) {
+            if (mgx_done[t]) continue;
+            mgx_cur = t;
+            threadIdx = {t, 0, 0};
+            swapcontext(&mgx_sched, &mgx_ctx[t]);
+            if (mgx_done[t]) --left;
+        }
+        if (left && mgx_events == before) return false;  // every live thread waits: they cannot all arrive
+    }
+    return true;
+}
 template <class F> static void mgx_grid(unsigned gx, unsigned gy, unsigned nt, F f) {
     blockDim = {nt, 1, 1};
     gridDim = {gx, gy, 1};
+    mgx_fn = [](void* p) { (*static_cast<F*>(p))(); };
+    mgx_arg = &f;
+    mgx_hung = 0;
     for (unsigned y = 0; y < gy; ++y)
         for (unsigned x = 0; x < gx; ++x) {
             blockIdx = {x, y, 0};
-            std::barrier<> bar(nt);
-            mgx_barrier = &bar;
-            std::vector<std::unique_ptr<std::barrier<>>> warps;
-            for (unsigned w = 0; w * 32 < nt && w < 32; ++w) {
-                warps.emplace_back(new std::barrier<>(nt - w * 32 < 32 ? nt - w * 32 : 32));
-                mgx_warp_barrier[w] = warps.back().get();
-            }
-            std::vector<std::thread> th;
-            for (unsigned t = 0; t < nt; ++t) th.emplace_back([&, t] { threadIdx = {t, 0, 0}; f(); });
-            for (auto& t : th) t.join();
+            if (!mgx_block(nt)) { mgx_hung = 1; return; }
         }
 }
 """
@@ -147,7 +192,7 @@ def build(source: str):
         part = f"{base}.{os.getpid()}"
         with open(part + ".cpp", "w") as f:
             f.write(full)
-        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
+        r = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-ffp-contract=off",
                             "-o", part + ".so", part + ".cpp"], capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"g++ failed on {part}.cpp:\n{r.stderr[-4000:]}")
@@ -179,6 +224,8 @@ def launch(lib, sigs, name, grid, block, args):
     gy = grid[1] if len(grid) > 1 else 1
     getattr(lib, f"host_{name}")(ctypes.c_uint(grid[0]), ctypes.c_uint(gy), ctypes.c_uint(block),
                                  *[_arg(t, a) for (t, _), a in zip(params, args)])
+    if lib.mgx_host_hung():
+        raise AssertionError(f"{name}: the threads of a block or warp did not all reach a barrier (a hang on the device)")
 
 
 def run(plan, arrays: dict, out: np.ndarray, vector: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""Run ``operators/gemv.cu`` on the host (the shim of :mod:`attn_host`: one std::thread per CUDA thread,
+"""Run ``operators/gemv.cu`` on the host (the shim of :mod:`attn_host`: one fiber per CUDA thread,
 ``__syncthreads()`` a barrier of the block), so its index arithmetic, the shared-memory copy of x, the
 xor-shuffle reduction (emulated through a block-wide buffer between two barriers: every thread of the
 kernel reaches every shuffle) and the cross-group reduction are checked on a machine without a GPU;

@@ -1,4 +1,4 @@
-"""decode_attention.cu run on the host (tests/attn_host.py: each block's threads as std::threads, barriers
+"""decode_attention.cu run on the host (tests/attn_host.py: each block's threads as fibers, barriers
 for __syncthreads, 32-lane shuffles) against the float64 numpy oracle: the plans of decode_attention (masks,
 NaN rows, cache layouts, splits) and of one-row grouped_attention steps (lengths, causal, window, key mask,
 bias, sink, smooth, softcap, empty rows), each with mgx_attn_warp where it applies and with mgx_attn_split;

@@ -1,6 +1,6 @@
 """The device sampling tail (``operators/token_sampling.cu`` through
 :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance`) against mgx_graph.llm.sampling's numpy rule on
-the same Philox draws: on the host (tests/attn_host.py runs the kernels as threads, block after block)
+the same Philox draws: on the host (tests/attn_host.py runs the kernels as fibers, block after block)
 and on the gpu target; and sampled generation pipelined on the device, equal across runs and to the
 host rule."""
 import types
@@ -116,7 +116,7 @@ def test_kernels_on_the_host_follow_the_rule(cfg):
 
     run, ctx = _host_tail(), make_context("ref")
 
-    def small(dev, *a):  # ts_select with 128 threads (each a std::thread here)
+    def small(dev, *a):  # ts_select with 128 threads (each a fiber here)
         dev.select_threads = 128
         run(dev, *a)
 
