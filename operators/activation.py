@@ -1,7 +1,7 @@
 """Smooth activations: ONNX Mish (opset 18) and Swish (opset 24).
 
-On the gpu target each is one elementwise kernel compiled from ``gpu_body`` (``C`` is the compute
-type: float for half and float, double for double); the ``ref`` kernel is numpy.
+On the gpu target each is one elementwise kernel of a CUDA / HIP statement (:mod:`.pointwise_gpu`);
+the ``ref`` kernel is numpy.
 
 ONNX spec: https://onnx.ai/onnx/operators/onnx__Mish.html, https://onnx.ai/onnx/operators/onnx__Swish.html
 """
@@ -18,7 +18,6 @@ class Mish(_Param1):
     """``y = x * tanh(softplus(x))`` with ``softplus(x) = log(1 + exp(x))``; float16/32/64."""
 
     name = "mish"
-    gpu_body = "y = (T)((C)x * tanh((C)x > C(20) ? (C)x : log1p(exp((C)x))))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -32,7 +31,6 @@ class Swish(_Param1):
     """``y = x * sigmoid(alpha * x)``; float16/32/64."""
 
     name = "swish"
-    gpu_body = "y = (T)((C)x / (C(1) + exp(-C(ALPHA) * (C)x)))"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))

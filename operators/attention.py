@@ -137,13 +137,6 @@ class KvCacheUpdate(Operation):
         rot = self.rotation().launches(self._rot_inputs(inputs), None) if self.rotary else 0
         return 5 + (2 if self.has_past else 1) + (1 + B if S > 1 else 0) + rot
 
-    def gpu_kernel(self, inputs, output):
-        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.kv_write_kernel`, the rotation included);
-        None for the types it does not take (the array-library evaluation above runs)."""
-        from .llm_gpu import kv_write_kernel, own_kernel
-
-        return own_kernel(kv_write_kernel, self, inputs, output)
-
 
 @register_op
 class Attention(Operation):
@@ -171,7 +164,7 @@ class Attention(Operation):
                          causal=int(causal), smooth=int(smooth), bias=int(bias), sink=int(sink),
                          key_mask=int(key_mask))
 
-    def _extra(self, items):
+    def optional_inputs(self, items):
         """(bias, sink, key_mask) from the inputs after the first six (None for an absent one)."""
         it = iter(items[6:])
         return tuple(next(it) if flag else None for flag in (self.bias, self.sink, self.key_mask))
@@ -190,7 +183,7 @@ class Attention(Operation):
         _check_index(self.name, "positions", pos, (B, S))
         _check_index(self.name, "kv_len", kv_len, (B,))
         _check_index(self.name, "rows", rows, (P,))
-        b, sink, km = self._extra(inputs)
+        b, sink, km = self.optional_inputs(inputs)
         if b is not None and (b.ndim != 4 or b.dtype not in FLOATS or b.lens[0] not in (1, B)
                               or b.lens[1] not in (1, N) or b.lens[2] != S or b.lens[3] > P):
             raise ShapeError(f"{self.name}: attention bias {b.brief()} must be [{B} or 1, {N} or 1, {S}, <= {P}]")
@@ -218,7 +211,7 @@ class Attention(Operation):
     def compute(self, ctx, out, args, ws):
         xp = ctx.xp
         q, k, v, pos, kv_len, rows = args[:6]
-        bias, sink, key_mask = self._extra(args)
+        bias, sink, key_mask = self.optional_inputs(args)
         B, S, N, H = q.shape
         Nkv, P, Hv = k.shape[1], k.shape[2], v.shape[3]
         G = N // Nkv
@@ -285,60 +278,6 @@ class Attention(Operation):
             xp.exp(mx, out=mx)
             xp.add(den, mx, out=den)
         xp.true_divide(pf, den, out=pf)
-
-    def gpu_kernel(self, inputs, output):
-        """A decode step (one query row per batch entry, S == 1) runs as one kernel over the cache
-        (:mod:`.attention_gpu`: the KV heads read in place, flash-decoding splits past 256 rows); a
-        prompt (S > 1), or a shape the kernel does not take, runs the GEMM path of :meth:`compute` (None)."""
-        if inputs[0].lens[1] != 1:
-            return None
-        from .attention_gpu import attention_kernel, unsupported
-
-        spec = self._gpu_spec(inputs, output)
-        if spec is None or unsupported(spec):
-            return None
-
-        roles = ["q", "k", "v", "pos", "kv_len", "rows"] + [r for r, f in (("mask", self.bias), ("sink", self.sink),
-                                                                          ("key_mask", self.key_mask)) if f]
-        shapes = {r: s for r, s in zip(roles, inputs) if r != "rows"}
-        shapes["out"] = output
-
-        def pick(args):
-            return dict(zip(roles, args))
-
-        try:
-            return attention_kernel(spec, pick, shapes, self.name)
-        except ValueError as e:  # a source that does not compile, a launch too large
-            import warnings
-
-            warnings.warn(f"{self.name}: no one-kernel decode step ({e}); the GEMM path runs", stacklevel=2)
-            return None
-
-    def _gpu_spec(self, inputs, output):
-        """The :class:`~.attention_gpu.Spec` of a decode step, or None when an input's layout does not fit
-        the kernel (kv_len / sink not contiguous)."""
-        from .attention_gpu import Spec, broadcast_strides, head_strides
-
-        q, k, v, pos, kv_len = inputs[:5]
-        bias, sink, km = self._extra(inputs)
-        B, S, N, H = q.lens
-        Hv = v.lens[3]
-        if (B > 1 and kv_len.strides[0] != 1) or (sink is not None and N > 1 and sink.strides[0] != 1):
-            return None
-        kms = None
-        if km is not None:
-            kms = broadcast_strides(km, 3) if km.ndim == 3 else (broadcast_strides(km, 2)[0], 0,
-                                                                  broadcast_strides(km, 2)[1])
-        out = (0 if B == 1 else S * N * Hv, Hv, 0 if S == 1 else N * Hv, 1)
-        return Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=Hv,
-                    q=head_strides(q, (0, 2, 1, 3)), k=head_strides(k), v=head_strides(v), out=out,
-                    scale=self.scale or 1.0 / float(np.sqrt(H)), softcap=self.softcap,
-                    mask_dtype=bias.dtype if bias is not None else None,
-                    mask=broadcast_strides(bias) if bias is not None else (0, 0, 0, 0),
-                    mask_len=bias.lens[3] if bias is not None else 0, key_mask=kms,
-                    pos=broadcast_strides(pos, 2), lengths=True, causal=bool(self.causal),
-                    window=max(self.local_window, 0), sink_dtype=sink.dtype if sink is not None else None,
-                    smooth=bool(self.smooth) and sink is None, empty=2)
 
     def launches(self, inputs, output):
         n = 2 + 2 + 1 + 2 + 2 + 5 + 1 + 2  # copies, GEMMs, scale, mask, softmax, output

@@ -22,8 +22,6 @@ exports decompose), with the KV-head repetition of transformers' ``repeat_kv``.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..errors import ShapeError
@@ -105,33 +103,3 @@ class DecodeAttention(Operation):
 
     def launches(self, inputs, output):
         return 16  # the array-library evaluation (the gpu kernel reports its own)
-
-    def gpu_kernel(self, inputs, output):
-        """The one-kernel attention of :mod:`.attention_gpu` (two launches for a cache of more than 256
-        rows); None, with a warning, for shapes it does not take (head size > 256, ...) or a source that
-        does not compile: the array-library evaluation runs instead (correct, many launches, not
-        capturable)."""
-        from .attention_gpu import Spec, attention_kernel, broadcast_strides, head_strides
-
-        q, k, v = inputs[:3]
-        mk = inputs[3] if self.mask else None
-        B, N, S, H = q.lens
-        spec = Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=v.lens[3], q=head_strides(q),
-                    k=head_strides(k), v=head_strides(v), out=head_strides(output), scale=self.scale,
-                    softcap=self.softcap, mask_dtype=mk.dtype if mk is not None else None,
-                    mask=broadcast_strides(mk) if mk is not None else (0, 0, 0, 0), mask_len=k.lens[2], mask_round=True,
-                    empty=1 if self.nan_zero else 0, nan_zero=bool(self.nan_zero))
-        shapes = {"q": q, "k": k, "v": v, "out": output}
-        if mk is not None:
-            shapes["mask"] = mk
-        has_mask = mk is not None
-
-        def pick(args):
-            return {"q": args[0], "k": args[1], "v": args[2], "mask": args[3] if has_mask else None}
-
-        try:
-            return attention_kernel(spec, pick, shapes, self.name)
-        except ValueError as e:
-            warnings.warn(f"{self.name} {q.brief()} x {k.brief()}: no gpu kernel ({e}); the array-library "
-                          f"evaluation runs instead", stacklevel=2)
-            return None

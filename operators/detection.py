@@ -3,7 +3,8 @@
 The number of selected boxes depends on the data.  ``nms`` therefore writes every selected
 ``[batch, class, box]`` row into a buffer of the largest possible size and the count into a scalar;
 the parser guards the count (the one value the host reads back) and slices the buffer to it.  On the
-gpu target both steps are kernels of ``nms.cu`` over declared workspaces, so they are captured.
+gpu target both steps are kernels of ``nms.cu`` over declared workspaces (:mod:`.vision_gpu`), so they
+are captured.
 
 ONNX spec: https://onnx.ai/onnx/operators/onnx__NonMaxSuppression.html; the selection rules follow
 onnxruntime's CPU kernel (strict ``score > score_threshold`` and ``IoU > iou_threshold``, ties by the
@@ -11,27 +12,11 @@ lower box index, zero-area boxes never suppress).
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 
 from ..errors import ShapeError
 from ..ir.shape import Shape
 from .base import Operation, register_op
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-BLOCK = 256
-
-
-@functools.lru_cache(maxsize=None)
-def _nms_module():
-    import cupy
-
-    with open(os.path.join(_HERE, "nms.cu")) as f:
-        src = f.read()
-    no_fma = "-ffp-contract=off" if cupy.cuda.runtime.is_hip else "--fmad=false"  # IoU rounded as on the CPU
-    return cupy.RawModule(code=src, options=(no_fma,))
 
 
 def _corners(b: np.ndarray, center: int):
@@ -126,27 +111,3 @@ class NonMaxSuppression(Operation):
         if rows:
             sel[:len(rows)] = np.asarray(rows, np.int64)
         count[...] = len(rows)
-
-    def gpu_kernel(self, inputs, output):
-        if not all(s.standard() for s in inputs):
-            return None
-        B, C, N = inputs[1].lens
-        M = min(self.max_out, N)
-        cap = B * C * M
-        ws = [Shape("int64", [B * C, max(N, 1)]), Shape("int64", [B * C, M]), Shape("int64", [B * C])]
-        scal = (np.int64(C), np.int64(N), np.int64(M), np.int32(self.center_point_box), np.int32(self.has_score))
-
-        def run(ctx, out, args, wsa):
-            sel, count = out
-            if B * C == 0:
-                count.fill(0)
-                return
-            order, kept, counts = wsa
-            sthr = args[3] if self.has_score else args[2]
-            mod = _nms_module()
-            mod.get_function("mgx_nms_select")((B * C,), (BLOCK,), (args[0], args[1], args[2], sthr, *scal[:3],
-                                                                     *scal[3:], order, kept, counts))
-            mod.get_function("mgx_nms_compact")((B * C,), (BLOCK,), (kept, counts, np.int64(C), np.int64(B * C),
-                                                                      np.int64(M), np.int64(cap), sel, count))
-
-        return run, 2, ws, True, "nms.cu"

@@ -1,5 +1,6 @@
 """onnxruntime contrib op ``com.microsoft::DynamicQuantizeLSTM`` (what onnxruntime's ``quantize_dynamic``
-makes of an ONNX LSTM), on the host with numpy and on the gpu target with the kernels of ``dq_lstm.cu``.
+makes of an ONNX LSTM), on the host with numpy and on the gpu target with the kernels of ``dq_lstm.cu``
+(:mod:`.lstm_gpu`).
 
 Both compute the same thing: every GEMM input is quantized to uint8 at run time with one scale (ONNX
 DynamicQuantizeLinear: the range widened to include 0, ``scale = (max - min) / 255``, the zero point
@@ -10,21 +11,13 @@ Source: onnxruntime ContribOperators.md (DynamicQuantizeLSTM); onnxruntime ``dee
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 
 from ..errors import ShapeError
 from ..ir.shape import Shape
 from .base import Operation, register_op
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 INPUTS = ("X", "W", "R", "B", "initial_h", "initial_c", "W_scale", "W_zero_point", "R_scale", "R_zero_point")
-QUANT_BLOCK = 512  # threads of the one-block quantization of X
-GEMM_BLOCK = 128  # columns per block of the input GEMM (each thread: DQ_RT = 8 rows)
-GEMM_ROWS = 8
-STEP_BLOCK = (32, 16)  # hidden units x reduction slices of the step kernel (DQ_JB x DQ_KS in dq_lstm.cu)
 
 
 def dynamic_quantize(a):
@@ -45,21 +38,6 @@ def quantized_gemm(a, w_q, w_zp, w_scale):
     qa, sa, za = dynamic_quantize(a)
     acc = (qa - za) @ (w_q.astype(np.int32) - np.asarray(w_zp, np.int32))
     return acc.astype(np.float32) * (sa * np.asarray(w_scale, np.float32))
-
-
-@functools.lru_cache(maxsize=None)
-def dq_lstm_module():
-    """``dq_lstm.cu`` (CuPy RawModule), compiled without FMA contraction."""
-    import cupy
-
-    with open(os.path.join(_HERE, "dq_lstm.cu")) as f:
-        src = f.read()
-    no_fma = "-ffp-contract=off" if cupy.cuda.runtime.is_hip else "--fmad=false"
-    return cupy.RawModule(code=src, options=(no_fma,))
-
-
-def _per_column(s: Shape) -> int:
-    return int(s.ndim == 2)
 
 
 @register_op
@@ -147,45 +125,3 @@ class DynamicQuantizeLSTM(Operation):
                 Y[t, d] = h
             Yh[d] = h
             Yc[d] = c
-
-    def gpu_kernel(self, inputs, output):
-        """``dq_lstm.cu``: quantize X (1 launch), the input GEMM (1), one step kernel per time step; a
-        copy first for each input that is not standard layout; T = 0 copies initial_h / initial_c."""
-        x, w = inputs[0], inputs[1]
-        T, B, I = x.lens
-        D, H = self.num_directions, self.hidden_size
-        staged = [k for k, s in enumerate(inputs) if not s.standard()]
-        ws = [Shape(inputs[k].dtype, inputs[k].lens) for k in staged]
-        ws += [Shape("int32", [max(T * B * I, 1)]), Shape("float32", [2]),
-               Shape("float32", [max(D * T * B * 4 * H, 1)])]
-        suffix = "i8" if w.dtype == "int8" else "u8"
-        rows, N = T * B, 4 * H
-        gemm_grid = (max(1, -(-N // GEMM_BLOCK)), max(1, min(-(-rows // GEMM_ROWS), 65535)), D)
-        step_grid = (max(1, -(-H // STEP_BLOCK[0])), D, max(1, min(B, 65535)))
-        cols = [np.int32(_per_column(inputs[k])) for k in (7, 6, 9, 8)]
-        sizes = (np.int64(T), np.int64(B), np.int64(H), np.int32(D), np.int32(self.direction == "reverse"))
-
-        def run(ctx, out, args, wsa):
-            args = list(args)
-            for n, k in enumerate(staged):
-                ctx.xp.copyto(wsa[n], args[k])
-                args[k] = wsa[n]
-            x_, w_, r_, b_, h0, c0, w_scale, w_zp, r_scale, r_zp = args
-            qx, params, xw = wsa[len(staged):]
-            Y, Yh, Yc = out
-            if T == 0:
-                ctx.xp.copyto(Yh, h0)
-                ctx.xp.copyto(Yc, c0)
-                return
-            mod = dq_lstm_module()
-            mod.get_function("dq_quantize_input")((1,), (QUANT_BLOCK,), (x_, np.int64(T * B * I), qx, params))
-            mod.get_function("dq_input_gemm_" + suffix)(gemm_grid, (GEMM_BLOCK,), (
-                qx, params, w_, w_zp, w_scale, cols[0], cols[1], np.int64(rows), np.int64(I), np.int64(N),
-                np.int32(D), xw))
-            step = mod.get_function("dq_lstm_step_" + suffix)
-            for s in range(T):
-                step(step_grid, STEP_BLOCK, (xw, r_, r_zp, r_scale, cols[2], cols[3], b_, h0, c0, Y, Yh, Yc,
-                                             *sizes, np.int64(s)))
-
-        launches = len(staged) + (2 if T == 0 else 2 + T)
-        return run, launches, ws, True, f"dq_lstm.cu ({launches} launches)"

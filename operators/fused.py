@@ -65,7 +65,6 @@ class FusedOp(Operation):
     (count, lens, type)."""
 
     fused = True
-    kind = "pointwise"
     alloc_free = False  # the generic (array library) evaluation allocates temporaries
 
     def __init__(self, module=None, **attrs):
@@ -111,21 +110,6 @@ class FusedOp(Operation):
 
     def compute(self, ctx, out, args, ws):
         evaluate_module(self.module, ctx, args, out)
-
-    def gpu_kernel(self, inputs, output):
-        """The generated kernel (:func:`.fused_gpu.fused_kernel`); None, with a warning, when the
-        module has no generated form or it does not compile (lowering then uses the generic
-        evaluation of the submodule: correct, several launches, not capturable)."""
-        from .fused_gpu import fused_kernel
-
-        try:
-            return fused_kernel(self.kind, self.module, inputs, output)
-        except (ValueError, RecursionError) as e:
-            import warnings
-
-            warnings.warn(f"{self.name} over '{self.module.name}': no generated kernel ({e}); its "
-                          f"instructions run unfused", stacklevel=2)
-            return None
 
     def launches(self, inputs, output):
         return 1
@@ -175,7 +159,6 @@ class FusedPointwise(FusedOp):
     one thread per output element on the gpu target."""
 
     name = "pointwise"
-    kind = "pointwise"
 
 
 @register_op
@@ -184,7 +167,6 @@ class FusedReduce(FusedOp):
     elementwise producers and consumers as one kernel, one block per row on the gpu target."""
 
     name = "fused_reduce"
-    kind = "reduce"
 
     def __init__(self, module=None, axes=()):
         super().__init__(module, axes=[int(a) for a in axes])
@@ -203,25 +185,9 @@ class FusedGemv(FusedOp):
     normalized row into shared memory, then its columns of the GEMV, then the epilogue."""
 
     name = "fused_gemv"
-    kind = "gemv"
 
     @property
     def inplace_ok(self):
         """Never: every block reads the whole input row while the first block writes the residual sum
         and the others write their columns."""
         return False
-
-    def gpu_kernel(self, inputs, output):
-        """The generated kernel (:func:`.fused_gemv_codegen.fused_gemv_kernel`); None, with a warning,
-        when the module has no generated form or it does not compile (lowering then evaluates the
-        submodule instruction by instruction: correct, several launches, not capturable)."""
-        from .fused_gemv_codegen import fused_gemv_kernel
-
-        try:
-            return fused_gemv_kernel(self.module, inputs, output)
-        except (ValueError, RecursionError) as e:
-            import warnings
-
-            warnings.warn(f"{self.name} over '{self.module.name}': no generated kernel ({e}); its "
-                          f"instructions run unfused", stacklevel=2)
-            return None

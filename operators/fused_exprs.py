@@ -1,11 +1,12 @@
 """Per-op C bodies of the generated fused kernels (``pointwise`` / ``fused_reduce`` on the gpu target).
 
 :func:`op_body` gives, for one elementwise instruction, a C statement computing ``y`` from its
-inputs, named as the ``gpu_body`` expressions of :mod:`.pointwise` name them: ``x`` (one input),
-``a`` / ``b`` (two), ``c`` / ``a`` / ``b`` (``where``), ``x`` / ``lo`` / ``hi`` (``clip``).  Ops that
-carry a ``gpu_body`` use it as it is (float attributes substituted, as ``operators/gpu.py`` does);
-the others are written here with the numpy semantics of their ``xp`` kernel (NaN-propagating
-``max`` / ``min``, integer division by zero giving 0, Python-style ``mod``, ...).
+inputs, named as the elementwise statements of the kernel table name them (:mod:`.gpu_lowering`,
+:mod:`.pointwise_gpu`): ``x`` (one input), ``a`` / ``b`` (two), ``c`` / ``a`` / ``b`` (``where``),
+``x`` / ``lo`` / ``hi`` (``clip``).  Ops with a statement in the table use it as it is (float
+attributes substituted, :func:`.gpu_lowering.gpu_body`); the others are written here with the numpy
+semantics of their ``xp`` kernel (NaN-propagating ``max`` / ``min``, integer division by zero giving
+0, Python-style ``mod``, ...).
 
 Inside a kernel every value lives in its *register type* (:func:`reg_type`): float16 data is held
 and computed in float32 (only an explicit ``convert`` to float16 rounds to half), float32 in float,
@@ -19,6 +20,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+from .gpu_lowering import gpu_body
 
 FLOATS = ("float16", "float32", "float64")
 INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
@@ -116,7 +119,7 @@ _TABLE = {
     "recip": (_floats, "y = C(1) / x"),
     "not": (_any, "y = !(bool)x"),
     "contiguous": (_any, "y = x"),
-    "where": (_any, None),  # gpu_body of the op
+    "where": (_any, None),  # the op's statement in the kernel table
     **{n: (_floats, b) for n, b in _UNARY_FLOAT.items()},
 }
 _FLOAT_OR_INT = {  # name: (float body, integer body)
@@ -161,16 +164,6 @@ def _convert_body(in_dtype: str, out_dtype: str) -> str:
     return "y = (T)x"
 
 
-def _gpu_body(op) -> str | None:
-    body = getattr(op, "gpu_body", None)
-    if not body:
-        return None
-    for k, v in op.attrs.items():
-        if isinstance(v, float):
-            body = body.replace(k.upper(), repr(float(v)))
-    return body
-
-
 def op_body(op, in_dtypes, out_dtype) -> str | None:
     """The C statement computing ``y`` for ``op`` with inputs of ``in_dtypes`` and a result of
     ``out_dtype`` (numpy names), or None when the op (or this typing of it) has no fused body."""
@@ -201,8 +194,8 @@ def op_body(op, in_dtypes, out_dtype) -> str | None:
     entry = _TABLE.get(name)
     if entry is not None:
         ok, body = entry
-        return (body or _gpu_body(op)) if ok(in_dtypes, out_dtype) else None
-    body = _gpu_body(op)
+        return (body or gpu_body(op)) if ok(in_dtypes, out_dtype) else None
+    body = gpu_body(op)
     if body is not None and floats:  # sigmoid, leaky_relu, elu, gelu, prelu, ...
         return body
     return None

@@ -1,7 +1,9 @@
 """Generated fused kernels on the gpu target: compile the source of :mod:`.fused_codegen` /
-:mod:`.fused_reduce_codegen` / :mod:`.fused_scatter_codegen` at run time through CuPy
-(``cupy.RawModule``: NVRTC on CUDA, hipRTC on ROCm, the path ``scatternd.cu`` takes), and launch it
-into the instruction's preplanned output.
+:mod:`.fused_reduce_codegen` / :mod:`.fused_scatter_codegen` / :mod:`.fused_horizontal_codegen` /
+:mod:`.fused_gemv_codegen` at run time through CuPy (``cupy.RawModule``: NVRTC on CUDA, hipRTC on ROCm,
+the path ``scatternd.cu`` takes), and launch it into the instruction's preplanned output.  The fused
+ops' entries in the kernel table (:mod:`.gpu_lowering`) are here: each op name with its kind of
+generated source (:data:`FUSED_KINDS`, and ``fused_gemv``).
 
 The source is compiled when the instruction is lowered (where CuPy is importable), so a compiler
 error is found at compile time and the instruction falls back to its unfused evaluation; compiled
@@ -13,12 +15,17 @@ them against the ones it was compiled for (a mismatch raises instead of reading 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
 from .fused_module import parts_of
 from .gpu_kernel import GpuKernel, check_strides, compiled_function, layout, precompile
+from .gpu_lowering import gpu_kernel_for
+
+FUSED_KINDS = {"pointwise": "pointwise", "fused_reduce": "reduce", "fused_scatternd": "scatternd",
+               "fused_horizontal": "horizontal"}  # op name -> the kind of its generated source
 
 
 def _source_maker(kind: str):
@@ -74,4 +81,36 @@ def fused_kernel(kind: str, sub, in_shapes, out_shape) -> GpuKernel:
         (ready or compiled_function(source, name, pdl))(grid, block, (*args, *results, extent))
 
     run.source = ks  # type: ignore[attr-defined]  # a function attribute, for inspection (tests, debugging)
-    return GpuKernel(run, 1 + len(copies), [], True, f"{kind} (generated {name})")
+    return GpuKernel(run, 1 + len(copies), [], True, f"{kind} (generated {name})",
+                     bound_copies=kind in ("scatternd", "horizontal"))
+
+
+def _unfused(op, e: Exception) -> None:
+    warnings.warn(f"{op.name} over '{op.module.name}': no generated kernel ({e}); its instructions run unfused",
+                  stacklevel=4)
+
+
+@gpu_kernel_for(*FUSED_KINDS)
+def _lower_fused(op, inputs, output, ins) -> GpuKernel | None:
+    """The generated kernel of the op's kind; None, with a warning, when the module has no generated
+    form or it does not compile (lowering then uses the generic evaluation of the submodule: correct,
+    several launches, not capturable)."""
+    try:
+        return fused_kernel(FUSED_KINDS[op.name], op.module, inputs, output)
+    except (ValueError, RecursionError) as e:
+        _unfused(op, e)
+        return None
+
+
+@gpu_kernel_for("fused_gemv")
+def _lower_fused_gemv(op, inputs, output, ins) -> GpuKernel | None:
+    """The generated kernel (:func:`.fused_gemv_codegen.fused_gemv_kernel`); None, with a warning,
+    when the module has no generated form or it does not compile (lowering then evaluates the
+    submodule instruction by instruction: correct, several launches, not capturable)."""
+    from .fused_gemv_codegen import fused_gemv_kernel
+
+    try:
+        return fused_gemv_kernel(op.module, inputs, output)
+    except (ValueError, RecursionError) as e:
+        _unfused(op, e)
+        return None

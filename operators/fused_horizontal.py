@@ -44,7 +44,6 @@ class FusedHorizontal(FusedOp):
     (:func:`parts_of`)."""
 
     name = "fused_horizontal"
-    kind = "horizontal"
 
     def compute_shape(self, inputs, mods=()):
         shape = super().compute_shape(inputs, mods)

@@ -36,7 +36,6 @@ class FusedScatterND(FusedOp):
     the inputs do not match the parameters or the submodule is not of that form (:func:`scatter_of`)."""
 
     name = "fused_scatternd"
-    kind = "scatternd"
 
     def compute_shape(self, inputs, mods=()):
         shape = super().compute_shape(inputs, mods)

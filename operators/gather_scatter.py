@@ -2,12 +2,10 @@
 
 Each writes into ``out`` (no views); scatternd may write in place into its data input when the
 output is bound onto a parameter (``alias``, the KV cache), see :class:`ScatterND`.  On the gpu target
-gathernd runs ``gathernd.cu`` (scatternd ``scatternd.cu``, see :mod:`.gpu`): no allocation, captured.
+gathernd runs ``gathernd.cu`` (:mod:`.index_gpu`; scatternd ``scatternd.cu``, :mod:`.gpu`): no
+allocation, captured.
 """
 from __future__ import annotations
-
-import functools
-import os
 
 import numpy as np
 
@@ -71,22 +69,6 @@ class GatherElements(Operation):
         x = x[tuple(slice(None) if k == a else slice(0, n) for k, n in enumerate(idx.shape))]
         out[...] = xp.take_along_axis(x, idx, axis=a)
 
-    def gpu_kernel(self, inputs, output):
-        """One elementwise kernel over the output: each element unravels its index over the indices'
-        dims, replaces the axis coordinate by its index (negative ones wrapped, then clamped into the
-        axis: no read outside ``data``) and reads ``data`` there through its strides.  Allocates
-        nothing (captured); None (the generic path) for a rank-0 or empty output."""
-        x, idx = inputs
-        if not idx.lens or output.elements() == 0 or x.lens[self.axis % x.ndim] == 0:
-            return None
-        kern = _gather_elements_kernel(tuple(int(d) for d in idx.lens), self.axis % x.ndim,
-                                       int(x.lens[self.axis % x.ndim]))
-
-        def run(ctx, out, args, ws):
-            kern(args[0], args[1], out)
-
-        return run, 1, [], True, "elementwise gather_elements"
-
 
 @register_op
 class GatherND(Operation):
@@ -115,72 +97,6 @@ class GatherND(Operation):
             ii = xp.where(ii < 0, ii + xp.asarray(x.shape[b:b + q]), ii)
             res.append(xr[i][tuple(ii[:, j] for j in range(q))])
         out[...] = xp.stack(res).reshape(out.shape)
-
-    def gpu_kernel(self, inputs, output):
-        """``gathernd.cu``, one thread per output element (a strided data or indices input is first
-        copied into a workspace); None (the generic path) for more than 4 indexed dims, an element
-        size other than 1, 2, 4 or 8 bytes, or an indexed dim of size 0.  An index outside its dim is
-        clamped into it there (no read outside ``data``; the host raises ExecutionError for it, and
-        CuPy's indexing of the generic path wrapped it around)."""
-        x, idx = inputs
-        width = np.dtype(x.dtype).itemsize
-        if not 1 <= idx.lens[-1] <= 4 or width not in (1, 2, 4, 8) or idx.dtype not in ("int32", "int64") \
-                or not output.standard() or 0 in x.lens[self.batch_dims:self.batch_dims + idx.lens[-1]]:
-            return None
-        scal = [np.int64(v) for v in gathernd_geometry(x.lens, idx.lens, self.batch_dims)]
-        scal[4] = np.int32(scal[4])  # q
-        n, name = int(scal[0]), f"gathernd_w{width}_i{idx.dtype[3:]}"
-        stage = [not x.standard(), not idx.standard()]
-        ws = [Shape(s.dtype, s.lens) for s, st in zip(inputs, stage) if st]
-        grid = max(1, min((n + 255) // 256, 65535))
-
-        def run(ctx, out, args, wsa):
-            args, k = list(args), 0
-            for j, st in enumerate(stage):
-                if st:
-                    ctx.xp.copyto(wsa[k], args[j])
-                    args[j], k = wsa[k], k + 1
-            if n:
-                _gathernd_module().get_function(name)((grid,), (256,), (args[0], args[1], out, *scal))
-
-        return run, 1 + len(ws), ws, True, "gathernd.cu"
-
-
-def gathernd_geometry(data_lens, idx_lens, batch_dims: int) -> list[int]:
-    """The scalars ``gathernd.cu`` takes after its three arrays, for standard ``data`` / ``indices`` of
-    these dims: ``[n (output elements), slice, rows (index tuples per batch entry), bstride, q, d0..d3
-    (the indexed dims), s0..s3 (their element strides)]``, unused dims padded with 1 / 0."""
-    b, q = batch_dims, idx_lens[-1]
-    after = [int(np.prod(data_lens[k:])) for k in range(len(data_lens) + 1)]  # elements from dim k on
-    rows = int(np.prod(idx_lens[b:-1]))
-    n = int(np.prod(idx_lens[:-1])) * after[b + q]
-    dims = [int(d) for d in data_lens[b:b + q]] + [1] * (4 - q)
-    strides = [after[b + j + 1] for j in range(q)] + [0] * (4 - q)
-    return [n, after[b + q], rows, after[b], q] + dims + strides
-
-
-@functools.lru_cache(maxsize=None)
-def _gather_elements_kernel(lens: tuple[int, ...], axis: int, axis_len: int):
-    import cupy
-
-    r = len(lens)
-    body = (f"const ptrdiff_t L[{r}] = {{{', '.join(str(d) for d in lens)}}};\n"
-            f"ptrdiff_t c[{r}]; ptrdiff_t rem = i;\n"
-            f"for (int d = {r - 1}; d >= 0; --d) {{ c[d] = rem % L[d]; rem /= L[d]; }}\n"
-            f"long long k = (long long)j[c];\n"
-            f"if (k < 0) k += {axis_len}LL;\n"
-            f"k = k < 0 ? 0 : (k >= {axis_len}LL ? {axis_len - 1}LL : k);\n"
-            f"c[{axis}] = (ptrdiff_t)k;\n"
-            f"y = x[c];")
-    return cupy.ElementwiseKernel("raw T x, raw I j", "T y", body, f"mgx_gather_elements_r{r}")
-
-
-@functools.lru_cache(maxsize=None)
-def _gathernd_module():
-    import cupy
-
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gathernd.cu")) as f:
-        return cupy.RawModule(code=f.read())
 
 
 @register_op

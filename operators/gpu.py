@@ -1,80 +1,21 @@
-"""GPU kernels for the ``gpu`` target (CuPy, vendor BLAS, and the ``*.cu`` sources beside this file).
-
-:func:`select_gpu_kernel` picks, for one instruction, a kernel that writes into its preplanned output
-without allocating (so it can be captured):
-
-1. the op's own ``gpu_kernel`` when it returns one, else an op-specific kernel from this module
-   (``dot`` -> one strided-batched GEMM; ``scatternd`` -> ``scatternd.cu``);
-2. a single elementwise kernel compiled from the op's ``gpu_body`` expression;
-3. the op's generic ``xp`` kernel when it allocates no temporaries;
-4. otherwise the generic kernel, marked *not capturable* (the graph pass makes it a boundary).
+"""The core kernels of the ``gpu`` target: its entries for ``dot`` (the one-row GEMV of
+:mod:`.gemv_gpu`, else one strided-batched GEMM through the vendor BLAS), ``scatternd``
+(``scatternd.cu``) and ``rms_norm`` (two kernels) in the kernel table (:mod:`.gpu_lowering`), and the
+reductions and the GEMM the target context runs for the ops' ``ctx.reduce`` / ``ctx.matmul``.
 """
 from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..ir.shape import Shape, standard_strides
+from ..ir.shape import Shape
 from .gpu_kernel import HEADER, GpuKernel, compiled_function
+from .gpu_lowering import gpu_kernel_for
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def select_gpu_kernel(op, in_shapes: list[Shape], out_shape: Shape) -> GpuKernel:
-    own = op.gpu_kernel(in_shapes, out_shape)
-    if own is not None:
-        return own if isinstance(own, GpuKernel) else GpuKernel(*own)
-    special = _SPECIAL.get(op.name)
-    if special is not None:
-        k = special(op, in_shapes, out_shape)
-        if k is not None:
-            return k
-    body = getattr(op, "gpu_body", None)
-    if body:
-        return _elementwise_kernel(op, in_shapes, out_shape)
-    ws = op.workspace(in_shapes, out_shape)
-    launches = op.launches(in_shapes, out_shape)
-    if op.is_alloc_free(in_shapes):
-        return GpuKernel(op.compute, launches, ws, True, "generic")
-    return GpuKernel(op.compute, launches, ws, False, "generic (allocates: not capturable)")
-
-
-# ---------------------------------------------------------------------------------------------------
-# elementwise kernels from gpu_body
-# ---------------------------------------------------------------------------------------------------
-_PARAMS = {
-    1: ("T x", "T y"),
-    2: ("T a, T b", "T y"),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _compile_elementwise(name: str, in_params: str, out_params: str, body: str, compute: str):
-    import cupy
-
-    return cupy.ElementwiseKernel(in_params, out_params, body, f"mgx_{name}", preamble=f"typedef {compute} C;")
-
-
-def _elementwise_kernel(op, in_shapes, out_shape) -> GpuKernel:
-    body = op.gpu_body
-    for k, v in op.attrs.items():
-        if isinstance(v, float):
-            body = body.replace(k.upper(), repr(float(v)))
-    if op.name == "where":
-        in_params, out_params = "bool c, T a, T b", "T y"
-    else:
-        in_params, out_params = _PARAMS[len(in_shapes)]
-    compute = "double" if out_shape.dtype == "float64" else "float"
-    label = f"elementwise {op.name}"
-
-    def run(ctx, out, args, ws):
-        kern = _compile_elementwise(op.name + "_" + compute, in_params, out_params, body, compute)
-        kern(*args, out)
-
-    return GpuKernel(run, 1, [], True, label)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -322,11 +263,7 @@ def _scatternd_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
             k = _scatternd_module().get_function(name)
             k((grid,), (block,), (out, i, u, *scal))
 
-    return GpuKernel(run, 2 + len(ws), ws, True, "scatternd.cu")
-
-
-def _scatternd_launches(op, in_shapes, out_shape):
-    return 2
+    return GpuKernel(run, 2 + len(ws), ws, True, "scatternd.cu", bound_copies=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -369,4 +306,24 @@ def _rms_norm_kernel(op, in_shapes, out_shape) -> GpuKernel | None:
     return GpuKernel(run, 2, ws, True, "rms_norm (2 kernels)")
 
 
-_SPECIAL = {"dot": _dot_kernel, "scatternd": _scatternd_kernel, "rms_norm": _rms_norm_kernel}
+# ---------------------------------------------------------------------------------------------------
+# the table's entries
+# ---------------------------------------------------------------------------------------------------
+@gpu_kernel_for("dot")
+def _lower_dot(op, inputs, output, ins) -> GpuKernel | None:
+    """A one-row ``dot`` against a constant weight: the GEMV of :mod:`.gemv_gpu` (``MIGRAPHX_GEMV``);
+    otherwise one strided-batched GEMM (None: a type the BLAS does not take, the generic kernel)."""
+    from .gemv_gpu import dot_gemv_kernel
+
+    k = dot_gemv_kernel(ins, inputs, output) if ins is not None else None
+    return k if k is not None else _dot_kernel(op, inputs, output)
+
+
+@gpu_kernel_for("scatternd")
+def _lower_scatternd(op, inputs, output, ins) -> GpuKernel | None:
+    return _scatternd_kernel(op, inputs, output)
+
+
+@gpu_kernel_for("rms_norm")
+def _lower_rms_norm(op, inputs, output, ins) -> GpuKernel | None:
+    return _rms_norm_kernel(op, inputs, output)

@@ -2,10 +2,10 @@
 ReverseSequence, Compress, Hardmax, the diagonal view of Einsum), the line kernels ArgMax / ArgMin use
 on the gpu target and TopK's NaN-aware order.
 
-The gpu kernels are in ``line_ops.cu`` (compiled per element type) or are CuPy elementwise kernels;
-all write into ``out`` and declared workspaces, so they are captured.  NaN rules follow onnxruntime
-(CPU): ArgMax / ArgMin start from the first element and a NaN never compares; Hardmax marks the first
-maximum of the non-NaN values.
+The gpu kernels (:mod:`.index_gpu`) are in ``line_ops.cu`` (compiled per element type, here) or are
+CuPy elementwise kernels; all write into ``out`` and declared workspaces, so they are captured.  NaN
+rules follow onnxruntime (CPU): ArgMax / ArgMin start from the first element and a NaN never compares;
+Hardmax marks the first maximum of the non-NaN values.
 
 ONNX spec: https://onnx.ai/onnx/operators/ (the operators named above).
 """
@@ -97,24 +97,6 @@ def argext_host(xp, x, axis: int, is_min: bool, last: bool):
         r = xp.argmax(hit, axis=axis)
     first_nan = xp.take(nan, 0, axis=axis)
     return xp.where(first_nan | ~xp.any(hit, axis=axis), 0, r)
-
-
-def argext_gpu_kernel(op, in_shapes, out_shape):
-    """One block per line (``mgx_argext``); a strided input is first copied to a workspace."""
-    x = in_shapes[0]
-    if x.dtype not in _CTYPES or x.elements() == 0:
-        return None
-    a = op.axis % x.ndim
-    outer, n, inner = _lines(x.lens, a)
-    ws = _standard(x)
-    is_min, last = int(op.name == "argmin"), int(op.select_last_index)
-
-    def run(ctx, out, args, wsa):
-        src = _staged(ctx, args[0], wsa)
-        k = line_function(x.dtype, "mgx_argext")
-        k((outer * inner,), (BLOCK,), (src, out, np.int64(n), np.int64(inner), np.int32(is_min), np.int32(last)))
-
-    return run, 1 + len(ws), ws, True, "line_ops.cu argext"
 
 
 ROW_BLOCK = 1024  # threads per block of mgx_argmax_rows (MGX_ROW_BLOCK in line_ops.cu)
@@ -269,21 +251,6 @@ class Hardmax(Operation):
         lead = xp.take(x, xp.zeros(1, dtype=np.int64), axis=a)
         out[...] = (pos == first) & xp.any(hit, axis=a, keepdims=True) & (lead == lead)
 
-    def gpu_kernel(self, inputs, output):
-        x = inputs[0]
-        if x.elements() == 0:
-            return None
-        a = self.axis % x.ndim
-        outer, n, inner = _lines(x.lens, a)
-        ws = _standard(x)
-
-        def run(ctx, out, args, wsa):
-            src = _staged(ctx, args[0], wsa)
-            line_function(x.dtype, "mgx_hardmax")((outer * inner,), (BLOCK,),
-                                                             (src, out, np.int64(n), np.int64(inner)))
-
-        return run, 1 + len(ws), ws, True, "line_ops.cu hardmax"
-
 
 # ---------------------------------------------------------------------------------------------------
 # CumSum
@@ -325,23 +292,6 @@ class CumSum(Operation):
         else:
             o[...] = getattr(xp, self.name)(x, axis=a, dtype=acc)
 
-    def gpu_kernel(self, inputs, output):
-        x = inputs[0]
-        if x.elements() == 0 or x.ndim == 0:
-            return None
-        outer, n, inner = _lines(x.lens, self.axis % x.ndim)
-        lines = outer * inner
-        ws = _standard(x)
-        grid = (lines + BLOCK - 1) // BLOCK
-
-        def run(ctx, out, args, wsa):
-            src = _staged(ctx, args[0], wsa)
-            line_function(x.dtype, f"mgx_{self.name}")(
-                (grid,), (BLOCK,), (src, out, np.int64(lines), np.int64(n), np.int64(inner),
-                                    np.int32(self.exclusive), np.int32(self.reverse)))
-
-        return run, 1 + len(ws), ws, True, f"line_ops.cu {self.name}"
-
 
 @register_op
 class CumProd(CumSum):
@@ -356,14 +306,6 @@ class CumProd(CumSum):
 # ---------------------------------------------------------------------------------------------------
 # OneHot
 # ---------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _onehot_kernel():
-    import cupy
-
-    return cupy.ElementwiseKernel("I ind, I pos, T off, T on, I depth", "T y",
-                                  "I v = ind < 0 ? ind + depth : ind; y = (v == pos) ? on : off;", "mgx_onehot")
-
-
 @register_op
 class OneHot(Operation):
     """ONNX OneHot.  Inputs: ``indices`` (int32/int64, already unsqueezed at the depth axis by the
@@ -394,35 +336,10 @@ class OneHot(Operation):
         d = ind.dtype.type(self.depth)
         out[...] = xp.where(xp.where(ind < 0, ind + d, ind) == pos, flat[1], flat[0])
 
-    def gpu_kernel(self, inputs, output):
-        def run(ctx, out, args, ws):
-            ind, pos, val = args
-            flat = val.reshape(-1)
-            _onehot_kernel()(ind, pos, flat[0], flat[1], ind.dtype.type(self.depth), out)
-
-        return run, 1, [], True, "elementwise onehot"
-
 
 # ---------------------------------------------------------------------------------------------------
 # ReverseSequence
 # ---------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _revseq_kernel():
-    import cupy
-
-    body = """
-    long long r = i % rest, j = i / rest, a1 = j % d1, a0 = j / d1;
-    long long b = batch_axis == 0 ? a0 : a1, t = batch_axis == 0 ? a1 : a0;
-    long long L = (long long)lens[b];
-    L = L < 0 ? 0 : (L > steps ? steps : L);
-    long long tt = t < L ? L - 1 - t : t;
-    long long s0 = batch_axis == 0 ? a0 : tt, s1 = batch_axis == 0 ? tt : a1;
-    y = x[(s0 * d1 + s1) * rest + r];
-    """
-    return cupy.ElementwiseKernel("raw T x, raw I lens, int64 d1, int64 rest, int64 steps, int32 batch_axis", "T y",
-                                  body, "mgx_reverse_sequence")
-
-
 @register_op
 class ReverseSequence(Operation):
     """ONNX ReverseSequence: inputs ``x`` (rank >= 2) and ``sequence_lens`` ([batch], int32/int64);
@@ -460,18 +377,6 @@ class ReverseSequence(Operation):
         idx = xp.where(t < L, L - 1 - t, t)  # the source step of each (batch, step)
         out[...] = xp.take_along_axis(x, xp.broadcast_to(idx, x.shape), self.time_axis)
 
-    def gpu_kernel(self, inputs, output):
-        x = inputs[0]
-        d1 = x.lens[1]
-        rest = int(np.prod(x.lens[2:])) if x.ndim > 2 else 1
-        steps = x.lens[self.time_axis]
-
-        def run(ctx, out, args, ws):
-            _revseq_kernel()(args[0], args[1], np.int64(d1), np.int64(rest), np.int64(steps),
-                             np.int32(self.batch_axis), out)
-
-        return run, 1, [], True, "elementwise reverse_sequence"
-
 
 # ---------------------------------------------------------------------------------------------------
 # Compress
@@ -505,23 +410,6 @@ class Compress(Operation):
             raise ExecutionError(f"{self.name}: condition has {idx.size} true entries, the program was "
                                  f"specialized for {self.count}")
         xp.take(x, idx, axis=self.axis % x.ndim, out=out)
-
-    def gpu_kernel(self, inputs, output):
-        x, cond = inputs
-        if not cond.standard():
-            return None
-        ws = [Shape("int64", [max(self.count, 1)])]
-        n = cond.lens[0]
-        a = self.axis % x.ndim
-
-        def run(ctx, out, args, wsa):
-            if self.count == 0:
-                return
-            idx = wsa[0]
-            line_function("int64", "mgx_compress_index")((1,), (1,), (args[1], np.int64(n), idx))
-            ctx.xp.take(args[0], idx, axis=a, out=out)
-
-        return run, 2, ws, True, "line_ops.cu compress"
 
 
 # ---------------------------------------------------------------------------------------------------

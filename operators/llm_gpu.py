@@ -1,5 +1,8 @@
-"""One kernel each on the gpu target for ``rotary_embedding``, ``kv_cache_update`` and ``skip_layer_norm``
-(what onnxruntime's GroupQueryAttention, RotaryEmbedding and (Skip)SimplifiedLayerNormalization lower to).
+"""The gpu target's kernels of the LLM ops: one kernel each for ``rotary_embedding``, ``kv_cache_update``,
+``rotary_kv_write`` and ``skip_layer_norm`` (what onnxruntime's GroupQueryAttention, RotaryEmbedding and
+(Skip)SimplifiedLayerNormalization lower to), and the one-kernel attention of :mod:`.attention_gpu` for
+``decode_attention`` and the decode step of ``grouped_attention``; each is the op's entry in the kernel
+table (:mod:`.gpu_lowering`).
 
 The kernels are in ``llm_kernels.cu``, compiled at run time through CuPy (``cupy.RawModule``: NVRTC on
 CUDA, hipRTC on ROCm), once per element type (float16 or float32; arithmetic in float32).  Sizes and
@@ -22,11 +25,14 @@ the fused and attention kernels do.  Each builder returns a
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
 from ..ir.shape import Shape
+from .attention_gpu import Spec, attention_kernel, broadcast_strides, head_strides, unsupported
 from .gpu_kernel import GpuKernel
+from .gpu_lowering import gpu_kernel_for
 
 CTYPES = {"float16": "__half", "float32": "float"}
 NT = 256  # threads per block (the normalization's block reduction assumes this power of two)
@@ -63,8 +69,6 @@ def _function(dtype: str, name: str):
 def own_kernel(builder, op, inputs, output):
     """``builder(op, inputs, output)``, or None with a warning when the kernel does not compile (the
     array-library evaluation then runs)."""
-    import warnings
-
     try:
         return builder(op, inputs, output)
     except ValueError as e:
@@ -279,3 +283,112 @@ def skip_norm_kernel(op, inputs: list, output):
         fn(grid, (NT,), (xa, sk, g, be, bi, y, mean, inv, sm) + scalars)
 
     return GpuKernel(run, 1, [], True, "skip_layer_norm (llm_kernels.cu)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the table's entries
+# ---------------------------------------------------------------------------------------------------
+@gpu_kernel_for("rotary_embedding")
+def _lower_rotary(op, inputs, output, ins) -> GpuKernel | None:
+    """One launch of :func:`rotary_kernel`; None for the types and layouts it does not take."""
+    return own_kernel(rotary_kernel, op, inputs, output)
+
+
+@gpu_kernel_for("kv_cache_update")
+def _lower_kv_cache_update(op, inputs, output, ins) -> GpuKernel | None:
+    """One launch of :func:`kv_write_kernel` (the rotation included); None for the types it does not take."""
+    return own_kernel(kv_write_kernel, op, inputs, output)
+
+
+@gpu_kernel_for("rotary_kv_write")
+def _lower_rotary_kv_write(op, inputs, output, ins) -> GpuKernel | None:
+    """One launch of :func:`rotary_kv_kernel`; None for the types it does not take (the parts'
+    array-library evaluations run then)."""
+    return own_kernel(rotary_kv_kernel, op, inputs, output)
+
+
+@gpu_kernel_for("skip_layer_norm")
+def _lower_skip_layer_norm(op, inputs, output, ins) -> GpuKernel | None:
+    """One launch of :func:`skip_norm_kernel`; None for the types and layouts it does not take."""
+    return own_kernel(skip_norm_kernel, op, inputs, output)
+
+
+@gpu_kernel_for("decode_attention")
+def _lower_decode_attention(op, inputs, output, ins) -> GpuKernel | None:
+    """The one-kernel attention of :mod:`.attention_gpu` (two launches for a cache of more than 256
+    rows); None, with a warning, for shapes it does not take (head size > 256, ...) or a source that
+    does not compile: the array-library evaluation runs instead (correct, many launches, not
+    capturable)."""
+    q, k, v = inputs[:3]
+    mk = inputs[3] if op.mask else None
+    B, N, S, H = q.lens
+    spec = Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=v.lens[3], q=head_strides(q),
+                k=head_strides(k), v=head_strides(v), out=head_strides(output), scale=op.scale,
+                softcap=op.softcap, mask_dtype=mk.dtype if mk is not None else None,
+                mask=broadcast_strides(mk) if mk is not None else (0, 0, 0, 0), mask_len=k.lens[2], mask_round=True,
+                empty=1 if op.nan_zero else 0, nan_zero=bool(op.nan_zero))
+    shapes = {"q": q, "k": k, "v": v, "out": output}
+    if mk is not None:
+        shapes["mask"] = mk
+    has_mask = mk is not None
+
+    def pick(args):
+        return {"q": args[0], "k": args[1], "v": args[2], "mask": args[3] if has_mask else None}
+
+    try:
+        return attention_kernel(spec, pick, shapes, op.name)
+    except ValueError as e:
+        warnings.warn(f"{op.name} {q.brief()} x {k.brief()}: no gpu kernel ({e}); the array-library "
+                      f"evaluation runs instead", stacklevel=2)
+        return None
+
+
+def _grouped_attention_spec(op, inputs, output):
+    """The :class:`~.attention_gpu.Spec` of a decode step, or None when an input's layout does not fit
+    the kernel (kv_len / sink not contiguous)."""
+    q, k, v, pos, kv_len = inputs[:5]
+    bias, sink, km = op.optional_inputs(inputs)
+    B, S, N, H = q.lens
+    Hv = v.lens[3]
+    if (B > 1 and kv_len.strides[0] != 1) or (sink is not None and N > 1 and sink.strides[0] != 1):
+        return None
+    kms = None
+    if km is not None:
+        kms = broadcast_strides(km, 3) if km.ndim == 3 else (broadcast_strides(km, 2)[0], 0,
+                                                              broadcast_strides(km, 2)[1])
+    out = (0 if B == 1 else S * N * Hv, Hv, 0 if S == 1 else N * Hv, 1)
+    return Spec(dtype=q.dtype, B=B, N=N, NKV=k.lens[1], S=S, P=k.lens[2], H=H, HV=Hv,
+                q=head_strides(q, (0, 2, 1, 3)), k=head_strides(k), v=head_strides(v), out=out,
+                scale=op.scale or 1.0 / float(np.sqrt(H)), softcap=op.softcap,
+                mask_dtype=bias.dtype if bias is not None else None,
+                mask=broadcast_strides(bias) if bias is not None else (0, 0, 0, 0),
+                mask_len=bias.lens[3] if bias is not None else 0, key_mask=kms,
+                pos=broadcast_strides(pos, 2), lengths=True, causal=bool(op.causal),
+                window=max(op.local_window, 0), sink_dtype=sink.dtype if sink is not None else None,
+                smooth=bool(op.smooth) and sink is None, empty=2)
+
+
+@gpu_kernel_for("grouped_attention")
+def _lower_grouped_attention(op, inputs, output, ins) -> GpuKernel | None:
+    """A decode step (one query row per batch entry, S == 1) runs as one kernel over the cache
+    (:mod:`.attention_gpu`: the KV heads read in place, flash-decoding splits past 256 rows); a
+    prompt (S > 1), or a shape the kernel does not take, runs the GEMM path of the op's ``compute`` (None)."""
+    if inputs[0].lens[1] != 1:
+        return None
+    spec = _grouped_attention_spec(op, inputs, output)
+    if spec is None or unsupported(spec):
+        return None
+
+    roles = ["q", "k", "v", "pos", "kv_len", "rows"] + [r for r, f in (("mask", op.bias), ("sink", op.sink),
+                                                                      ("key_mask", op.key_mask)) if f]
+    shapes = {r: s for r, s in zip(roles, inputs) if r != "rows"}
+    shapes["out"] = output
+
+    def pick(args):
+        return dict(zip(roles, args))
+
+    try:
+        return attention_kernel(spec, pick, shapes, op.name)
+    except ValueError as e:  # a source that does not compile, a launch too large
+        warnings.warn(f"{op.name}: no one-kernel decode step ({e}); the GEMM path runs", stacklevel=2)
+        return None

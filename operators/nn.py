@@ -312,18 +312,8 @@ class LSTM(Operation):
             xp.copyto(Yh[d], h)
             xp.copyto(Yc[d], c)
 
-    def gpu_kernel(self, inputs, output):
-        """On the gpu target: one GEMM of the input projection per direction, then per step one GEMM and
-        one fused gate kernel (:mod:`.lstm_gpu`, ``lstm.cu``); None (this class's ``compute``) for inputs
-        of mixed or other element types."""
-        if any(s.dtype != inputs[0].dtype for s in inputs):
-            return None
-        from .lstm_gpu import lstm_gpu_kernel
-
-        return lstm_gpu_kernel(self, inputs, output)
-
     def launches(self, inputs, output):
-        """Device launches of ``compute`` with the array library (the gpu target runs :meth:`gpu_kernel`)."""
+        """Device launches of ``compute`` with the array library (the gpu target runs :mod:`.lstm_gpu`'s kernel)."""
         T = inputs[0].lens[0]
         D = 2 if self.direction == "bidirectional" else 1
         per_step = 2 + 1 + (2 if len(inputs) > 3 else 0) + 4 + 1 + 2 + 1 + 1 + 1 + 1

@@ -129,10 +129,3 @@ class SkipLayerNorm(Operation):
     def launches(self, inputs, output):
         n = 9 + self.skip + self.bias + self.beta + (0 if self.simplified else 2)
         return n + (3 if self.stats else 0)
-
-    def gpu_kernel(self, inputs, output):
-        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.skip_norm_kernel`); None for the types and layouts it does
-        not take (the array-library evaluation above runs)."""
-        from .llm_gpu import own_kernel, skip_norm_kernel
-
-        return own_kernel(skip_norm_kernel, self, inputs, output)

@@ -67,7 +67,6 @@ class OnnxOp(Operation):
     """An ONNX node run by onnx.reference on the host (see the module docstring)."""
 
     name = "onnx_op"
-    gpu_supported = False
     foldable = True
 
     def __init__(self, node=None, shapes=(), opsets=None, key=""):

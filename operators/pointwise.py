@@ -1,15 +1,12 @@
 """Pointwise (elementwise) operations with numpy-style multidirectional broadcasting.
 
-Each op has one kernel written against ``xp`` (numpy or CuPy).  Ops that would need several
-array-library calls also carry ``gpu_body``: a single CUDA/HIP expression that the gpu target
-compiles into one elementwise kernel (``x``/``a``/``b`` inputs, ``y`` output; ``C`` is the compute
-type: ``float`` for half and float, ``double`` for double).
+Each op has one kernel written against ``xp`` (numpy or CuPy).  On the gpu target the ops that would
+need several array-library calls run as one elementwise kernel of a CUDA / HIP statement, their entry in
+the kernel table (:mod:`.pointwise_gpu`).
 
 ONNX spec: https://onnx.ai/onnx/operators/ (Add, Sub, ..., Where, Cast, Clip).
 """
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -23,7 +20,6 @@ FLOATS = ("float16", "float32", "float64")
 class Pointwise(Operation):
     nargs: int | tuple[int, int] = 1
     out_dtype: str | None = None  # None: same as input 0
-    gpu_body: str | None = None
     alloc_free = False  # the xp kernel allocates no temporaries (safe to capture as is)
     inplace_ok = True  # out may be input 0's buffer (same shape and layout): elementwise
 
@@ -36,7 +32,7 @@ class Pointwise(Operation):
 # ---------------------------------------------------------------------------------------------------
 # unary
 # ---------------------------------------------------------------------------------------------------
-def _unary(name, fn, gpu_body=None, out_dtype=None, floats_only=False):
+def _unary(name, fn, out_dtype=None, floats_only=False):
     def compute(self, ctx, out, args, ws):
         fn(ctx.xp, args[0], out)
 
@@ -47,8 +43,7 @@ def _unary(name, fn, gpu_body=None, out_dtype=None, floats_only=False):
         return Shape(self.out_dtype or inputs[0].dtype, inputs[0].lens)
 
     cls = type(name, (Pointwise,), {"name": name, "compute": compute, "compute_shape": compute_shape,
-                                    "gpu_body": gpu_body, "out_dtype": out_dtype,
-                                    "alloc_free": name not in ("sigmoid",)})
+                                    "out_dtype": out_dtype, "alloc_free": name not in ("sigmoid",)})
     return register_op(cls)
 
 
@@ -97,7 +92,7 @@ Ceil = _unary("ceil", lambda xp, x, o: xp.ceil(x, out=o))
 Round = _unary("nearbyint", lambda xp, x, o: xp.rint(x, out=o))
 Sign = _unary("sign", lambda xp, x, o: xp.sign(x, out=o))
 Erf = _unary("erf", _erf, floats_only=True)
-Sigmoid = _unary("sigmoid", _sigmoid_ref, gpu_body="y = (T)(C(1) / (C(1) + exp(-(C)x)))", floats_only=True)
+Sigmoid = _unary("sigmoid", _sigmoid_ref, floats_only=True)
 Relu = _unary("relu", lambda xp, x, o: xp.maximum(x, 0, out=o))
 IsNaN = _unary("isnan", lambda xp, x, o: xp.isnan(x, out=o), out_dtype="bool")
 Not = _unary("not", lambda xp, x, o: xp.logical_not(x, out=o), out_dtype="bool")
@@ -138,7 +133,6 @@ class _Param1(Pointwise):
 @register_op
 class LeakyRelu(_Param1):
     name = "leaky_relu"
-    gpu_body = "y = x >= T(0) ? x : (T)((C)x * C(ALPHA))"
 
     def __init__(self, alpha=0.01):
         super().__init__(alpha=float(alpha))
@@ -151,7 +145,6 @@ class LeakyRelu(_Param1):
 @register_op
 class Elu(_Param1):
     name = "elu"
-    gpu_body = "y = x > T(0) ? x : (T)(C(ALPHA) * (exp((C)x) - C(1)))"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -164,7 +157,6 @@ class Elu(_Param1):
 @register_op
 class Selu(_Param1):
     name = "selu"
-    gpu_body = "y = (T)(C(GAMMA) * ((C)x > C(0) ? (C)x : C(ALPHA) * (exp((C)x) - C(1))))"
 
     def __init__(self, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
         super().__init__(alpha=float(alpha), gamma=float(gamma))
@@ -178,7 +170,6 @@ class Selu(_Param1):
 @register_op
 class Celu(_Param1):
     name = "celu"
-    gpu_body = "y = (T)(max(C(0), (C)x) + min(C(0), C(ALPHA) * (exp((C)x / C(ALPHA)) - C(1))))"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -192,7 +183,6 @@ class Celu(_Param1):
 @register_op
 class HardSigmoid(_Param1):
     name = "hard_sigmoid"
-    gpu_body = "y = (T)min(C(1), max(C(0), C(ALPHA) * (C)x + C(BETA)))"
 
     def __init__(self, alpha=0.2, beta=0.5):
         super().__init__(alpha=float(alpha), beta=float(beta))
@@ -208,7 +198,6 @@ class HardSigmoid(_Param1):
 @register_op
 class HardSwish(_Param1):
     name = "hard_swish"
-    gpu_body = "y = (T)((C)x * min(C(1), max(C(0), (C)x / C(6) + C(0.5))))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -219,7 +208,6 @@ class HardSwish(_Param1):
 @register_op
 class Softplus(_Param1):
     name = "softplus"
-    gpu_body = "y = (T)((C)x > C(20) ? (C)x : log1p(exp((C)x)))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -229,7 +217,6 @@ class Softplus(_Param1):
 @register_op
 class Softsign(_Param1):
     name = "softsign"
-    gpu_body = "y = (T)((C)x / (C(1) + fabs((C)x)))"
 
     def compute(self, ctx, out, args, ws):
         xp, x = ctx.xp, args[0]
@@ -239,7 +226,6 @@ class Softsign(_Param1):
 @register_op
 class ThresholdedRelu(_Param1):
     name = "thresholded_relu"
-    gpu_body = "y = (C)x > C(ALPHA) ? x : T(0)"
 
     def __init__(self, alpha=1.0):
         super().__init__(alpha=float(alpha))
@@ -252,13 +238,6 @@ class ThresholdedRelu(_Param1):
 @register_op
 class Gelu(_Param1):
     name = "gelu"
-
-    @property
-    def gpu_body(self):
-        if self.approximate == "tanh":
-            return ("y = (T)(C(0.5) * (C)x * (C(1) + tanh(C(0.7978845608028654) * ((C)x + C(0.044715) * (C)x * (C)x "
-                    "* (C)x))))")
-        return "y = (T)(C(0.5) * (C)x * (C(1) + erf((C)x * C(0.7071067811865476))))"
 
     def __init__(self, approximate="none"):
         super().__init__(approximate=str(approximate))
@@ -280,7 +259,6 @@ class QuickGelu(_Param1):
     """``y = x * sigmoid(alpha * x)`` (onnxruntime com.microsoft::QuickGelu; alpha 1.702 by default)."""
 
     name = "quick_gelu"
-    gpu_body = "y = (T)((C)x / (C(1) + exp(-(C(ALPHA) * (C)x))))"
     alloc_free = True
 
     def __init__(self, alpha=1.702):
@@ -323,7 +301,7 @@ class Shrink(_Param1):
 # ---------------------------------------------------------------------------------------------------
 # binary
 # ---------------------------------------------------------------------------------------------------
-def _binary(name, fn, out_dtype=None, same_type=True, gpu_body=None):
+def _binary(name, fn, out_dtype=None, same_type=True):
     def compute(self, ctx, out, args, ws):
         fn(ctx.xp, args[0], args[1], out)
 
@@ -336,7 +314,7 @@ def _binary(name, fn, out_dtype=None, same_type=True, gpu_body=None):
 
     cls = type(name, (Pointwise,), {"name": name, "nargs": 2, "compute": compute,
                                     "compute_shape": compute_shape, "out_dtype": out_dtype,
-                                    "gpu_body": gpu_body, "alloc_free": name != "div"})
+                                    "alloc_free": name != "div"})
     return register_op(cls)
 
 
@@ -413,7 +391,6 @@ class BitShift(Pointwise):
 class PRelu(Pointwise):
     name = "prelu"
     nargs = 2
-    gpu_body = "y = a >= T(0) ? a : (T)((C)a * (C)b)"
 
     def compute_shape(self, inputs, mods=()):
         check_inputs(self, inputs, 2)
@@ -431,7 +408,6 @@ class PRelu(Pointwise):
 class Where(Pointwise):
     name = "where"
     nargs = 3
-    gpu_body = "y = c ? a : b"
 
     def compute_shape(self, inputs, mods=()):
         check_inputs(self, inputs, 3)
@@ -470,22 +446,6 @@ class Clip(Pointwise):
         if hi is not None:
             y = xp.where(hi < y, hi, y)
         xp.copyto(out, y)
-
-    def gpu_kernel(self, inputs, output):
-        if len(inputs) != 3:
-            return None
-
-        def run(ctx, out, args, ws):
-            _clip_kernel()(args[0], args[1], args[2], out)
-
-        return run, 1, [], True, "elementwise clip"
-
-
-@functools.lru_cache(maxsize=None)
-def _clip_kernel():
-    import cupy
-
-    return cupy.ElementwiseKernel("T x, T lo, T hi", "T y", "T v = x < lo ? lo : x; y = hi < v ? hi : v;", "mgx_clip")
 
 
 @register_op

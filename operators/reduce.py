@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.shape import Shape
 from .base import Operation, check_inputs, normalize_axis, register_op
-from .index_ops import argext_gpu_kernel, argext_host
+from .index_ops import argext_host
 
 
 class Reduce(Operation):
@@ -162,9 +162,6 @@ class ArgMax(Operation):
         x = args[0]
         r = argext_host(ctx.xp, x, self.axis % x.ndim, self.fn == "argmin", bool(self.select_last_index))
         out[...] = r.reshape(out.shape)
-
-    def gpu_kernel(self, inputs, output):
-        return argext_gpu_kernel(self, inputs, output)
 
 
 @register_op

@@ -107,12 +107,6 @@ class RotaryEmbedding(Operation):
         x = inputs[0]
         return 12 + 2 * (len(inputs) == 4) + (self._dims(x)[4] < x.lens[3])
 
-    def gpu_kernel(self, inputs, output):
-        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.rotary_kernel`); None for the types and layouts it does
-        not take (the array-library evaluation above runs)."""
-        from .llm_gpu import own_kernel, rotary_kernel
-
-        return own_kernel(rotary_kernel, self, inputs, output)
 
 def _rotate_half(xp, u, w, c, s, y, a, b, sign):
     """``y = u * c + sign * w * s`` with the products formed in the accumulation buffers ``a`` and ``b``."""

@@ -74,10 +74,3 @@ class RotaryKvWrite(Operation):
 
     def launches(self, inputs, output):
         return 1
-
-    def gpu_kernel(self, inputs, output):
-        """One launch of ``llm_kernels.cu`` (:func:`.llm_gpu.rotary_kv_kernel`); None for the types it
-        does not take (the parts' array-library evaluations run then)."""
-        from .llm_gpu import own_kernel, rotary_kv_kernel
-
-        return own_kernel(rotary_kv_kernel, self, inputs, output)

@@ -7,14 +7,14 @@ cubic with border padding, where onnxruntime and PyTorch clamp each tap and the 
 coordinate): padding is applied to each tap's integer index, nearest rounds half to even, cubic uses Keys'
 kernel with a = -0.75; RoiAlign's max mode takes the largest *weighted corner* of each bilinear sample.
 The ref target computes them with vectorized numpy (a loop over the few taps / corners); the gpu target
-with the kernels in ``sampling.cu`` (one thread per output position; nothing allocated: captured).
+with the kernels in ``sampling.cu`` (:mod:`.vision_gpu`: one thread per output position; nothing
+allocated: captured).
 Source: ONNX operator spec (GridSample-22, RoiAlign-22); onnxruntime ``grid_sample.cc``, ``roialign.cc``.
 """
 from __future__ import annotations
 
 import functools
 import itertools
-import os
 
 import numpy as np
 
@@ -22,30 +22,9 @@ from ..errors import ExecutionError, ShapeError
 from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 FLOATS = ("float16", "float32", "float64")
 GS_MODES = ("nearest", "linear", "cubic")
 GS_PADDING = ("zeros", "border", "reflection")
-_CTYPES = {"float16": "__half", "float32": "float", "float64": "double"}
-_HALF = ("#if defined(__HIPCC_RTC__) || defined(__HIPCC__)\n#include <hip/hip_fp16.h>\n#else\n"
-         "#include <cuda_fp16.h>\n#endif\n")
-BLOCK = 256
-
-
-@functools.lru_cache(maxsize=None)
-def sampling_module(dtype: str):
-    """``sampling.cu`` compiled for element type ``dtype`` (CuPy RawModule)."""
-    import cupy
-
-    with open(os.path.join(_HERE, "sampling.cu")) as f:
-        src = f.read()
-    acc = "double" if dtype == "float64" else "float"
-    head = _HALF if dtype == "float16" else ""
-    return cupy.RawModule(code=head + f"typedef {_CTYPES[dtype]} T;\ntypedef {acc} ACC;\n" + src)
-
-
-def _grid(total: int) -> int:
-    return max(1, min((total + BLOCK - 1) // BLOCK, 65535))
 
 
 def _work(dtype) -> type:
@@ -156,23 +135,6 @@ class GridSample(Operation):
             acc += v * w[:, None, :]
         out[...] = acc.reshape(out.shape)
 
-    def gpu_kernel(self, inputs, output):
-        x, g = inputs
-        nd = x.ndim - 2
-        dims = [1] * (3 - nd) + list(x.lens[2:])
-        odims = [1] * (3 - nd) + list(g.lens[1:-1])
-        total = x.lens[0] * int(np.prod(odims))
-        scal = [np.int64(v) for v in [x.lens[0], x.lens[1]] + dims + odims] + \
-            [np.int32(nd), np.int32(GS_MODES.index(self.mode)), np.int32(GS_PADDING.index(self.padding_mode)),
-             np.int32(self.align_corners)]
-
-        def run(ctx, out, args, ws):
-            if total:
-                sampling_module(x.dtype).get_function("mgx_grid_sample")((_grid(total),), (BLOCK,),
-                                                                         (args[0], args[1], out, *scal))
-
-        return run, 1, [], True, "sampling.cu grid_sample"
-
 
 # ---------------------------------------------------------------------------------------------------
 # RoiAlign
@@ -281,22 +243,6 @@ class RoiAlign(Operation):
         else:
             r = np.where(ok, vals[0] + vals[1] + vals[2] + vals[3], F(0)).sum(axis=(2, 4)) / F(count)
         return r.transpose(0, 3, 1, 2)
-
-    def gpu_kernel(self, inputs, output):
-        x, rois, _ = inputs
-        R = rois.lens[0]
-        total = output.elements()
-        acc = np.float64 if x.dtype == "float64" else np.float32
-        scal = [np.int64(v) for v in (R, *x.lens, self.output_height, self.output_width)]
-        tail = [acc(self.spatial_scale), np.int64(self.sampling_ratio), np.int32(self.half_pixel),
-                np.int32(self.mode == "max")]
-
-        def run(ctx, out, args, ws):
-            if total:
-                sampling_module(x.dtype).get_function("mgx_roi_align")((_grid(total),), (BLOCK,),
-                                                                       (args[0], args[1], args[2], out, *scal, *tail))
-
-        return run, 1, [], True, "sampling.cu roi_align"
 
 
 # ---------------------------------------------------------------------------------------------------

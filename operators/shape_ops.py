@@ -181,12 +181,6 @@ class TopK(Operation):
         out[1][...] = idx
         out[0][...] = xp.take_along_axis(x, idx, axis=a)
 
-    def gpu_kernel(self, inputs, output):
-        """``topk.cu`` (see :mod:`.topk_gpu`); None (the generic kernel) for element types it lacks."""
-        from .topk_gpu import topk_gpu_kernel
-
-        return topk_gpu_kernel(self, inputs, output)
-
 
 @register_op
 class Unique(Operation):
@@ -194,7 +188,6 @@ class Unique(Operation):
     or slices) is data-dependent, specialized and guarded like NonZero's."""
 
     name = "unique"
-    gpu_supported = False
 
     def __init__(self, count=0, axis=None, sorted=1):
         super().__init__(count=int(count), axis=None if axis is None else int(axis), sorted=int(sorted))

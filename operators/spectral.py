@@ -4,7 +4,7 @@ MelWeightMatrix.
 
 Complex values are ONNX's real representation: a trailing dim of 2 (real, imaginary); a real signal has a
 trailing dim of 1.  The ref target runs ``numpy.fft`` (complex64; complex128 for float64).  The gpu target
-runs cuFFT (hipFFT on ROCm) through CuPy's ``cupy.cuda.cufft.Plan1d``: the signal is copied into a complex
+(:mod:`.signal_gpu`) runs cuFFT (hipFFT on ROCm) through CuPy's ``cupy.cuda.cufft.Plan1d``: the signal is copied into a complex
 workspace with the transformed axis last (zero-padded), one batched C2C plan transforms it into a second
 workspace, and the bins are copied (scaled by 1/n for an inverse) into ``out``.  An IRFFT builds the
 Hermitian full spectrum in the workspace first (real part of the C2C inverse).  Plans are made on an
@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CaptureError, ExecutionError, ShapeError
+from ..errors import ExecutionError, ShapeError
 from ..ir.shape import Shape
 from .base import Operation, check_inputs, register_op
 
 FLOATS = ("float16", "float32", "float64")
-
-
-def _work(dtype: str) -> str:
-    return "float64" if dtype == "float64" else "float32"
 
 
 def as_complex(x):
@@ -44,42 +40,6 @@ def _store(out, y):
     out[..., 0] = np.real(y)
     if out.shape[-1] == 2:
         out[..., 1] = np.imag(y)
-
-
-class _Plans:
-    """The cuFFT plans of one instruction, keyed by (length, batch, dtype); made on an eager run only."""
-
-    def __init__(self):
-        self.plans = {}
-
-    def fft(self, ctx, src, dst, n: int, batch: int, inverse: bool) -> None:
-        """dst = FFT of src (complex-viewed workspaces [batch, n, 2] of float32 / float64) along n."""
-        from cupy.cuda import cufft
-
-        key = (n, batch, src.dtype.name)
-        plan = self.plans.get(key)
-        if plan is None:
-            queue = getattr(ctx, "current_queue", ctx.queue)
-            if ctx.runtime.capturing([queue]):
-                raise CaptureError("cuFFT plan", "not made yet", f"a plan for length {n} x {batch} is made on an "
-                                                                 f"eager run, never inside a capture")
-            kind = cufft.CUFFT_Z2Z if src.dtype == np.float64 else cufft.CUFFT_C2C
-            plan = self.plans[key] = cufft.Plan1d(n, kind, batch)
-        cdt = np.complex128 if src.dtype == np.float64 else np.complex64
-        a = src.reshape(batch, n * 2).view(cdt)
-        b = dst.reshape(batch, n * 2).view(cdt)
-        plan.fft(a, b, cufft.CUFFT_INVERSE if inverse else cufft.CUFFT_FORWARD)
-
-
-def _mirror_into(xp, ws, src, n):
-    """The conjugate-symmetric upper half of a one-sided spectrum: ws[..., n - k, :] = conj(src[..., k, :])
-    for k = 1 .. min((n - 1) // 2, len - 1) (ws ``[..., n, 2]``, src ``[..., len, 2]``)."""
-    q = min((n - 1) // 2, src.shape[-2] - 1)
-    if q <= 0:
-        return
-    dst = ws[..., n - 1:n - 1 - q:-1, :]
-    xp.copyto(dst[..., 0], src[..., 1:1 + q, 0], casting="same_kind")
-    xp.negative(src[..., 1:1 + q, 1], out=dst[..., 1], casting="same_kind")
 
 
 @register_op
@@ -125,35 +85,6 @@ class DFT(Operation):
                 y = np.take(y, np.arange(n // 2 + 1), axis=a)
         _store(out, y)
 
-    def gpu_kernel(self, inputs, output):
-        x = inputs[0]
-        a, n = self.axis, self.length
-        others = [d for i, d in enumerate(x.lens[:-1]) if i != a]
-        batch = int(np.prod(others)) if others else 1
-        work = Shape(_work(x.dtype), others + [n, 2])
-        plans = _Plans()
-        irfft = bool(self.inverse and self.onesided)
-        used = min(x.lens[a], n // 2 + 1 if irfft else n)
-        K = output.lens[a]
-
-        def run(ctx, out, args, ws):
-            xp = ctx.xp
-            src = xp.moveaxis(args[0], a, -2)
-            wi, wo = ws
-            wi.fill(0)
-            xp.copyto(wi[..., :used, :src.shape[-1]], src[..., :used, :], casting="same_kind")
-            if irfft:
-                _mirror_into(xp, wi, src[..., :used, :], n)
-            if batch:
-                plans.fft(ctx, wi, wo, n, batch, bool(self.inverse))
-            res = xp.moveaxis(wo, -2, a)[(slice(None),) * a + (slice(0, K),)][..., :out.shape[-1]]
-            if self.inverse:
-                xp.multiply(res, 1.0 / n, out=out, casting="same_kind")
-            else:
-                xp.copyto(out, res, casting="same_kind")
-
-        return run, 4 + irfft * 2, [work, work], True, "cuFFT dft"
-
 
 @register_op
 class STFT(Operation):
@@ -182,7 +113,7 @@ class STFT(Operation):
         frames = 1 + (s.lens[1] - n) // step
         return Shape(s.dtype, [s.lens[0], frames, n // 2 + 1 if self.onesided else n, 2])
 
-    def _frames(self, xp, s):
+    def frames(self, xp, s):
         n, step = self.frame_length, self.frame_step
         B, T, c = s.shape
         F = 1 + (T - n) // step
@@ -191,28 +122,9 @@ class STFT(Operation):
 
     def compute(self, ctx, out, args, ws):
         s, w = np.asarray(args[0]), np.asarray(args[1])
-        frames = as_complex(self._frames(np, s)) * w.astype(np.float64 if s.dtype == np.float64 else np.float32)
+        frames = as_complex(self.frames(np, s)) * w.astype(np.float64 if s.dtype == np.float64 else np.float32)
         y = np.fft.fft(frames, axis=2)[:, :, :out.shape[2]]
         _store(out, y)
-
-    def gpu_kernel(self, inputs, output):
-        s = inputs[0]
-        B, F, K, _ = output.lens
-        n = self.frame_length
-        work = Shape(_work(s.dtype), [B, F, n, 2])
-        plans = _Plans()
-
-        def run(ctx, out, args, ws):
-            xp = ctx.xp
-            wi, wo = ws
-            fr = self._frames(xp, args[0])
-            wi.fill(0)
-            xp.multiply(fr, args[1].reshape(n, 1), out=wi[..., :fr.shape[-1]], casting="same_kind")
-            if B * F:
-                plans.fft(ctx, wi, wo, n, B * F, False)
-            xp.copyto(out, wo[:, :, :K, :], casting="same_kind")
-
-        return run, 4, [work, work], True, "cuFFT stft"
 
 
 # ---------------------------------------------------------------------------------------------------

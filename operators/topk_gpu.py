@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.shape import Shape
-from .gpu import GpuKernel
+from .gpu_kernel import GpuKernel
+from .gpu_lowering import gpu_kernel_for
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SMEM_BYTES = 48 * 1024  # dynamic shared memory a block may take without an opt-in (CUDA and HIP)
@@ -117,6 +118,11 @@ def plan_for(x: Shape, axis: int, k: int, largest: int) -> Plan | None:
     outer = int(np.prod(x.lens[:axis])) if axis else 1
     inner = int(np.prod(x.lens[axis + 1:])) if axis + 1 < len(x.lens) else 1
     return Plan(outer, int(x.lens[axis]), inner, int(k), int(largest), x.dtype)
+
+
+@gpu_kernel_for("topk")
+def _lower_topk(op, inputs: list[Shape], output, ins) -> GpuKernel | None:
+    return topk_gpu_kernel(op, inputs, output)
 
 
 def topk_gpu_kernel(op, inputs: list[Shape], output) -> GpuKernel | None:

@@ -195,9 +195,10 @@ def test_grouped_plan_matches_numpy(kernel, dtype, B, N, Nkv, P, H, opts):
 
 
 def test_the_plans_the_ops_make_match_numpy():
-    """The kernels decode_attention.gpu_kernel and grouped_attention.gpu_kernel plan (their specs from the
-    instructions' shapes: strides, roles, options), run on the host."""
+    """The kernels the gpu kernel table's entries for decode_attention and grouped_attention plan (their
+    specs from the instructions' shapes: strides, roles, options), run on the host."""
     from mgx_graph.operators import make_op
+    from mgx_graph.operators.gpu_lowering import table_kernel
 
     rng = np.random.default_rng(11)
     B, N, Nkv, P, H = 2, 6, 2, 300, 32
@@ -208,7 +209,7 @@ def test_the_plans_the_ops_make_match_numpy():
     qd = q.transpose(0, 2, 1, 3)  # [B, N, 1, H] view
     op = make_op("decode_attention", scale=0.2, mask=1, nan_zero=1)
     shapes = [_shape(a) for a in (qd, k, v, mask)]
-    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    kern = table_kernel(op, shapes, op.compute_shape(shapes))
     out = np.full((B, N, 1, H), 7, np.float16)
     attn_host.run(kern.fn.plan, {"q": qd, "k": k, "v": v, "mask": mask}, out)
     want = attn_oracle.attention(qd, k, v, 0.2, mask=mask.astype(np.float16), nan_zero=True)
@@ -219,7 +220,7 @@ def test_the_plans_the_ops_make_match_numpy():
     kc, vc = np.ascontiguousarray(k), np.ascontiguousarray(v)
     op = make_op("grouped_attention", local_window=50, sink=1)
     shapes = [_shape(a) for a in (q, kc, vc, pos, lens, np.arange(P), sink)]
-    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    kern = table_kernel(op, shapes, op.compute_shape(shapes))
     out = np.full((B, 1, N * H), 7, np.float16)
     attn_host.run(kern.fn.plan, {"q": q, "k": kc, "v": vc, "pos": pos, "kv_len": lens, "sink": sink}, out)
     t = np.arange(P)

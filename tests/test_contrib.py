@@ -137,7 +137,7 @@ def test_other_contrib_op_names_op_and_domain():
 @pytest.fixture
 def host_dq_lstm_cu(monkeypatch):
     import cu_host
-    from mgx_graph.operators import dq_lstm
+    from mgx_graph.operators import dq_lstm, lstm_gpu
 
     if not cu_host.available():
         pytest.skip("needs g++")
@@ -147,13 +147,14 @@ def host_dq_lstm_cu(monkeypatch):
         def get_function(self, name):
             return lambda grid, block, args: cu_host.launch(lib, name, *args)
 
-    monkeypatch.setattr(dq_lstm, "dq_lstm_module", Module)
+    monkeypatch.setattr(lstm_gpu, "dq_lstm_module", Module)
 
 
 def run_gpu_kernel_on_host(model, x, transposed_x=False):
     """The gpu kernel of the model's one dynamic_quantize_lstm on numpy arrays (the parser's inputs:
     initializers, and zeros for omitted zero points); ``transposed_x``: X given as a non-standard view."""
     from mgx_graph.operators import make_op
+    from mgx_graph.operators.gpu_lowering import table_kernel
     from mgx_graph.ir.shape import Shape
 
     node = model.graph.node[0]
@@ -166,11 +167,11 @@ def run_gpu_kernel_on_host(model, x, transposed_x=False):
     shapes = [Shape(a.dtype.name, a.shape, [s // a.itemsize for s in a.strides]) for a in args]
     out_shapes = op.compute_shape(shapes)
     out = tuple(np.full(s.lens, np.nan, np.float32) for s in out_shapes)
-    fn, launches, ws_shapes, capturable, label = op.gpu_kernel(shapes, out_shapes)
-    ws = [np.full(s.lens, 7, s.np_dtype) for s in ws_shapes]  # garbage: the kernels must write before reading
+    k = table_kernel(op, shapes, out_shapes)
+    ws = [np.full(s.lens, 7, s.np_dtype) for s in k.workspace]  # garbage: the kernels must write before reading
     ctx = types.SimpleNamespace(xp=np)
-    fn(ctx, out, args, ws)
-    return out, launches, capturable
+    k.fn(ctx, out, args, ws)
+    return out, k.launches, k.capturable
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -11,6 +11,7 @@ import pytest
 import mgx_graph
 from mgx_graph import Program, Shape
 from mgx_graph.operators import make_op
+from mgx_graph.operators.gpu_lowering import table_kernel
 
 import attn_oracle
 
@@ -293,7 +294,7 @@ def _shape_of(a) -> Shape:
 
 def _gpu_plan(op, arrays):
     shapes = [_shape_of(a) for a in arrays]
-    kern = op.gpu_kernel(shapes, op.compute_shape(shapes))
+    kern = table_kernel(op, shapes, op.compute_shape(shapes))
     return kern, kern.fn.plan
 
 

@@ -1,5 +1,5 @@
 """decode_attention.cu on a GPU against the float64 numpy oracle, for many shapes in two tests (a GPU with
-CuPy only): the kernels the ops choose (decode_attention.gpu_kernel, grouped_attention.gpu_kernel for one
+CuPy only): the kernels the gpu kernel table gives the ops (decode_attention, grouped_attention for one
 row per batch entry) launched on device arrays laid out as given, float16 / float32, GQA ratios 1 .. 8,
 cache lengths 1 .. 20000 (one split, several, several chunks per split), head sizes 16 .. 256, several query
 rows, masks broadcast or per head, rows that see no key, the exports' transposed cache layout and a
@@ -9,6 +9,7 @@ import pytest
 
 from mgx_graph import Shape
 from mgx_graph.operators import make_op
+from mgx_graph.operators.gpu_lowering import table_kernel
 
 import attn_oracle
 
@@ -49,7 +50,7 @@ def _launch(op, arrays: list):
 
     shapes = [_shape(a) for a in arrays]
     out_shape = op.compute_shape(shapes)
-    k = op.gpu_kernel(shapes, out_shape)
+    k = table_kernel(op, shapes, out_shape)
     assert k is not None and "decode_attention.cu" in k.label, (op, k)
     out = cupy.full(out_shape.lens, 7, out_shape.np_dtype)
     ws = [cupy.empty(s.lens, s.np_dtype) for s in k.workspace]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from mgx_graph.operators.gather_scatter import gathernd_geometry
+from mgx_graph.operators.index_gpu import gathernd_geometry
 from native_util import run_native
 from util import make_model, ort_run
 

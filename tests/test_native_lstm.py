@@ -113,6 +113,7 @@ def run_gpu_kernel_on_host(direction, args, strided=()):
 
     from mgx_graph.operators import make_op
     from mgx_graph.operators.gpu import _dot_kernel
+    from mgx_graph.operators.gpu_lowering import table_kernel
     from mgx_graph.ir.shape import Shape
 
     def shape(a):
@@ -130,12 +131,12 @@ def run_gpu_kernel_on_host(direction, args, strided=()):
     op = make_op("lstm", hidden_size=H, direction=direction)
     shapes = [shape(a) for a in args]
     out_shapes = op.compute_shape(shapes)
-    fn, launches, ws_shapes, capturable, label = op.gpu_kernel(shapes, out_shapes)
-    assert capturable and label.startswith("lstm.cu")
+    k = table_kernel(op, shapes, out_shapes)
+    assert k.capturable and k.label.startswith("lstm.cu")
     out = tuple(np.full(s.lens, np.nan, s.np_dtype) for s in out_shapes)
-    ws = [np.full(s.lens, 7, s.np_dtype) for s in ws_shapes]  # garbage: the kernel must write before reading
-    fn(types.SimpleNamespace(xp=strict_xp(found), matmul=matmul), out, args, ws)
-    return out, launches, found
+    ws = [np.full(s.lens, 7, s.np_dtype) for s in k.workspace]  # garbage: the kernel must write before reading
+    k.fn(types.SimpleNamespace(xp=strict_xp(found), matmul=matmul), out, args, ws)
+    return out, k.launches, found
 
 
 def _args(model, feeds, B):

@@ -165,11 +165,12 @@ def test_roi_align_errors():
 # -- the gpu kernels' arithmetic, built for the host ----------------------------------------------------
 @pytest.fixture
 def host_sampling_cu(monkeypatch):
-    """operators/sampling.cu compiled with g++ and launched through the ops' own gpu_kernel glue."""
+    """operators/sampling.cu compiled with g++ and launched through the glue of the ops' entries in the
+    gpu kernel table (operators/vision_gpu.py)."""
     import os
 
     import cu_host
-    from mgx_graph.operators import sampling
+    from mgx_graph.operators import sampling, vision_gpu
 
     if not cu_host.available():
         pytest.skip("needs g++")
@@ -183,17 +184,18 @@ def host_sampling_cu(monkeypatch):
         def get_function(self, name):
             return lambda grid, block, args: cu_host.launch(self.lib, name, *args)
 
-    monkeypatch.setattr(sampling, "sampling_module", Module)
+    monkeypatch.setattr(vision_gpu, "sampling_module", Module)
 
     def run(name, args, **attrs):
         from mgx_graph.operators import make_op
+        from mgx_graph.operators.gpu_lowering import table_kernel
         from mgx_graph.ir.shape import Shape
 
         op = make_op(name, **attrs)
         shapes = [Shape(a.dtype.name, a.shape) for a in args]
         out_shape = op.compute_shape(shapes)
         out = np.full(out_shape.lens, np.nan, out_shape.np_dtype)
-        op.gpu_kernel(shapes, out_shape)[0](None, out, [np.ascontiguousarray(a) for a in args], [])
+        table_kernel(op, shapes, out_shape).fn(None, out, [np.ascontiguousarray(a) for a in args], [])
         return out
 
     return run

@@ -306,7 +306,8 @@ def test_mel_weight_matrix_out_of_range():
 # -- the gpu kernels' data movement, with numpy standing in for CuPy and numpy.fft for the cuFFT plan -----
 @pytest.fixture
 def host_fft_glue(monkeypatch):
-    from mgx_graph.operators import make_op, spectral
+    from mgx_graph.operators import make_op, signal_gpu
+    from mgx_graph.operators.gpu_lowering import table_kernel
     from mgx_graph.ir.shape import Shape
 
     def plan_fft(self, ctx, src, dst, n, batch, inverse):  # cuFFT semantics: the inverse is not scaled
@@ -314,7 +315,7 @@ def host_fft_glue(monkeypatch):
         a, b = src.reshape(batch, n * 2).view(cdt), dst.reshape(batch, n * 2).view(cdt)
         b[...] = np.fft.ifft(a, axis=1) * n if inverse else np.fft.fft(a, axis=1)
 
-    monkeypatch.setattr(spectral._Plans, "fft", plan_fft)
+    monkeypatch.setattr(signal_gpu._Plans, "fft", plan_fft)
 
     class Ctx:
         xp = np
@@ -323,10 +324,10 @@ def host_fft_glue(monkeypatch):
         op = make_op(name, **attrs)
         shapes = [Shape(a.dtype.name, a.shape) for a in args]
         out_shape = op.compute_shape(shapes)
-        fn, _, ws, capturable, _ = op.gpu_kernel(shapes, out_shape)
-        assert capturable
+        k = table_kernel(op, shapes, out_shape)
+        assert k.capturable
         out = np.full(out_shape.lens, np.nan, out_shape.np_dtype)
-        fn(Ctx, out, args, [np.full(s.lens, np.nan, s.np_dtype) for s in ws])  # workspaces start as garbage
+        k.fn(Ctx, out, args, [np.full(s.lens, np.nan, s.np_dtype) for s in k.workspace])  # workspaces start as garbage
         return out
 
     return run

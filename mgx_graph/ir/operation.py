@@ -4,8 +4,9 @@ An :class:`Operation` is what an instruction does.  Like a MIGraphX ``operation`
 ``name``, reflected attributes, ``compute_shape`` and (for views) ``output_alias``.  Kernels are
 written once against an array namespace ``xp`` (numpy on the ``ref`` target, CuPy on ``gpu``) and
 always write into a preallocated ``out`` array, so no buffer is allocated while a graph is captured.
-A target may override an op's kernel (``gpu_kernel``) with a fused or library-backed one.  The ops
-themselves live in ``mgx_graph.operators`` and register here (:func:`register_op`).
+Ops are target-neutral: which kernel a target runs for an op is the target's choice (the gpu target's
+kernel table, ``mgx_graph.operators.gpu_lowering``).  The ops themselves live in
+``mgx_graph.operators`` and register here (:func:`register_op`).
 """
 from __future__ import annotations
 
@@ -88,7 +89,6 @@ class Operation:
     builtin = False
     float32_only = False
     side_effects = False  # kept by dead-code elimination even when nothing reads it
-    gpu_supported = True  # False: the gpu target runs it on the host (host fallback)
     uses_blas = False  # True: its kernel calls ctx.matmul (the vendor BLAS handle is made at finalize)
     step_kind: str | None = None  # eval-loop step this op needs ("guard", "copy_from_gpu", ...); None: the default
 
@@ -99,10 +99,6 @@ class Operation:
         """The input whose buffer result ``index`` (a tuple index; None for the one result) may be,
         or None: input 0 for the one result of an ``inplace_ok`` op, nothing else by default."""
         return 0 if index is None and self.inplace_ok else None
-
-    def runs_on_gpu(self, in_shapes: list) -> bool:
-        """Whether the gpu target runs this op with inputs ``in_shapes`` on the device (else: host fallback)."""
-        return self.gpu_supported
 
     def __getattr__(self, key):
         attrs = self.__dict__.get("attrs")
@@ -150,12 +146,6 @@ class Operation:
     def workspace(self, inputs: list[Shape], output: Shape) -> list[Shape]:
         """Scratch buffers the generic kernel needs (planned by memory planning)."""
         return []
-
-    def gpu_kernel(self, inputs: list[Shape], output: Shape):
-        """Optional GPU override: a :class:`~mgx_graph.operators.gpu.GpuKernel` or a tuple
-        ``(fn(ctx, out, args, ws), launches, workspace_shapes[, capturable, label])``; None: the default
-        choice of :func:`~mgx_graph.operators.gpu.select_gpu_kernel`."""
-        return None
 
     alloc_free = False
 

@@ -2,10 +2,9 @@
 
 Sets ``ins.meta["kernel"]`` (a :class:`Kernel`) on every non-builtin, non-view instruction:
 the function, the number of device launches it issues, its scratch buffers, and whether it may be
-recorded into a graph.  On ``ref`` every kernel is one host function on the queue; on ``gpu`` an
-op's own ``gpu_kernel`` when it gives one (the generated kernels of ``pointwise`` / ``fused_reduce``),
-else, for a one-row ``dot`` against a constant weight, the GEMV of
-:mod:`mgx_graph.operators.gemv_gpu` (``MIGRAPHX_GEMV``), else :func:`mgx_graph.operators.gpu.select_gpu_kernel`.
+recorded into a graph.  On ``ref`` every kernel is one host function on the queue; on ``gpu`` the
+kernel the gpu target's kernel table gives (:func:`mgx_graph.operators.gpu_lowering.select_gpu_kernel`:
+one entry per op name, the fused ops included), which also says which ops have no device kernel.
 
 A fused instruction (``pointwise``, ``fused_reduce``) first gives up its submodule: the op keeps it
 (its kernel runs it) and the module leaves the program, so what follows (graph regions, memory
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import CompileError
+from ..operators.gpu_lowering import runs_on_gpu, select_gpu_kernel
 from .analysis import bound_params
 from .pass_manager import Pass
 
@@ -55,7 +55,7 @@ def host_instructions(program) -> list[str]:
     """Every instruction of ``program`` (all modules) that runs on the host in place of a device kernel,
     as ``"module:@index op"`` (``onnx_op`` with its ONNX op type): those lowering placed on the host
     (host fallback, ``host_ops``, string tensors) and those whose op has no device kernel at all
-    (``gpu_supported`` False: ``onnx_op`` evaluated by onnx.reference, ``unique``, ...), on either
+    (the kernel table's ``HOST_ONLY``: ``onnx_op`` evaluated by onnx.reference, ``unique``), on either
     target, so a ``ref`` program reports what its ``gpu`` build would run on the host.  Views, builtins,
     the ``copy_from_gpu`` / ``copy_to_gpu`` around a fallback and control flow (``if`` / ``loop``,
     whose bodies are counted instruction by instruction) are not counted."""
@@ -65,7 +65,7 @@ def host_instructions(program) -> list[str]:
             op = ins.op
             if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
                 continue
-            if ins.meta.get("on_host") or not op.runs_on_gpu([i.shape for i in ins.inputs]):
+            if ins.meta.get("on_host") or not runs_on_gpu(op, [i.shape for i in ins.inputs]):
                 kind = f"{op.name}({op.attrs['op_type']})" if "op_type" in op.attrs else op.name
                 res.append(f"{m.name}:{m.label_of(ins)} {kind}")
     return res
@@ -142,7 +142,7 @@ class Lowering(Pass):
                 op = ins.op
                 if op.builtin or op.is_view or ins.module_inputs or op.name in ("copy_from_gpu", "copy_to_gpu"):
                     continue
-                on_gpu = op.runs_on_gpu([i.shape for i in ins.inputs])
+                on_gpu = runs_on_gpu(op, [i.shape for i in ins.inputs])
                 if (target == "gpu" and not on_gpu) or op.name in self.host_ops:
                     insert_host_fallback(m, ins)
                     fallback.append(op.name)
@@ -165,25 +165,6 @@ class Lowering(Pass):
         capt = op.capturable and not op.host_only
         if target == "ref":
             return Kernel(op.compute, 1, op.workspace(in_shapes, out_shape), capt, "host")
-        from ..operators.gpu import GpuKernel, select_gpu_kernel
-
-        k = op.gpu_kernel(in_shapes, out_shape)
-        if k is None and op.name == "dot":
-            from ..operators.gemv_gpu import dot_gemv_kernel
-
-            k = dot_gemv_kernel(ins, in_shapes, out_shape)
-        if isinstance(k, tuple):  # (fn, launches, workspace[, capturable[, label]]) as Operation.gpu_kernel documents
-            k = GpuKernel(k[0], k[1], list(k[2]), bool(k[3]) if len(k) > 3 else True,
-                          k[4] if len(k) > 4 else f"{op.name} (op kernel)")
-        if k is None:
-            k = select_gpu_kernel(op, in_shapes, out_shape)
-        launches = k.launches - (len(bound_params(ins)) if _copies_data(op, k.label) else 0)
+        k = select_gpu_kernel(op, in_shapes, out_shape, ins)
+        launches = k.launches - (len(bound_params(ins)) if k.bound_copies else 0)
         return Kernel(k.fn, launches, k.workspace, k.capturable and capt, k.label)
-
-
-def _copies_data(op, label: str) -> bool:
-    """A scatter kernel that copies its data input into the output first unless the output is that
-    buffer: each result bound in place (``bind_param``) issues one launch fewer than planned."""
-    return (op.name == "scatternd" and label == "scatternd.cu") or \
-        (op.name == "fused_scatternd" and label.startswith("scatternd (generated ")) or \
-        (op.name == "fused_horizontal" and label.startswith("horizontal (generated "))
