@@ -14,5 +14,6 @@ from . import reinterpret  # noqa: F401
 from . import fused, fused_horizontal, fused_scatter  # noqa: F401  (pointwise / fused_reduce / fused_scatternd / fused_horizontal)
 # the gpu target's kernel table (gpu_lowering): each module registers the entries of its family
 from . import gpu, pointwise_gpu, index_gpu, topk_gpu, vision_gpu, signal_gpu, lstm_gpu, llm_gpu, fused_gpu  # noqa: F401
+from . import quantized_gpu  # noqa: F401
 
 __all__ = ["Operation", "make_op", "register_op", "registered_ops"]

@@ -140,12 +140,6 @@ class MatMulNBits(Operation):
         xp.take(scales, g, axis=1, out=gs)
         xp.multiply(wk, gs, out=wk)
 
-    def gpu_kernel(self, inputs, output):
-        """``gemv_nbits.cu``: :func:`.quantized_gpu.matmul_nbits_kernel` (None: :meth:`compute` runs)."""
-        from .quantized_gpu import matmul_nbits_kernel
-
-        return matmul_nbits_kernel(self, inputs, output)
-
     def launches(self, inputs, output):
         per = 8 // self.bits
         unpack = 2 * per - (self.bits == 8)
@@ -276,12 +270,6 @@ class GatherBlockQuantized(Operation):
             else:
                 xp.subtract(w, zp[..., blocks][expand], out=w)
             xp.multiply(w, sc[..., blocks][expand], out=w)
-
-    def gpu_kernel(self, inputs, output):
-        """``gemv_nbits.cu``: :func:`.quantized_gpu.matmul_nbits_kernel` (None: :meth:`compute` runs)."""
-        from .quantized_gpu import matmul_nbits_kernel
-
-        return matmul_nbits_kernel(self, inputs, output)
 
     def launches(self, inputs, output):
         per = 8 // self.bits

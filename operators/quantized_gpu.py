@@ -1,6 +1,6 @@
 """The gpu kernels of ``matmul_nbits`` (onnxruntime's com.microsoft::MatMulNBits): ``gemv_nbits.cu``.
 
-:func:`matmul_nbits_kernel` (the op's ``gpu_kernel`` hook) picks, for an instruction's shapes:
+:func:`matmul_nbits_kernel` (the ``matmul_nbits`` entry of the gpu kernel table) picks, for an instruction's shapes:
 
 * with at most :data:`MAX_ROWS` rows of A (a decode step), no ``g_idx`` and ``MIGRAPHX_GEMV_NBITS`` on
   (the default): ``mgx_gemv_nbits``, one launch that reads the packed weight once and dequantizes it
@@ -35,6 +35,7 @@ import numpy as np
 
 from ..ir.shape import Shape
 from .gpu_kernel import GpuKernel
+from .gpu_lowering import gpu_kernel_for
 
 NT = 256  # threads per block of mgx_gemv_nbits
 TARGET_BLOCKS = 256  # about two blocks per SM of an H100 / H200 (132 SMs)
@@ -349,3 +350,8 @@ def dequant_gemm_kernel(op, plan: DequantPlan, M: int) -> GpuKernel:
 
     run.plan = plan  # type: ignore[attr-defined]
     return GpuKernel(run, 2 + (plan.w.bias_dtype is not None), [Shape(plan.w.dtype, [N, K])], True, label)
+
+
+@gpu_kernel_for("matmul_nbits")
+def _lower_matmul_nbits(op, inputs: list[Shape], output: Shape, ins) -> GpuKernel | None:
+    return matmul_nbits_kernel(op, inputs, output)

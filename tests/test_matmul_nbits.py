@@ -18,6 +18,7 @@ import pytest
 import mgx_graph
 from mgx_graph.ir.operation import make_op
 from mgx_graph.ir.shape import Shape
+from mgx_graph.operators.gpu_lowering import table_kernel
 from mgx_graph.operators import quantized_gpu
 from mgx_graph.operators.quantized_gpu import (MAX_ROWS, NT, SMEM_X, TARGET_BLOCKS, DequantPlan, Weights,
                                                make_gemv_plan, matmul_nbits_kernel)
@@ -90,23 +91,23 @@ def _op_shapes(w, M, dtype="float16", g_idx=False, bias=False, **attrs):
                                                       (9, False, "1", "dequant_nbits.cu int4 b32 zp + gemm"),
                                                       (1, True, "1", "dequant_nbits.cu int4 b32 zp g_idx + gemm"),
                                                       (1, False, "0", "dequant_nbits.cu int4 b32 zp + gemm")])
-def test_the_hook_picks_the_gemv_for_a_few_rows(M, g_idx, setting, kind, monkeypatch):
+def test_the_table_picks_the_gemv_for_a_few_rows(M, g_idx, setting, kind, monkeypatch):
     from mgx_graph import env
 
     monkeypatch.setenv("MIGRAPHX_GEMV_NBITS", setting)
     env._reset_for_tests()
     w = quantized(np.random.default_rng(0), 64, 16, 4, 32, "packed", np.float16)
     op, ins, out = _op_shapes(w, M, g_idx=g_idx)
-    k = op.gpu_kernel(ins, out)
+    k = table_kernel(op, ins, out)
     assert k.label.startswith(kind) and k.capturable and op.kernel == k.label.split(" (")[0]
     assert (k.launches, k.workspace) == ((1, []) if kind.startswith("gemv") else (2, [Shape("float16", [16, 64])]))
     assert str(op).endswith(f",kernel={op.kernel}]")
 
 
-def test_the_hook_leaves_float64_to_the_array_evaluation():
+def test_the_table_leaves_float64_to_the_array_evaluation():
     w = quantized(np.random.default_rng(0), 64, 16, 4, 32, "float", np.float64)
     op, ins, out = _op_shapes(w, 1, dtype="float64")
-    assert op.gpu_kernel(ins, out) is None and op.kernel is None
+    assert table_kernel(op, ins, out) is None and op.kernel is None
 
 
 def test_saved_attributes_rebuild_the_op():
