@@ -22,7 +22,7 @@ What is timed (median milliseconds over ``n`` runs, after ``warmup`` untimed run
 
 Errors: ``max_abs_err`` is the largest |mgx_graph - onnxruntime CPU| over every output of the first
 run and of a run after the timed ones, eager and graph; ``passed`` applies the model's tolerance
-(``mgx_graph.models.pypi``) element-wise, as ``tests/test_real_models.py`` does.
+(``mgx_graph.models.pypi``) element-wise, as ``tests/models/test_real_models.py`` does.
 """
 from __future__ import annotations
 

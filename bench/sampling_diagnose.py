@@ -1,6 +1,6 @@
 """Where the device sampling tail (operators/token_sampling.cu) and mgx_graph.llm.sampling's rule disagree.
 
-Runs the top-p configurations of tests/test_token_sampling.py (same logits, seeds and steps) through
+Runs the top-p configurations of tests/operators/test_token_sampling.py (same logits, seeds and steps) through
 :class:`~mgx_graph.operators.token_sampling_gpu.SampleAdvance` and the numpy rule, and prints, per config,
 the agreement and for each mismatch: step, row, both ids and their scaled logits ``s``, the rule's kept
 set (size, smallest kept ``s``, ``Z`` = e-mass over what top-k keeps, ``p * Z``, the mass above each id)
@@ -27,7 +27,7 @@ CONFIGS = [dict(temperature=0.7, top_p=0.9), dict(top_k=50, top_p=0.9, temperatu
 SHAPES = [("float32", 3, 1000), ("float32", 4, 49152), ("float16", 2, 128256)]
 
 
-def _logits(rng, rows, v, dtype):  # as tests/test_token_sampling.py's
+def _logits(rng, rows, v, dtype):  # as tests/operators/test_token_sampling.py's
     x = rng.standard_normal((rows, v)) * 3
     x[:, rng.integers(0, v, 4)] += 6
     return x.astype(dtype)

@@ -1,5 +1,5 @@
 """A tiny random transformers checkpoint with a tokenizer, made offline: the input of ``mgx-graph export`` in
-tests/test_cli_export.py and the model of bench/clean_install_gpu.sh (exported by bench/download_gpu_wheels.sh).
+tests/cli/test_cli_export.py and the model of bench/clean_install_gpu.sh (exported by bench/download_gpu_wheels.sh).
 
     python bench/tiny_checkpoint.py OUT [--arch llama|mistral|qwen2|qwen3] [--seed N]
 

@@ -5,6 +5,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The test folders mirror the package; a test may import another's models and helpers by module name
+# (test basenames are unique across the folders).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.extend(os.path.join(_HERE, d) for d in sorted(os.listdir(_HERE))
+                if os.path.isdir(os.path.join(_HERE, d)) and not d.startswith(("_", ".")))
 
 from mgx_graph.runtime import gpu_available  # noqa: E402
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..errors import ParameterError
 
 #: transformers architectures (``config.json``'s ``architectures[0]``) whose builder graph mgx_graph runs,
-#: each checked token for token against onnxruntime-genai (tests/test_cli_export.py).
+#: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export.py).
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 PRECISIONS = ("fp32", "fp16", "int4")
 #: (precision, execution provider) pairs whose builder graph mgx_graph runs; the default provider of each precision.

@@ -25,7 +25,7 @@ import mgx_graph
 from mgx_graph.cli import main as cli
 from mgx_graph.cli.main import build_parser, main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ERROR = "mgx-graph: error: "
 
 

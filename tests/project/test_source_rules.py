@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIMITED = ("mgx_graph", "operators", "models")
 SCANNED = LIMITED + ("bench", "tests")
 MAX_FILE, MAX_FUNCTION, MAX_CLASS = 600, 80, 300

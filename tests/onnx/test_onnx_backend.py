@@ -35,7 +35,7 @@ def test_coverage_of_the_cases_onnxruntime_passes():
     import pytest
 
     ortb = pytest.importorskip("onnxruntime.backend")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
     from conformance import run_cases
     from onnx.backend.test.loader import load_model_tests
 

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
 sys.path.insert(0, BENCH)
 
 import greedy_host  # noqa: E402

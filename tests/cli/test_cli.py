@@ -3,7 +3,7 @@ several inputs, literal --input values, --fill0 / --fill1), the symbolic-dims hi
 perf's report and JSON, saved programs, the help texts in docs/cli.md, and the packaging metadata.  The
 value-dependent silero-vad runs are in :mod:`test_cli_silero`.
 
-``python tests/test_cli.py`` rewrites the help blocks of docs/cli.md's "Help texts" section."""
+``python tests/cli/test_cli.py`` rewrites the help blocks of docs/cli.md's "Help texts" section."""
 import json
 import math
 import os
@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mgx_graph.cli.main import help_texts, main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def cli(capsys, *argv):
@@ -355,9 +355,9 @@ def test_cli_doc_shows_each_commands_help_exactly():
     start, end = _help_section(text)
     shown = dict(BLOCK.findall(text[start:end]))
     want = help_texts()
-    assert list(shown) == list(want), "run `python tests/test_cli.py` to rewrite the help blocks"
+    assert list(shown) == list(want), "run `python tests/cli/test_cli.py` to rewrite the help blocks"
     for cmd, help_text in want.items():
-        assert shown[cmd] == help_text, f"{cmd} differs from docs/cli.md: run `python tests/test_cli.py`"
+        assert shown[cmd] == help_text, f"{cmd} differs from docs/cli.md: run `python tests/cli/test_cli.py`"
 
 
 def update_cli_doc() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from mgx_graph.cli.main import main
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 from tiny_checkpoint import save_checkpoint  # noqa: E402
 
 PROMPT = [1, 5, 9, 14, 22, 7]

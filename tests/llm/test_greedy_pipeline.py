@@ -185,7 +185,7 @@ def test_the_w1_runner_gives_transformers_ids_and_a_typed_error_when_the_cache_i
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
     from peer_systems import MgxStep
 
     n = SLOTS - len(PROMPT) + 1

@@ -1,5 +1,5 @@
 """operators/topk.cu run on the host (tests/attn_host.py: each block's threads as fibers, barriers for
-__syncthreads, the dynamic shared memory one static buffer) against the oracle of tests/test_native_topk.py
+__syncthreads, the dynamic shared memory one static buffer) against the oracle of tests/operators/test_native_topk.py
 (numpy's lexsort for floats, Python's sort for integers): each key kind (float16 / float32 / float64 /
 signed / unsigned), largest and smallest, k from 1 to the line, middle axes, lines of NaN / +-inf / ties /
 -0.0, and both slot layouts (shared memory, global workspaces); and the device build of each key kind."""

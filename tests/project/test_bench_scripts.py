@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import mgx_graph
 from util import make_model, ort_run
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
 sys.path.insert(0, BENCH)
 
 import conformance  # noqa: E402

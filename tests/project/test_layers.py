@@ -16,7 +16,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = {"mgx_graph": ROOT / "mgx_graph", "mgx_graph.operators": ROOT / "operators"}
 # modules that are imported but not scanned here: the native replay (a C extension) and the model builders
 NOT_SCANNED = {"mgx_graph._native": "base", "mgx_graph.models": "models"}

@@ -1,4 +1,4 @@
-"""LSTM attributes and inputs beside the default form of tests/test_native_lstm.py: what runs (peepholes
+"""LSTM attributes and inputs beside the default form of tests/operators/test_native_lstm.py: what runs (peepholes
 and layout 1 on the host, a constant sequence_lens of T everywhere, the default activations written out
 for both directions) against onnxruntime CPU, and what nothing here computes (activations other than the
 defaults in either direction, clip, input_forget, a constant sequence_lens other than T) as an

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 CODE = ("mgx_graph", "operators", "models")

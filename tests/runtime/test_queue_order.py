@@ -9,7 +9,7 @@ are checked against numpy.  Source: CUDA runtime API, "Stream synchronization be
 default stream waits for, and is waited for by, every blocking stream of its context).
 
 Captures are not recorded on the blocking queue (which would tie every legacy-stream use in the process
-to the capture) but on a private non-blocking one: ``tests/test_capture_queues.py``."""
+to the capture) but on a private non-blocking one: ``tests/graph/test_capture_queues.py``."""
 import numpy as np
 
 from test_host_fast_path import ALIAS, R, _compile, _host, f, step_model

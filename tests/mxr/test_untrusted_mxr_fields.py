@@ -311,7 +311,7 @@ def test_every_metadata_key_the_code_sets_is_known_to_the_load_checks():
     from mgx_graph.ir.codec import NOT_SAVED_META
     from mgx_graph.mxr.checks import META
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     set_keys = set()
     for folder in ("mgx_graph", "operators"):
         for path in (root / folder).rglob("*.py"):
