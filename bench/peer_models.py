@@ -142,8 +142,11 @@ def run_timeboxed(args: list, timeout_s: float) -> str | None:
 def registry_build(name: str, options: dict, timeout_s: float):
     """``(ModelInfo, None)`` of a registry build (made in a child process first when not cached), or
     ``(None, reason)``."""
-    from mgx_graph.models import build
+    from mgx_graph.models import build, load_info, model_dir
 
+    cached = model_dir(name, **options)
+    if (cached / "model.json").is_file():  # built already: no child process to start
+        return load_info(cached), None
     why = run_timeboxed(["build", name, json.dumps(options)], timeout_s)
     if why:
         return None, why
