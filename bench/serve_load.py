@@ -41,7 +41,8 @@ Writes ``--out`` (JSON: machine, commit, options, workload, cells, summary with 
 file is rewritten after every level) and a PNG beside it, and prints a table. Exit status: 0; 1 when the
 server failed (did not start, died, or a request failed); 2 for bad options or no GPU.
 
-On a GPU machine without a network (W1R; ``--build-only`` first, in a call of its own):
+On a GPU machine without a network (W1R; ``--build-only`` makes the folder, about a minute, then the run
+finds it in the cache):
 
     python bench/serve_load.py W1R --target gpu --build-only
     python bench/serve_load.py W1R --target gpu --clients 1,8,32 --max-tokens 128 --prompt-tokens 32 \\
