@@ -115,3 +115,22 @@ def test_a_stop_string_after_the_window_moved_on(tok):
     pieces, final, n, adds = _stream(tok, ids, stops)
     assert (n, final) == (want_n, want_text) and "".join(pieces) == final
     assert max(adds) <= 2 * RowText.CONTEXT + 4
+
+
+class _Framed:
+    """A decode that writes ``[`` before the text: no window's text is ever the end of the whole's."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "[" + self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def test_a_window_that_never_matches_leaves_the_whole_decode():
+    tok = _Framed(byte_level_bpe())
+    ids = tok.tok(TEXT)["input_ids"]
+    pieces, final, n, adds = _stream(tok, ids, ("🎉🎉 d",))
+    want_n, want_text = _first_stop(tok, ids, ("🎉🎉 d",))
+    assert (n, final) == (want_n, want_text) and "".join(pieces) == final and final.startswith("[Grüße")
+    assert max(adds) == n  # every add decoded the sequence so far

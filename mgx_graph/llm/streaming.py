@@ -9,8 +9,9 @@ with a few tokens already in the text (context: a SentencePiece tokenizer drops 
 the first token it decodes, a clean-up rule joins a token to the one before). Every few tokens the
 window moves on to the last ``CONTEXT`` tokens (or a few more), where their decoded text is exactly
 the end of the text so far (a window that starts inside a UTF-8 character split over tokens decodes
-to U+FFFD there, so it never starts there); where that does not hold the window grows until it does. At the end the whole sequence is
-decoded once: the final text is that, given that it begins with all that was handed on.
+to U+FFFD there, so it never starts there); where that does not hold, the window grows and the move
+is tried again a few tokens later. At the end the whole sequence is decoded once: the final text is
+that, given that it begins with all that was handed on.
 
 What is held back until a later token or the end settles it:
 
@@ -74,6 +75,7 @@ class RowText:
         self.sent = 0             # characters of ``text`` handed to the streamer
         self._start = 0           # the window: tokens[_start:], decoded after ``_head``
         self._head = ""
+        self._next_move = 2 * self.CONTEXT  # tokens at which the window is next moved on
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -90,24 +92,27 @@ class RowText:
             self._send(len(self.text))
             return True
         self._send(self._settled())
-        if len(self.tokens) - self._start >= 2 * self.CONTEXT:
+        if len(self.tokens) >= self._next_move:
             self._move_window()
         return False
 
     def _move_window(self) -> None:
         """Start the window at the last :attr:`CONTEXT` tokens (or up to 3 more: a character's bytes) where
         their text is exactly the end of ``text`` (a window that starts inside a UTF-8 character decodes
-        to U+FFFD there, which the text does not have); else leave it (it grows by a token and is tried
-        again). Not while the text ends in U+FFFD: a character still incomplete there would let a window
-        that starts inside it match."""
-        if self.text.endswith("\ufffd"):
-            return
+        to U+FFFD there, which the text does not have); else leave it, to grow and be tried again
+        :attr:`CONTEXT` tokens later. Not while the text ends in U+FFFD (tried again at the next token):
+        a character still incomplete there would let a window that starts inside it match."""
         n = len(self.tokens)
+        if self.text.endswith("\ufffd"):
+            self._next_move = n + 1
+            return
         for start in range(n - self.CONTEXT, n - self.CONTEXT - 4, -1):
             tail = self._decode(self.tokens[start:])
             if self.text.endswith(tail):
                 self._start, self._head = start, self.text[:len(self.text) - len(tail)]
+                self._next_move = start + 2 * self.CONTEXT
                 return
+        self._next_move = n + self.CONTEXT
 
     def _find_stop(self) -> int | None:
         """Index of the first stop string in ``text``, or None. Only the text from just before what was
