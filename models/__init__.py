@@ -32,8 +32,8 @@ Models:
     fixed-shape decode step, built in seconds (see :mod:`.llama`). Options: ``seed`` (0),
     ``n_layer`` (2), ``hidden_size`` (64), ``n_head`` (4), ``n_kv_head`` (2),
     ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32),
-    ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``batch`` (1),
-    ``verify`` (True). No tokenizer; eos = ``vocab_size - 1``.
+    ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2, the init std), ``rope_theta``
+    (10000.0), ``batch`` (1), ``verify`` (True). No tokenizer; eos = ``vocab_size - 1``.
 
 ``"llama-optimum"``
     The same random-weight LLaMA exported with a dynamic past length, optimum's layout

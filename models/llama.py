@@ -27,8 +27,11 @@ one-row step above, in the same cache folder as before the option existed.
 Options (defaults): ``seed`` (0), ``n_layer`` (2), ``hidden_size`` (64), ``n_head`` (4),
 ``n_kv_head`` (2; must divide ``n_head``, equal to it gives plain multi-head attention),
 ``intermediate_size`` (128), ``vocab_size`` (256), ``max_cache_len`` (32, also the
-model's ``max_position_embeddings``), ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2), ``batch`` (1: rows of the decode step),
-``verify`` (True). ``hidden_size / n_head`` must be even (RoPE rotates pairs).
+model's ``max_position_embeddings``), ``rms_norm_eps`` (1e-5), ``initializer_range`` (0.2), ``rope_theta``
+(10000.0, the RoPE base; SmolLM2's is 100000), ``batch`` (1: rows of the decode step),
+``verify`` (True). ``hidden_size / n_head`` must be even (RoPE rotates pairs). ``rope_theta`` at its
+default is left out of the cache hash and ``model.json`` (:data:`.options.LATER_OPTIONS`), so the
+builds made before the option existed keep their folder.
 
 ``initializer_range`` is the std of the normal init of every linear and embedding weight.
 transformers' own default, 0.02, makes the attention and MLP branches so small next to
@@ -65,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "max_cache_len": 32,
     "rms_norm_eps": 1e-5,
     "initializer_range": 0.2,
+    "rope_theta": 10000.0,
     "batch": 1,
     "verify": True,
 }
@@ -95,6 +99,10 @@ def normalize_options(options: dict[str, Any]) -> dict[str, Any]:
     if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std <= 10:
         raise ValueError(f"llama: initializer_range must be a float in (0, 10], got {std!r}")
     opts["initializer_range"] = float(std)
+    theta = opts["rope_theta"]
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
+        raise ValueError(f"llama: rope_theta must be a number > 1, got {theta!r}")
+    opts["rope_theta"] = float(theta)
     opts["verify"] = bool(opts["verify"])
     require_batch(NAME, opts)
     return opts
@@ -106,8 +114,10 @@ def hash_extra(opts: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def architecture(opts: dict[str, Any]) -> dict[str, Any]:
-    """The LlamaConfig keyword arguments for normalized options (eos = bos = pad = vocab_size - 1)."""
+    """The LlamaConfig keyword arguments for normalized options (eos = bos = pad = vocab_size - 1);
+    ``rope_theta`` only where it is not transformers' default (the records of earlier builds have none)."""
     special = opts["vocab_size"] - 1
+    theta = {"rope_theta": opts["rope_theta"]} if "rope_theta" in opts else {}
     return {
         "vocab_size": opts["vocab_size"],
         "hidden_size": opts["hidden_size"],
@@ -123,6 +133,7 @@ def architecture(opts: dict[str, Any]) -> dict[str, Any]:
         "bos_token_id": special,
         "eos_token_id": special,
         "pad_token_id": special,
+        **theta,
     }
 
 
@@ -137,7 +148,7 @@ def _summary(opts: dict[str, Any], n_params: int) -> str:
     return (f"LLaMA n_layer={opts['n_layer']} hidden={opts['hidden_size']} heads={opts['n_head']} "
             f"kv_heads={opts['n_kv_head']} head_dim={opts['hidden_size'] // opts['n_head']} "
             f"ffn={opts['intermediate_size']} vocab={opts['vocab_size']} max_pos={opts['max_cache_len']} "
-            f"seed={opts['seed']}: {n_params / 1e6:.3f} M params")
+            f"rope_theta={opts.get('rope_theta', 10000.0):g} seed={opts['seed']}: {n_params / 1e6:.3f} M params")
 
 
 def _check_tied(model) -> None:

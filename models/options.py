@@ -28,7 +28,7 @@ def require_ints(model: str, opts: dict[str, Any], keys: Sequence[str], minimum:
 #: Options added after the first builds, with the value that means "as before". At that value
 #: they are left out of the normalized options (so out of the cache hash and ``model.json``):
 #: the builds made before they existed keep their cache folder and read back unchanged.
-LATER_OPTIONS: dict[str, Any] = {"batch": 1}
+LATER_OPTIONS: dict[str, Any] = {"batch": 1, "rope_theta": 10000.0}
 
 
 def omit_later_defaults(opts: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,19 @@
 """Text of generated tokens as it grows: incremental detokenization, stop strings, streaming.
 
-:class:`RowText` follows one generated sequence. After each token it decodes all the tokens
-generated so far (``tokenizer.decode(ids, skip_special_tokens=True)``, transformers' tokenizer
-API) and hands on only the new suffix that can no longer change -- the approach of
-transformers' ``TextStreamer`` ("decode all, print the new suffix"), with these rules for what is
-held back until a later token or the end settles it:
+:class:`RowText` follows one generated sequence. After each token it decodes only a window of the
+last tokens (``tokenizer.decode(ids, skip_special_tokens=True)``, transformers' tokenizer API), so a
+step costs the same whatever the length of the output, and hands on only the new text that can no
+longer change. This is the prefix-window approach of vLLM's incremental detokenizer: the text is
+``head + decode(tokens[start:])``, where ``head`` is fixed and the window ``tokens[start:]`` begins
+with a few tokens already in the text (context: a SentencePiece tokenizer drops the leading space of
+the first token it decodes, a clean-up rule joins a token to the one before). Every few tokens the
+window moves on to the last ``CONTEXT`` tokens (or a few more), where their decoded text is exactly
+the end of the text so far (a window that starts inside a UTF-8 character split over tokens decodes
+to U+FFFD there, so it never starts there); where that does not hold, the window grows and the move
+is tried again a few tokens later. At the end the whole sequence is decoded once: the final text is
+that, given that it begins with all that was handed on.
+
+What is held back until a later token or the end settles it:
 
 * trailing U+FFFD characters: a multi-byte UTF-8 character whose bytes are split over tokens
   decodes to U+FFFD until its last byte arrives, so a partial character is never handed on;
@@ -53,6 +62,9 @@ class RowText:
     stop strings; ``streamer`` is called with each new piece of settled text (str), or is None.
     """
 
+    #: Tokens of the text so far that begin the decoded window (see the module docstring).
+    CONTEXT = 4
+
     def __init__(self, tokenizer, stop: Sequence[str] = (), streamer: Callable[[str], None] | None = None):
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
@@ -61,15 +73,18 @@ class RowText:
         self.text = ""            # the decoded text of ``tokens`` (cut at a stop string once stopped)
         self.stopped = False      # a stop string was found
         self.sent = 0             # characters of ``text`` handed to the streamer
+        self._start = 0           # the window: tokens[_start:], decoded after ``_head``
+        self._head = ""
+        self._next_move = 2 * self.CONTEXT  # tokens at which the window is next moved on
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, token: int) -> bool:
         """Append ``token``; returns True when the text now holds a stop string (the text is then cut
         right before it and streamed up to there)."""
         self.tokens.append(int(token))
-        self.text = self._decode()
+        self.text = self._head + self._decode(self.tokens[self._start:])
         cut = self._find_stop()
         if cut is not None:
             self.stopped = True
@@ -77,7 +92,27 @@ class RowText:
             self._send(len(self.text))
             return True
         self._send(self._settled())
+        if len(self.tokens) >= self._next_move:
+            self._move_window()
         return False
+
+    def _move_window(self) -> None:
+        """Start the window at the last :attr:`CONTEXT` tokens (or up to 3 more: a character's bytes) where
+        their text is exactly the end of ``text`` (a window that starts inside a UTF-8 character decodes
+        to U+FFFD there, which the text does not have); else leave it, to grow and be tried again
+        :attr:`CONTEXT` tokens later. Not while the text ends in U+FFFD (tried again at the next token):
+        a character still incomplete there would let a window that starts inside it match."""
+        n = len(self.tokens)
+        if self.text.endswith("\ufffd"):
+            self._next_move = n + 1
+            return
+        for start in range(n - self.CONTEXT, n - self.CONTEXT - 4, -1):
+            tail = self._decode(self.tokens[start:])
+            if self.text.endswith(tail):
+                self._start, self._head = start, self.text[:len(self.text) - len(tail)]
+                self._next_move = start + 2 * self.CONTEXT
+                return
+        self._next_move = n + self.CONTEXT
 
     def _find_stop(self) -> int | None:
         """Index of the first stop string in ``text``, or None. Only the text from just before what was
@@ -109,7 +144,12 @@ class RowText:
         self.sent = max(self.sent, upto)
 
     def finish(self) -> str:
-        """Hand on the rest of the text (the end settles everything); returns the final text."""
+        """Hand on the rest of the text (the end settles everything); returns the final text: the whole
+        sequence decoded at once where it begins with what was handed on (else the windows' text)."""
+        if not self.stopped and self._start:
+            whole = self._decode(self.tokens)
+            if whole != self.text and whole.startswith(self.text[:self.sent]):
+                self.text = whole
         self._send(len(self.text))
         end = getattr(self.streamer, "end", None)
         if callable(end):

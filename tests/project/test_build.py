@@ -302,3 +302,34 @@ def test_concurrent_builds_of_one_model_export_it_once(tmp_path, monkeypatch):
     assert len(calls) == 1, calls
     assert infos[0] is not None and infos[1] is not None and infos[0].directory == infos[1].directory
     assert [p.name for p in (tmp_path / "models").iterdir()] == [infos[0].directory.name]
+
+
+def test_llama_rope_theta_reaches_the_export_and_keeps_the_default_folder(tmp_path):
+    """``rope_theta`` (SmolLM2's RoPE base is 1e5): the export's verify step runs it through onnxruntime
+    against the torch module; at transformers' default the option names the folder made before it existed."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from mgx_graph.models import build, llama, model_dir
+    from mgx_graph.models.oracle import load_torch_model
+
+    small = dict(n_layer=1, max_cache_len=8)
+    assert model_dir("llama", cache_dir=tmp_path, rope_theta=10000, **small) == model_dir("llama", cache_dir=tmp_path,
+                                                                                           **small)
+    info = build("llama", cache_dir=tmp_path, progress=False, rope_theta=1e5, **small)
+    assert info.directory != model_dir("llama", cache_dir=tmp_path, **small)
+    model = load_torch_model(info)
+    assert model.config.rope_parameters["rope_theta"] == 1e5
+    with pytest.raises(ValueError, match="rope_theta"):
+        llama.normalize_options({"rope_theta": 0.5})
+    # the base is in the graph: position 5's logits of the 1e5 export differ from those of the default's
+    base = build("llama", cache_dir=tmp_path, progress=False, **small)
+    feeds = {}
+    sess = [ort.InferenceSession(str(i.onnx_path), providers=["CPUExecutionProvider"]) for i in (info, base)]
+    for inp in sess[0].get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+        feeds[inp.name] = (np.full(shape, 3, np.int64) if "ids" in inp.name else np.array([5], np.int64)
+                           if inp.name == "cache_position" else
+                           np.random.default_rng(0).normal(size=shape).astype(np.float32))
+    a, b = (s.run(["logits"], feeds)[0] for s in sess)
+    assert np.abs(a - b).max() > 1e-3
