@@ -215,16 +215,29 @@ class Pooling(Operation):
         return pad + sum(self.kernel) + tail
 
 
+def pool_counts(size, kernel, stride, dilation, pad_begin, pad_end, out, include_pad, xp=np, index=None):
+    """Kernel taps of each of the ``out`` windows along one axis that fall inside the input ``[0, size)``, or
+    (``include_pad``) inside the explicitly padded extent ``[-pad_begin, size + pad_end)`` (float64, ``[out]``).
+    Closed form, no ``out x kernel`` array: window ``i`` starts at ``a = i * stride - pad_begin`` and tap
+    ``t`` reads ``a + t * dilation``, so the taps inside ``[lo, hi)`` are ``t`` in
+    ``[ceil((lo - a) / d), floor((hi - 1 - a) / d)]`` clipped to ``[0, kernel)``.  ``index``: the window
+    indices (float64, default ``arange(out)``)."""
+    i = xp.arange(out, dtype=np.float64) if index is None else index
+    lo, hi = (-pad_begin, size + pad_end) if include_pad else (0, size)
+    a = i * stride - pad_begin
+    first = xp.maximum(xp.ceil((lo - a) / dilation), 0.0)
+    last = xp.minimum(xp.floor((hi - 1 - a) / dilation), kernel - 1.0)
+    return xp.maximum(last - first + 1.0, 0.0)
+
+
 def pool_divisor(in_lens, kernel, stride, dilation, pads_begin, pads_end, out_lens, include_pad, dtype):
     """Divisor of every average-pooling window, ``[1, 1, *out_lens]``: the kernel positions inside the
     input, or (``include_pad``) inside the explicitly padded extent ``[-pb, S + pe)`` (positions a
-    ``ceil_mode`` window reaches past the end pad never count), as onnxruntime computes it."""
+    ``ceil_mode`` window reaches past the end pad never count), as onnxruntime computes it: the product
+    of each axis's :func:`pool_counts`."""
     div = np.ones((), np.float64)
     for s, k, st, d, pb, pe, o in zip(in_lens, kernel, stride, dilation, pads_begin, pads_end, out_lens):
-        pos = np.arange(o)[:, None] * st + np.arange(k)[None, :] * d - pb  # input coordinate per tap
-        lo, hi = (-pb, s + pe) if include_pad else (0, s)
-        cnt = ((pos >= lo) & (pos < hi)).sum(axis=1)
-        div = np.multiply.outer(div, cnt)
+        div = np.multiply.outer(div, pool_counts(s, k, st, d, pb, pe, o, include_pad))
     return div.reshape((1, 1) + tuple(out_lens)).astype(dtype)
 
 

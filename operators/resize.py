@@ -109,11 +109,28 @@ def _filter(mode, v, a):
     return np.where(v < 1, ((a + 2) * v - (a + 3)) * v * v + 1, np.where(v < 2, (((v - 5) * v + 8) * v - 4) * a, 0.0))
 
 
+def _support(mode, scale) -> tuple:
+    """``(support, 1 / scale)`` of the antialiasing filter (the support widens by 1/scale when downsampling)."""
+    support_size = 2.0 if mode == "linear" else 4.0
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = float(np.float64(1.0) / np.float64(_f(scale)))  # inf for a scale of 0
+    return (support_size * 0.5 * inv if inv >= 1.0 else support_size * 0.5), inv
+
+
+def table_taps(mode, scale, antialias=False) -> float:
+    """Taps per output position of one axis's tables (:func:`axis_tables`): 1 nearest, 2 linear, 4 cubic,
+    the filter's window with ``antialias`` (a float: inf for a scale too small to invert)."""
+    if mode == "nearest":
+        return 1.0
+    if not antialias:
+        return 2.0 if mode == "linear" else 4.0
+    support = _support(mode, scale)[0]
+    return float(np.ceil(support)) * 2 + 1 if np.isfinite(support) else float("inf")
+
+
 def _antialias_tables(mode, xo, in_len, scale, a, exclude_outside):
     """onnxruntime's (Pillow-style) antialiasing filter: the support widens by 1/scale when downsampling."""
-    support_size = 2.0 if mode == "linear" else 4.0
-    inv = 1.0 / float(_f(scale))
-    support = support_size * 0.5 * inv if inv >= 1.0 else support_size * 0.5
+    support, inv = _support(mode, scale)
     window = int(np.ceil(support)) * 2 + 1
     inv_scale = 1.0 / inv if inv >= 1.0 else 1.0
     center = xo + 0.5

@@ -131,7 +131,7 @@ class STFT(Operation):
 # windows and the mel filter bank (evaluated on the host at parse time)
 # ---------------------------------------------------------------------------------------------------
 _F = np.float32
-_WINDOWS = {"HannWindow": (_F(0.5), _F(0.5), _F(0)),
+WINDOWS = {"HannWindow": (_F(0.5), _F(0.5), _F(0)),
             "HammingWindow": (_F(25) / _F(46), _F(1) - _F(25) / _F(46), _F(0)),
             "BlackmanWindow": (_F(0.5) - _F(0.16) / _F(2), _F(0.5), _F(0.16) / _F(2))}
 
@@ -140,7 +140,7 @@ def window(kind: str, size: int, periodic: bool) -> np.ndarray:
     """float64 ``a0 - a1 cos(2 pi n / N) + a2 cos(4 pi n / N)``, n = 0 .. size-1, N = size (periodic) or
     size - 1 (symmetric), as onnxruntime computes it (float32 coefficients, double arithmetic with
     pi = 3.14159265).  A symmetric window of size 1 is NaN (0 / 0), as in onnxruntime and the reference."""
-    a0, a1, a2 = (float(c) for c in _WINDOWS[kind])
+    a0, a1, a2 = (float(c) for c in WINDOWS[kind])
     N = size if periodic else size - 1
     k = np.arange(size, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -357,20 +357,63 @@ def _parse_spec(spec: str, inputs: dict, given: dict, scalars: dict):
 
 
 def _load_file(name: str, path: str) -> np.ndarray:
+    """The array of ``--input name=path``: a ``.pb`` TensorProto holding its data, else a ``.npy`` file whose
+    header is checked against the file's size before its data is read.  UsageError (one line naming the
+    flag, the file and the fault) for anything else."""
+    where = f"--input {name}={path}"
     if not os.path.isfile(path):
-        raise UsageError(f"--input {name}={path}: no such file")
-    try:
-        if path.endswith(".pb"):
-            import onnx
-            from onnx import numpy_helper
+        raise UsageError(f"{where}: no such file" if not os.path.exists(path) else f"{where}: not a regular file")
+    if path.endswith(".pb"):
+        return _load_pb(where, path)
+    return _load_npy(where, path)
 
-            t = onnx.TensorProto()
-            with open(path, "rb") as f:
-                t.ParseFromString(f.read())
-            return numpy_helper.to_array(t)
-        return np.load(path, allow_pickle=False)
-    except Exception as e:
-        raise UsageError(f"--input {name}={path}: cannot read it ({type(e).__name__}: {e})") from None
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def _load_pb(where: str, path: str) -> np.ndarray:
+    import onnx
+
+    from ..errors import ParseError
+    from ..onnx.schema_check import read_tensor
+
+    t = onnx.TensorProto()
+    try:
+        with open(path, "rb") as f:
+            t.ParseFromString(f.read())
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, OSError
+        raise UsageError(f"{where}: not a valid TensorProto (.pb) file ({_one_line(e)})") from None
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise UsageError(f"{where}: the tensor keeps its data in an external file; an input file must hold it")
+    try:
+        return read_tensor(t, where)
+    except ParseError as e:
+        raise UsageError(str(e).splitlines()[0]) from None
+
+
+def _load_npy(where: str, path: str) -> np.ndarray:
+    fmt = np.lib.format
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            version = fmt.read_magic(f)
+            reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = reader(f, max_header_size=10000)
+        except Exception as e:  # noqa: BLE001 - numpy raises ValueError, SyntaxError, EOFError ... on a bad header
+            raise UsageError(f"{where}: not a valid .npy file ({_one_line(e)})") from None
+        if dtype.hasobject or dtype.kind not in "biufcSU" or dtype.fields is not None or dtype.subdtype is not None:
+            raise UsageError(f"{where}: holds {dtype} values; an input must hold numbers, booleans or strings")
+        count = 1
+        for d in shape:
+            count *= d
+        data = size - f.tell()
+        if count * dtype.itemsize != data:
+            raise UsageError(f"{where}: its header declares {dtype.name}{list(shape)} ({count * dtype.itemsize} "
+                             f"bytes) but the file holds {data} bytes of data")
+        flat = np.fromfile(f, dtype=dtype, count=count)
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
 def _literal(name: str, text: str, inp: ModelInput) -> np.ndarray:

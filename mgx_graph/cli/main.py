@@ -35,7 +35,7 @@ from .export import add_parser as add_export_parser, cmd_export
 from .generate import add_parser as add_generate_parser, cmd_generate  # noqa: F401  (cmd_generate: public)
 from .inputs import UsageError, parse_input_dims, plan_inputs, random_inputs  # noqa: F401  (random_inputs: public)
 from .model_arg import fp16_warnings, model_path, warn
-from .saved import is_saved_program, open_saved
+from .saved import is_intact_saved_program, is_saved_program, open_saved
 
 
 # -- the model commands -----------------------------------------------------------------------------
@@ -54,6 +54,10 @@ class _Session:
         self.saved = self._loaded = None
         if is_saved_program(self.path):
             if not saved_ok:
+                if not is_intact_saved_program(self.path):
+                    from ..mxr.save_load import load
+
+                    load(self.path).release()  # a damaged file: its ParseError says what is wrong
                 raise UsageError(f"{self.path} is a saved program: {args.command} compares with onnxruntime and ref "
                                  f"compiles of the ONNX model, so give the model")
             self.saved, self.proto = open_saved(self.path, args)

@@ -20,16 +20,23 @@ from .inputs import UsageError
 
 
 def is_saved_program(path: str) -> bool:
-    """Whether ``path`` is a file written by ``CompiledProgram.save`` (a zip with ``program.json``)."""
+    """Whether ``path`` is to be read as a saved program: a file named ``.mxr`` or a zip (an ONNX model is
+    neither), damaged or not: :func:`mgx_graph.load` then names the fault, where reading it as ONNX would
+    only say that it is no ONNX protobuf."""
+    if not os.path.isfile(path):
+        return False
+    return path.endswith(".mxr") or zipfile.is_zipfile(path)
+
+
+def is_intact_saved_program(path: str) -> bool:
+    """Whether ``path`` is a zip holding ``program.json`` (what ``CompiledProgram.save`` writes)."""
     from ..mxr.save_load import HEADER
 
-    if not os.path.isfile(path) or not zipfile.is_zipfile(path):
-        return False
     try:
         with zipfile.ZipFile(path) as zf:
             return HEADER in zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):  # a damaged zip: mgx_graph.load names the fault
-        return path.endswith(".mxr")
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
 
 
 def interface_model(prog):

@@ -122,7 +122,7 @@ def load(path, *, device_id: int | None = None):
             RuntimeError) as e:
         if isinstance(e, MgxError):
             raise
-        raise ParseError(f"{where}: not a readable saved program ({type(e).__name__}: {e})") from None
+        raise ParseError(f"{where}: not a valid saved program (.mxr zip): {type(e).__name__}: {e}") from None
 
 
 def _load_archive(archive: Archive, where: str, device_id):

@@ -3,6 +3,7 @@ need a parse (which dims are symbolic), plus the light copy onnx shape inference
 from __future__ import annotations
 
 import os
+import zipfile
 
 import numpy as np
 import onnx
@@ -43,7 +44,9 @@ def load_model(path_or_model, external_data_dir: str | None = None) -> onnx.Mode
     try:
         m = onnx.load(path, load_external_data=False)
     except Exception as e:
-        raise ParseError(f"{path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
+        hint = "; a saved program (.mxr) is opened with mgx_graph.load" if path.endswith(".mxr") or \
+            (os.path.isfile(path) and zipfile.is_zipfile(path)) else ""
+        raise ParseError(f"{path}: not a valid ONNX protobuf ({type(e).__name__}: {e}){hint}") from None
     load_external(m, os.fspath(external_data_dir) if external_data_dir else os.path.dirname(os.path.abspath(path)),
                   path)
     return m

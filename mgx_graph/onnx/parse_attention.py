@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.shape import onnx_dtype
 from .op_parser import FLOATS, attr, parser, unsupported
+from .parse_constant import filled, iota
 
 _INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
 
@@ -84,8 +85,7 @@ def _allowed(p, m, node, S, T, past, nonpad):
         raise p.err(f"left_window_size={left} / right_window_size={right} must be -1 or >= 0")
     if not causal and left < 0 and right < 0 and nonpad is None:
         return None
-    i = p.lit(m, np.arange(S, dtype=np.int64).reshape(S, 1))
-    j = p.lit(m, np.arange(T, dtype=np.int64).reshape(1, T))
+    i, j = iota(p, m, S, [S, 1]), iota(p, m, T, [1, T])
     if nonpad is not None:  # per-batch offset nonpad[b] - S: [B, 1, 1]
         np64 = p.add(m, "convert", [nonpad], target_type="int64") if nonpad.shape.dtype != "int64" else nonpad
         B = nonpad.shape.lens[0]
@@ -121,8 +121,7 @@ def _mask_bias(p, m, mask, T, dtype):
     if s.dtype != "bool" and s.dtype not in FLOATS:
         raise p.err(f"attn_mask {s.brief()} must be bool or float")
     if s.lens[-1] < T:
-        fill = np.zeros if s.dtype == "bool" else (lambda sh, dtype: np.full(sh, -np.inf, dtype))
-        pad = p.lit(m, fill(tuple(s.lens[:-1]) + (T - s.lens[-1],), dtype=s.dtype))
+        pad = filled(p, m, tuple(s.lens[:-1]) + (T - s.lens[-1],), False if s.dtype == "bool" else -np.inf, s.dtype)
         mask = p.add(m, "concat", [mask, pad], axis=s.ndim - 1)
     if s.dtype == "bool":
         return None, mask

@@ -4,13 +4,26 @@ time: literals, or values the program is specialized for).  A ConstantOfShape or
 :data:`~mgx_graph.ir.fold.FOLD_LIMIT` elements is not made a literal: it is computed at run time from
 scalars (:func:`run_time_iota`), so a model of a few bytes never makes the parser allocate gigabytes.
 
+The helpers every parser uses for values sized by a model's declared shapes or attributes follow the same
+rule: :func:`filled` (a constant tensor) and :func:`iota` (``0 .. n-1``) are literals up to
+``FOLD_LIMIT`` elements and instructions computing them at run time beyond; :func:`check_table` refuses,
+with a CompileError naming the node and the sizes, a host-computed table (Resize's interpolation tables,
+MaxPool's index maps) of more than :data:`TABLE_LIMIT` elements before it is computed.
+
 ONNX operator spec: https://onnx.ai/onnx/operators/
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..errors import CompileError
 from ..ir.fold import FOLD_LIMIT
+
+#: the most elements of a table computed on the host while parsing (Resize's interpolation tables, MaxPool's
+#: index maps), which no instruction computes at run time: beyond it the node is refused (CompileError)
+TABLE_LIMIT = 4 * FOLD_LIMIT
 
 from .op_parser import attr, ints, parser
 from .schema_check import read_tensor
@@ -40,17 +53,28 @@ def _parse_constant_of_shape(p, m, node, ins):
     t = attr(node, "value")
     v = read_tensor(t, f"node '{p.node_name}' (ConstantOfShape): attribute 'value'") if t is not None \
         else np.zeros(1, np.float32)
-    if _count(lens) > FOLD_LIMIT:  # a broadcast scalar made contiguous at run time, never a literal
-        wide = p.add(m, "multibroadcast", [p.lit(m, v.reshape(-1)[:1].reshape([1] * len(lens)))], out_lens=lens)
-        return p.add(m, "contiguous", [wide])
-    return p.lit(m, np.full(lens, v.reshape(-1)[0], dtype=v.dtype))
+    if v.size < 1:
+        raise p.err(f"attribute 'value' must hold one value, got {v.size}")
+    return filled(p, m, lens, v.reshape(-1)[0], v.dtype)
 
 
-def _count(lens) -> int:
-    n = 1
-    for d in lens:
-        n *= max(int(d), 0)
-    return n
+def count(lens) -> int:
+    """The elements of a tensor of ``lens`` (negative dims count as 0)."""
+    return math.prod(max(int(d), 0) for d in lens)
+
+
+def filled(p, m, lens, value, dtype):
+    """A tensor of ``lens`` holding ``value`` (``dtype``): a literal up to ``FOLD_LIMIT`` elements, else one
+    scalar broadcast and made contiguous at run time (no array of that size while parsing).  ParseError
+    (naming the node) for a negative dim."""
+    lens = [int(d) for d in lens]
+    if any(d < 0 for d in lens):
+        raise p.err(f"a value of shape {lens} (negative dims) cannot be made")
+    dt = np.dtype(dtype)
+    if count(lens) <= FOLD_LIMIT:
+        return p.lit(m, np.full(lens, value, dtype=dt))
+    one = p.lit(m, np.full([1] * len(lens), value, dtype=dt))
+    return p.add(m, "contiguous", [p.add(m, "multibroadcast", [one], out_lens=lens)])
 
 
 def run_time_iota(p, m, n: int):
@@ -58,6 +82,28 @@ def run_time_iota(p, m, n: int):
     elements."""
     ones = p.add(m, "multibroadcast", [p.lit(m, np.ones(1, np.int64))], out_lens=[n])
     return p.add(m, "cumsum", [ones], axis=0, exclusive=1)
+
+
+def iota(p, m, n: int, shape=None, dtype="int64"):
+    """``0 .. n-1`` of ``dtype``, reshaped to ``shape`` (``n`` elements; default ``[n]``): a literal up to
+    ``FOLD_LIMIT`` elements, else computed at run time (:func:`run_time_iota`)."""
+    n = int(n)
+    shape = [n] if shape is None else [int(d) for d in shape]
+    if n <= FOLD_LIMIT:
+        return p.lit(m, np.arange(n, dtype=dtype).reshape(shape))
+    v = run_time_iota(p, m, n)
+    if np.dtype(dtype) != np.int64:
+        v = p.add(m, "convert", [v], target_type=np.dtype(dtype).name)
+    return v if shape == [n] else p.reshape(m, v, shape)
+
+
+def check_table(p, n, what: str) -> None:
+    """CompileError naming the node being parsed unless a host table of ``n`` elements (``what``) fits
+    :data:`TABLE_LIMIT`; ``n`` may be a float (a size computed from a scale: inf and NaN are refused too)."""
+    if not (n == n and n <= TABLE_LIMIT):  # NaN fails both
+        size = f"{int(n)}" if math.isfinite(n) else str(n)
+        raise CompileError(f"node '{p.node_name}' ({p.node.op_type}): {what} would take {size} elements, more than "
+                           f"the {TABLE_LIMIT} a table computed while compiling may hold (TABLE_LIMIT)")
 
 
 @parser("Shape")

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from .op_parser import attr, decode, parser
+from .parse_constant import filled
 
 MS = "com.microsoft"
 
@@ -54,10 +55,15 @@ def _parse_dynamic_quantize_lstm(p, m, node, ins):
     H = attr(node, "hidden_size")
     direction = decode(attr(node, "direction", b"forward"))
     D = 2 if direction == "bidirectional" else 1
+    if ins[0].shape.ndim != 3 or ins[2].shape.ndim != 3:
+        raise p.err(f"X {ins[0].shape.brief()} and R {ins[2].shape.brief()} must be 3-D")
+    if not isinstance(H, int) or H < 1 or list(ins[2].shape.lens) != [D, H, 4 * H]:
+        raise p.err(f"'hidden_size' = {H} must be an int >= 1 matching R {ins[2].shape.brief()}: expected R "
+                    f"[{D}, hidden_size, 4*hidden_size] ('direction' = '{direction}')")
     B = ins[0].shape.lens[1]
     dt = ins[0].shape.dtype
-    zeros = [p.lit(m, np.zeros((D, 8 * H), dt)), p.lit(m, np.zeros((D, B, H), dt)), p.lit(m, np.zeros((D, B, H), dt))]
-    b, h0, c0 = (ins[k] if ins[k] is not None else z for k, z in zip((3, 5, 6), zeros))
+    defaults = {3: (D, 8 * H), 5: (D, B, H), 6: (D, B, H)}
+    b, h0, c0 = (ins[k] if ins[k] is not None else filled(p, m, lens, 0, dt) for k, lens in defaults.items())
     wzp = ins[9] if ins[9] is not None else p.lit(m, np.zeros((D,), ins[1].shape.dtype))
     rzp = ins[11] if ins[11] is not None else p.lit(m, np.zeros((D,), ins[2].shape.dtype))
     t = p.add(m, "dynamic_quantize_lstm", [ins[0], ins[1], ins[2], b, h0, c0, ins[8], wzp, ins[10], rzp],

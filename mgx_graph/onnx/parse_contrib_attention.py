@@ -17,8 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from ..ir.fold import FOLD_LIMIT
 from .op_parser import attr, parser
 from .parse_contrib import MS, pad_inputs, unsupported, wanted_outputs
+from .parse_constant import filled, iota
 
 
 def _shape_err(p, msg) -> ShapeError:
@@ -26,8 +28,8 @@ def _shape_err(p, msg) -> ShapeError:
 
 
 def _iota(p, m, n: int, lead: int = 0):
-    """A literal int64 ``0 .. n-1`` (with ``lead`` leading unit dims)."""
-    return p.lit(m, np.arange(n, dtype=np.int64).reshape((1,) * lead + (n,)))
+    """int64 ``0 .. n-1`` (with ``lead`` leading unit dims): a literal up to FOLD_LIMIT elements."""
+    return iota(p, m, n, [1] * lead + [n])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -321,7 +323,7 @@ def _mha_present(p, m, past, new):
 def _mha_mask(p, m, kpm, B, S, T):
     """(kv_len [B] int64, key mask bool or None) from key_padding_mask: lengths [B], or 0/1 [B, T] /
     [B, S, T] (0 hides the key)."""
-    full = p.lit(m, np.full((B,), T, np.int64))
+    full = filled(p, m, (B,), T, np.int64)
     if kpm is None:
         return full, None
     lens = tuple(kpm.shape.lens)
@@ -331,6 +333,14 @@ def _mha_mask(p, m, kpm, B, S, T):
         raise _shape_err(p, f"key_padding_mask {kpm.shape.brief()} must be [{B}], [{B}, {T}] or [{B}, {S}, {T}]")
     zero = p.lit(m, np.zeros((), kpm.shape.np_dtype))
     return full, p.add(m, "not", [p.add(m, "equal", [kpm, zero])])
+
+
+def _mha_positions(p, m, B: int, S: int, P: int):
+    """The int64 [B, S] positions ``P .. P+S-1`` of every batch row (a literal up to FOLD_LIMIT elements)."""
+    if B * S <= FOLD_LIMIT:
+        return p.lit(m, np.broadcast_to(P + np.arange(S, dtype=np.int64), (B, S)).copy())
+    row = p.add(m, "add", [_iota(p, m, S, lead=1), p.lit(m, np.array(P, np.int64))])
+    return p.contiguous(m, p.add(m, "multibroadcast", [row], out_lens=[B, S]))
 
 
 @parser("MultiHeadAttention", domain=MS)
@@ -357,7 +367,7 @@ def _parse_mha(p, m, node, ins):
     T = present[0].shape.lens[2]
     P = pk.shape.lens[2] if pk is not None else 0
     kv_len, key_mask = _mha_mask(p, m, kpm, B, S, T)
-    pos = p.lit(m, np.broadcast_to(P + np.arange(S, dtype=np.int64), (B, S)).copy())
+    pos = _mha_positions(p, m, B, S, P)
     extra = [i for i in (ab, key_mask) if i is not None]
     out = p.add(m, "grouped_attention", [q4] + present + [pos, kv_len, _iota(p, m, T)] + extra,
                 scale=attr(node, "scale", 0.0), causal=attr(node, "unidirectional", 0), bias=int(ab is not None),

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..ir.shape import onnx_dtype
 from .op_parser import attr, check_choice, decode, element_type, parser
+from .parse_constant import filled
 from .parse_generic import parse_generic
 
 
@@ -143,7 +144,7 @@ def _parse_dropout(p, m, node, ins):
             return parse_generic(p, m, node, ins)  # training mode: a random mask, drawn on the host
     outs = [ins[0]]
     if len(node.output) > 1 and node.output[1]:
-        outs.append(p.lit(m, np.ones(ins[0].shape.lens, dtype=bool)))
+        outs.append(filled(p, m, ins[0].shape.lens, True, bool))  # inference: every element kept
     return outs
 
 

@@ -6,6 +6,8 @@ instructions (fused into generated kernels on the gpu target).
   ``output[b, c, t] = bias[c] + sum_i weight[c, 0, i] * padded[b, c, t + i]`` (a depthwise, causal 1-D
   convolution; the K taps are K shifted slices), then SiLU when ``activation`` is ``silu`` / ``swish``
   (computed in float32; float16 taps accumulate in float32); ``present_state`` = the last K-1 positions of ``padded``.
+  Each tap is a few instructions, so K is at most :data:`MAX_TAPS` (a weight declaring more is refused
+  before any is made).
 
 ONNX operator spec: https://onnx.ai/onnx/operators/ (SwiGLU, CausalConvWithState)
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from .op_parser import attr, decode, parser, require_float, unsupported
+from .parse_constant import filled
 
+MAX_TAPS = 4096  # CausalConvWithState kernel taps unrolled into instructions, at most
 
 @parser("SwiGLU")
 def _parse_swiglu(p, m, node, ins):
@@ -39,7 +43,7 @@ def _silu(p, m, y):
 def _parse_causal_conv(p, m, node, ins):
     """Outputs: output [B, C, L] and present_state [B, C, K-1], the input's type.  ParseError for
     shapes other than input [B, C, L], weight [C, 1, K], bias [C], past_state [B, C, K-1];
-    UnsupportedOpError for an activation other than none / silu / swish."""
+    UnsupportedOpError for an activation other than none / silu / swish, or a kernel over MAX_TAPS taps."""
     ins = list(ins) + [None] * (4 - len(ins))
     x, w, bias, past = ins[:4]
     require_float(p, x)
@@ -51,12 +55,17 @@ def _parse_causal_conv(p, m, node, ins):
         raise p.err(f"input {x.shape.brief()} must be [B, C, L] and weight {w.shape.brief()} [C, 1, K] of its type")
     B, C, L = x.shape.lens
     K = w.shape.lens[2]
+    if K < 1:
+        raise p.err(f"weight {w.shape.brief()} has no taps: expected [C, 1, K] with K >= 1")
+    if K > MAX_TAPS:
+        raise unsupported(p, node, f"a kernel of {K} taps (weight {w.shape.brief()}): at most {MAX_TAPS}, each "
+                                   f"tap being unrolled into instructions")
     if bias is not None and tuple(bias.shape.lens) != (C,):
         raise p.err(f"bias {bias.shape.brief()} must be [{C}]")
     if past is not None and tuple(past.shape.lens) != (B, C, K - 1):
         raise p.err(f"past_state {past.shape.brief()} must be [{B}, {C}, {K - 1}]")
     if past is None:
-        past = p.lit(m, np.zeros((B, C, K - 1), x.shape.dtype))
+        past = filled(p, m, (B, C, K - 1), 0, x.shape.dtype)
     padded = p.add(m, "concat", [past, x], axis=2) if K > 1 else x
     dt = x.shape.dtype
     acc = padded if dt != "float16" else p.add(m, "convert", [padded], target_type="float32")

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ir.fold import FOLD_LIMIT
 from .op_parser import attr, check_axis, check_choice, decode, element_type, parser, require_float
-from .parse_constant import run_time_iota
+from .parse_constant import iota
 
 
 @parser("Hardmax")
@@ -58,27 +58,35 @@ def _p_onehot(p, m, node, ins):
     if ind.shape.dtype != "int64":  # float indices are truncated, as a cast to int64 does
         ind = p.add(m, "convert", [ind], target_type="int64")
     ind = p.add(m, "unsqueeze", [ind], axes=[a])
-    shape = [depth] + [1] * (r - a - 1)
-    pos = p.lit(m, np.arange(depth, dtype=np.int64).reshape(shape)) if depth <= FOLD_LIMIT \
-        else p.add(m, "reshape", [run_time_iota(p, m, depth)], dims=shape)  # no literal of depth elements
+    pos = iota(p, m, depth, [depth] + [1] * (r - a - 1))  # no literal over FOLD_LIMIT elements
     return p.add(m, "onehot", [ind, pos, values], depth=depth)
 
 
 @parser("Trilu")
 def _p_trilu(p, m, node, ins):
     """Zeroes the elements above (``upper=0``) or below (``upper=1``) the k-th diagonal of the last two
-    dims: a ``where`` with a literal mask."""
+    dims: a ``where`` with a mask (a literal up to FOLD_LIMIT elements, else computed at run time)."""
     x = ins[0]
     if x.shape.ndim < 2:
         raise p.err(f"input must have rank >= 2, got {list(x.shape.lens)}")
     k = int(_scalar_const(p, ins[1], "k")) if len(ins) > 1 and ins[1] is not None else 0
     R, C = x.shape.lens[-2:]
-    diff = np.arange(C)[None, :] - np.arange(R)[:, None]
-    mask = diff >= k if attr(node, "upper", 1) else diff <= k
-    if mask.all():
+    upper = attr(node, "upper", 1)
+    if R == 0 or C == 0 or (k <= 1 - R if upper else k >= C - 1):  # every element kept
         return x
     zero = p.lit(m, np.zeros((), dtype=x.shape.dtype))
-    return p.add(m, "where", [p.lit(m, mask), x, zero])
+    return p.add(m, "where", [_diagonal_mask(p, m, R, C, k, ">=" if upper else "<="), x, zero])
+
+
+def _diagonal_mask(p, m, R: int, C: int, k: int, rule: str):
+    """The bool [R, C] of ``j - i rule k`` (``rule``: ``>=``, ``<=`` or ``==``): a literal up to FOLD_LIMIT
+    elements, else instructions over run-time positions (no R x C array while parsing)."""
+    if R * C <= FOLD_LIMIT:
+        diff = np.arange(C)[None, :] - np.arange(R)[:, None]
+        return p.lit(m, diff >= k if rule == ">=" else diff <= k if rule == "<=" else diff == k)
+    diff = p.add(m, "sub", [iota(p, m, C, [1, C]), iota(p, m, R, [R, 1])])
+    op = {">=": "greater_equal", "<=": "less_equal", "==": "equal"}[rule]
+    return p.add(m, op, [diff, p.lit(m, np.array(k, np.int64))])
 
 
 @parser("EyeLike")
@@ -88,7 +96,11 @@ def _p_eyelike(p, m, node, ins):
         raise p.err(f"input must be 2-D, got {list(x.shape.lens)}")
     dt = attr(node, "dtype")
     dtype = element_type(p, dt, "dtype") if dt is not None else x.shape.dtype
-    return p.lit(m, np.eye(*x.shape.lens, k=attr(node, "k", 0), dtype=dtype))
+    R, C = x.shape.lens
+    k = int(attr(node, "k", 0))
+    if R * C <= FOLD_LIMIT:
+        return p.lit(m, np.eye(R, C, k=k, dtype=dtype))
+    return p.add(m, "convert", [_diagonal_mask(p, m, R, C, k, "==")], target_type=np.dtype(dtype).name)
 
 
 @parser("ReverseSequence")

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .op_parser import attr, check_axis, check_min, decode, parser, unsupported
+from .parse_constant import filled
 from .parse_generic import parse_generic
 from .parse_normalization import layernorm_with_stats
 from .parse_recurrent import check_recurrent
@@ -249,8 +250,8 @@ def _parse_lstm(p, m, node, ins):
     args = [ins[0], ins[1], ins[2]]
     dt = ins[0].shape.dtype
     B = ins[0].shape.lens[1]
-    bias = ins[3] if len(ins) > 3 and ins[3] is not None else p.lit(m, np.zeros((D, 8 * H), dt))
-    h0 = ins[5] if len(ins) > 5 and ins[5] is not None else p.lit(m, np.zeros((D, B, H), dt))
-    c0 = ins[6] if len(ins) > 6 and ins[6] is not None else p.lit(m, np.zeros((D, B, H), dt))
+    bias = ins[3] if len(ins) > 3 and ins[3] is not None else filled(p, m, (D, 8 * H), 0, dt)
+    h0 = ins[5] if len(ins) > 5 and ins[5] is not None else filled(p, m, (D, B, H), 0, dt)
+    c0 = ins[6] if len(ins) > 6 and ins[6] is not None else filled(p, m, (D, B, H), 0, dt)
     t = p.add(m, "lstm", args + [bias, h0, c0], hidden_size=H, direction=direction)
     return [p.add(m, "get_tuple_elem", [t], index=k) for k in range(3)]

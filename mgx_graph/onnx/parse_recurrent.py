@@ -15,6 +15,7 @@ import numpy as np
 
 from ..operators.recurrent import ACTIVATIONS
 from .op_parser import attr, check_min, decode, parser, require_float
+from .parse_constant import filled
 
 _USES = {"affine": (True, True), "leakyrelu": (True, False), "thresholdedrelu": (True, False),
          "scaledtanh": (True, True), "hardsigmoid": (True, True), "elu": (True, False)}
@@ -128,9 +129,9 @@ def _p_recurrent(p, m, node, ins):
     dt = x.shape.dtype
     G = 3 if node.op_type == "GRU" else 1
     if b is None:
-        b = p.lit(m, np.zeros((D, 2 * G * H), dt))
+        b = filled(p, m, (D, 2 * G * H), 0, dt)
     if h0 is None:
-        h0 = p.lit(m, np.zeros((D, B, H), dt))
+        h0 = filled(p, m, (D, B, H), 0, dt)
     names, alphas, betas = _activations(p, node, D)
     args = [x, w, r, b, h0]
     if seq is not None:

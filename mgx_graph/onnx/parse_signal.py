@@ -3,8 +3,9 @@
 DFT and STFT become one native ``dft`` / ``stft`` instruction (operators/spectral.py); their lengths,
 steps and axis must be known at compile time (literals, or values the program is specialized for).  The
 windows depend only on their size (which fixes their shape), so they are evaluated here and added as
-literals; MelWeightMatrix too when its inputs are literals, else it is a native ``mel_weight_matrix``
-instruction over the run-time sample rate and edges.
+literals (computed at run time beyond FOLD_LIMIT values); MelWeightMatrix too when its inputs are literals
+and it has at most FOLD_LIMIT values, else it is a native ``mel_weight_matrix`` instruction over the
+sample rate and edges.
 Source: ONNX operator spec (DFT-17/20, STFT-17, HannWindow-17, HammingWindow-17, BlackmanWindow-17,
 MelWeightMatrix-17).
 """
@@ -13,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.shape import ONNX_TO_NUMPY
-from ..operators.spectral import mel_edges, mel_matrix, mel_range_error, window
+from ..ir.fold import FOLD_LIMIT
+from ..operators.spectral import WINDOWS, mel_edges, mel_matrix, mel_range_error, window
 from .op_parser import attr, ints, parser, require_float, unsupported
+from .parse_constant import filled, iota
 
 
 def _scalar(p, ins, what) -> int:
@@ -88,7 +91,7 @@ def _p_stft(p, m, node, ins):
     if step < 1 or not 1 <= n <= s.shape.lens[1]:
         raise p.err(f"frame_step {step} must be >= 1 and frame_length {n} in [1, {s.shape.lens[1]}] (signal length)")
     if win is None:
-        win = p.lit(m, np.ones(n, s.shape.dtype))
+        win = filled(p, m, [n], 1, s.shape.dtype)
     return p.add(m, "stft", [s, win], frame_step=step, frame_length=n, onesided=onesided)
 
 
@@ -110,7 +113,24 @@ def _p_window(p, m, node, ins):
     dt = _output_type(p, node)
     if size == 1 and not periodic and np.dtype(dt).kind != "f":
         raise p.err(f"a symmetric window of size 1 is NaN (0 / 0): no {dt} value")
-    return p.lit(m, window(node.op_type, size, bool(periodic)).astype(dt))
+    if size <= FOLD_LIMIT:
+        return p.lit(m, window(node.op_type, size, bool(periodic)).astype(dt))
+    return _run_time_window(p, m, node.op_type, size, bool(periodic), dt)
+
+
+def _run_time_window(p, m, kind: str, size: int, periodic: bool, dt: str):
+    """:func:`~mgx_graph.operators.spectral.window` as instructions over run-time positions (float64, then
+    ``dt``): ``a0 - a1 cos(ang n) + a2 cos(2 ang n)``, no literal of ``size`` values."""
+    def lit(v):
+        return p.lit(m, np.array(v, np.float64))
+
+    a0, a1, a2 = (float(c) for c in WINDOWS[kind])
+    ang = (2 * 3.14159265) / np.float64(size if periodic else size - 1)  # size > 1 here: no 0 / 0
+    k = iota(p, m, size, dtype="float64")
+    w = p.add(m, "sub", [lit(a0), p.add(m, "mul", [lit(a1), p.add(m, "cos", [p.add(m, "mul", [lit(ang), k])])])])
+    if a2:
+        w = p.add(m, "add", [w, p.add(m, "mul", [lit(a2), p.add(m, "cos", [p.add(m, "mul", [lit(2 * ang), k])])])])
+    return p.add(m, "convert", [w], target_type=dt)
 
 
 @parser("MelWeightMatrix")
@@ -135,5 +155,6 @@ def _p_mel_weight_matrix(p, m, node, ins):
         why = mel_range_error(n, *vals)
         if why:
             raise p.err(why)
-        return p.lit(m, mel_matrix(np, mel_edges(np, M, n, *vals), n // 2 + 1).astype(dt))
+        if (n // 2 + 1) * M <= FOLD_LIMIT:  # larger: the instruction computes it at run time
+            return p.lit(m, mel_matrix(np, mel_edges(np, M, n, *vals), n // 2 + 1).astype(dt))
     return p.add(m, "mel_weight_matrix", [sr, lo, hi], num_mel_bins=M, dft_length=n, dtype=dt)

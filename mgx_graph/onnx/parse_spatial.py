@@ -13,11 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from ..operators.pooling import max_pool_index_maps, pool_divisor
-from ..operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity
+from ..ir.fold import FOLD_LIMIT
+from ..operators.pooling import max_pool_index_maps, pool_counts, pool_divisor
+from ..operators.resize import COORDINATE_MODES, NEAREST_MODES, axis_tables, is_identity, table_taps
 from .op_parser import attr, check_choice, check_min, decode, parser
+from .parse_constant import check_table, count, iota
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+#: the most taps along one axis of a pooling kernel: the pooling op folds its taps in one at a time and pads
+#: its input to the kernel's extent, so a larger kernel is refused before anything is planned
+MAX_POOL_TAPS = 1 << 16
 
 
 def _ints(value) -> list:
@@ -86,6 +91,8 @@ def _pool_common(p, node, x):
     kernel, strides, dil, pads, auto = _spatial_attrs(p, node, x)
     if not kernel:
         raise p.err("kernel_shape is required")
+    if max(kernel) > MAX_POOL_TAPS:
+        raise _unsupported(p, node, f"kernel_shape {kernel}: at most {MAX_POOL_TAPS} taps along an axis")
     ceil = int(attr(node, "ceil_mode", 0)) == 1  # onnxruntime floors for any other value
     pb, pe, out = _pool_geometry(p, node, x, kernel, strides, dil, pads, auto, ceil)
     return dict(kernel=kernel, stride=strides, dilation=dil, pads_begin=pb, out_lens=out), pe
@@ -104,9 +111,13 @@ def _p_maxpool(p, m, node, ins):
     if not want_indices:
         return p.add(m, "pooling", [x], mode="max", **geo)
     N, C = x.shape.lens[:2]
-    maps, nc = max_pool_index_maps(N, C, x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"],
-                                   geo["pads_begin"], geo["out_lens"], order == 1)
-    t = p.add(m, "pooling", [x, p.lit(m, maps), p.lit(m, nc)], mode="max", indices=True, **geo)
+    check_table(p, count(geo["kernel"]) * max(count(geo["out_lens"]), 1),
+                f"the index maps of output 'Indices' (kernel_shape {geo['kernel']} x output {geo['out_lens']})")
+    maps, _ = max_pool_index_maps(1, 1, x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"],
+                                  geo["pads_begin"], geo["out_lens"], order == 1)
+    nsp = x.shape.ndim - 2  # (n * C + c) * prod(S) per [n, c]: no N x C literal over FOLD_LIMIT
+    nc = p.add(m, "mul", [iota(p, m, N * C, [N, C] + [1] * nsp), p.lit(m, np.array(count(x.shape.lens[2:]), np.int64))])
+    t = p.add(m, "pooling", [x, p.lit(m, maps), nc], mode="max", indices=True, **geo)
     return [p.add(m, "get_tuple_elem", [t], index=0), p.add(m, "get_tuple_elem", [t], index=1)]
 
 
@@ -117,9 +128,39 @@ def _p_avgpool(p, m, node, ins):
         raise _unsupported(p, node, f"input type {x.shape.dtype}")
     geo, pe = _pool_common(p, node, x)
     include = int(attr(node, "count_include_pad", 0))
-    div = pool_divisor(x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"], geo["pads_begin"], pe,
-                       geo["out_lens"], include, x.shape.dtype)
-    return p.add(m, "pooling", [x, p.lit(m, div)], mode="average", **geo)
+    return p.add(m, "pooling", [x, _avg_divisor(p, m, x, geo, pe, include)], mode="average", **geo)
+
+
+def _avg_divisor(p, m, x, geo, pe, include):
+    """The divisor ``[1, 1, *out]`` of AveragePool: a literal up to FOLD_LIMIT elements, else the product of
+    each axis's tap counts computed at run time (each axis a literal up to FOLD_LIMIT windows, else computed
+    from run-time window indices), so no table of the output's size is made while parsing."""
+    args = (x.shape.lens[2:], geo["kernel"], geo["stride"], geo["dilation"], geo["pads_begin"], pe, geo["out_lens"])
+    if count(geo["out_lens"]) <= FOLD_LIMIT:
+        return p.lit(m, pool_divisor(*args, include, x.shape.dtype))
+    nsp, div = len(geo["out_lens"]), None
+    for a, (s, k, st, d, pb, e, o) in enumerate(zip(*args)):
+        shape = [1] * (2 + nsp)
+        shape[2 + a] = o
+        if o <= FOLD_LIMIT:
+            c = p.lit(m, pool_counts(s, k, st, d, pb, e, o, include).reshape(shape))
+        else:
+            c = p.reshape(m, _run_time_counts(p, m, s, k, st, d, pb, e, o, include), shape)
+        div = c if div is None else p.add(m, "mul", [div, c])
+    return p.add(m, "convert", [div], target_type=x.shape.dtype)
+
+
+def _run_time_counts(p, m, size, k, st, d, pb, pe, o, include):
+    """:func:`~mgx_graph.operators.pooling.pool_counts` of ``o`` windows as instructions (float64, ``[o]``)."""
+    def lit(v):
+        return p.lit(m, np.array(v, np.float64))
+
+    lo, hi = (-pb, size + pe) if include else (0, size)
+    a = p.add(m, "sub", [p.add(m, "mul", [iota(p, m, o, dtype="float64"), lit(st)]), lit(pb)])
+    first = p.add(m, "max", [p.add(m, "ceil", [p.add(m, "div", [p.add(m, "sub", [lit(lo), a]), lit(d)])]), lit(0.0)])
+    last = p.add(m, "min", [p.add(m, "floor", [p.add(m, "div", [p.add(m, "sub", [lit(hi - 1), a]), lit(d)])]),
+                            lit(k - 1.0)])
+    return p.add(m, "max", [p.add(m, "add", [p.add(m, "sub", [last, first]), lit(1.0)]), lit(0.0)])
 
 
 def _lp_p(p, node):
@@ -329,6 +370,9 @@ def _p_resize(p, m, node, ins):
     for a, (n_in, n_out) in enumerate(zip(x.shape.lens, out)):
         if a not in active:
             continue
+        taps = table_taps(at["mode"], scales[a], at["antialias"])
+        check_table(p, taps * max(n_out, 1), f"the interpolation tables of axis {a} ({taps:g} taps x {n_out} "
+                                             f"output positions)")
         idx, w, ext = axis_tables(at["mode"], n_in, n_out, scales[a], at["coord_mode"], at["nearest_mode"],
                                   at["cubic_a"], at["exclude_outside"], at["antialias"], roi[a], exact[a],
                                   widths[a] if at["coord_mode"] == "align_corners" and not at["antialias"]
@@ -346,11 +390,11 @@ def _p_resize(p, m, node, ins):
     if not axes:
         return x
     extrapolate = bool(masks)
-    if extrapolate:
-        mask = masks[0]
+    if extrapolate:  # the union of the axes' masks: a literal up to FOLD_LIMIT elements, else made at run time
+        mask = p.lit(m, masks[0])
         for mk in masks[1:]:
-            mask = mask | mk
-        args += [p.lit(m, np.array(attr(node, "extrapolation_value", 0.0)).astype(dt)), p.lit(m, mask)]
+            mask = p.add(m, "logical_or", [mask, p.lit(m, mk)])
+        args += [p.lit(m, np.array(attr(node, "extrapolation_value", 0.0)).astype(dt)), mask]
     return p.add(m, "resize", args, axes=axes, weighted=at["mode"] != "nearest", extrapolate=extrapolate)
 
 

@@ -7,7 +7,10 @@ server-sent events (``data: {chunk}`` lines, ``data: [DONE]`` last); a client th
 requests, which leave their rows at the engine's next step. Errors are the OpenAI API's JSON
 (:func:`~mgx_graph.serve.protocol.error_body`): 400 for a bad field (pydantic's validation errors too), 404
 for another model's name, 413 for a body over ``--max-body-bytes``, 429 when the queue is full, 503 while
-shutting down, 504 past ``--timeout``.
+shutting down, 504 past ``--timeout``, 500 (``server_error``) for anything else, never a plain-text page.
+Once the engine stops accepting requests (SIGTERM, :meth:`~mgx_graph.serve.scheduler.Engine.drain`),
+``/health`` and every new request but ``/stats`` get the 503 (code ``shutting_down``) before their body is
+read; requests already admitted finish.
 
 A request body is read (at most ``--max-body-bytes``) before it is parsed; a prompt's text longer than the
 context could hold (``max_length`` tokens of at most :attr:`Service.chars_per_token` characters each) is
@@ -224,6 +227,7 @@ def create_app(service: Service):
 
     app = FastAPI(title="mgx_graph OpenAI-compatible server", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=service.max_body_bytes)
+    app.add_middleware(Draining, engine=service.engine)  # the outermost: before any body is read
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -237,10 +241,15 @@ def create_app(service: Service):
     async def _http_error(request, exc: HTTPException):
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
+    @app.exception_handler(Exception)
+    async def _internal(request, exc: Exception):  # logged by the server; the client gets the API's JSON
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
+
     @app.get("/health")
     async def health():
-        ok = service.engine.accepting
-        return JSONResponse({"status": "ok" if ok else "shutting_down"}, status_code=200 if ok else 503)
+        if not service.engine.accepting:
+            return shutting_down()
+        return JSONResponse({"status": "ok"})
 
     @app.get("/stats")
     async def stats():
@@ -353,6 +362,26 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def shutting_down() -> JSONResponse:
+    """The 503 of a server that no longer accepts requests: the API's error JSON (code ``shutting_down``),
+    with ``status`` as ``/health`` gives it."""
+    body = error_body(503, "the server is shutting down: it takes no new requests", None, "shutting_down")
+    return JSONResponse(dict(body, status="shutting_down"), status_code=503, headers={"Connection": "close"})
+
+
+class Draining:
+    """ASGI middleware: once ``engine`` no longer accepts requests, every HTTP request but ``GET /stats`` is
+    answered :func:`shutting_down` before its body is read (``/health`` included)."""
+
+    def __init__(self, app, engine):
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.engine.accepting or scope.get("path") == "/stats":
+            return await self.app(scope, receive, send)
+        await shutting_down()(scope, receive, send)
 
 
 def _union_tag(x) -> bool:

@@ -231,9 +231,9 @@ def test_corrupt_and_foreign_files_are_parse_errors(good_file, tmp_path):
     (tmp_path / "text.mxr").write_text("not a program")
     cases = [
         (tmp_path / "missing.mxr", r"missing\.mxr: no such file"),
-        (tmp_path / "text.mxr", r"text\.mxr: not a readable saved program \(BadZipFile"),
-        (tmp_path / "short.mxr", r"short\.mxr: not a readable saved program"),
-        (tmp_path / "flipped.mxr", r"flipped\.mxr: not a readable saved program \(BadZipFile: Bad CRC-32"),
+        (tmp_path / "text.mxr", r"text\.mxr: not a valid saved program \(\.mxr zip\): BadZipFile"),
+        (tmp_path / "short.mxr", r"short\.mxr: not a valid saved program \(\.mxr zip\)"),
+        (tmp_path / "flipped.mxr", r"flipped\.mxr: not a valid saved program \(\.mxr zip\): BadZipFile: Bad CRC-32"),
         (_rewrite(good_file, tmp_path / "nohead.mxr", drop=("program.json",)), r"not a saved mgx_graph program \(no "
                                                                                r"program\.json\)"),
         (_rewrite(good_file, tmp_path / "json.mxr", header=b"{oops"), r"program\.json is not valid JSON"),

@@ -171,7 +171,7 @@ def test_a_corrupt_deflated_member_is_a_parse_error(tmp_path, good, inflated):
     method, raw, crc, size = members["program.json"]
     members["program.json"] = (method, b"\xff" * 8 + raw[8:], crc, size)
     write_zip(tmp_path / "zlib.mxr", members)
-    refused(tmp_path / "zlib.mxr", r"zlib\.mxr: not a readable saved program \((error|BadZipFile)", inflated)
+    refused(tmp_path / "zlib.mxr", r"zlib\.mxr: not a valid saved program \(\.mxr zip\): (error|BadZipFile)", inflated)
 
 
 def test_members_sharing_one_compressed_block_are_refused_unread(tmp_path, good, inflated):

@@ -1,7 +1,7 @@
 """ONNX models of a few bytes whose parse-time values would be large: Range, ConstantOfShape and OneHot's
 depth positions over FOLD_LIMIT elements are computed at run time, never made literals while parsing.
 Parsing one of 30M elements allocates little (tracemalloc) and makes no literal over FOLD_LIMIT; one
-just over FOLD_LIMIT compiles and runs to onnxruntime's outputs."""
+just over FOLD_LIMIT compiles and runs to onnxruntime's outputs (on ref, and on gpu in the gpu test)."""
 from __future__ import annotations
 
 import tracemalloc
@@ -67,6 +67,18 @@ def test_values_equal_onnxruntime_below_and_above_the_fold_limit(kind, n):
     model = MODELS[kind](n)
     feeds = {"i": np.array([3, -1, n + 2], np.int64)} if kind == "onehot" else {}
     got = mgx_graph.compile(model, target="ref").run(feeds)[0]
+    want = ort_run(model, feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_values_over_the_fold_limit_equal_onnxruntime_on_gpu(gpu_target, kind):
+    n = FOLD_LIMIT + 5
+    model = MODELS[kind](n)
+    feeds = {"i": np.array([3, -1, n + 2], np.int64)} if kind == "onehot" else {}
+    got = mgx_graph.compile(model, target=gpu_target).run(feeds)[0]
     want = ort_run(model, feeds)[0]
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
