@@ -523,7 +523,7 @@ def test_teardown_any_order_and_at_exit(target):
     gc.collect()
     with pytest.raises(mgx_graph.MgxError, match="released"):
         progs[0].run({"x": x})
-    code = ("import numpy as np, mgx_graph, sys; sys.path.insert(0, 'tests/exec'); from test_reliability import chain; "
+    code = ("import numpy as np, mgx_graph, sys; sys.path[:0] = ['tests', 'tests/exec']; from test_reliability import chain; "
             f"p = mgx_graph.compile(chain(), target='{target}', hip_graph=True); "
             "[p.run({'x': np.ones((3, 4), np.float32)}) for _ in range(4)]; q = p; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
