@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -55,7 +56,12 @@ class Executor:
         self._record: CallRecord | None = None  # the last run_async, while a repeat may reuse it
         self.released = False  # True once closed: its memory, queue and graphs are gone
         self.queues: set[int] = set()  # queues given to run_async (released with the context)
-        self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program))
+        # executors reading this one's literals (share_literals): closed before this one frees them
+        self.borrowers: weakref.WeakSet = weakref.WeakSet()
+        shared = result.shared_literals
+        self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program), shared)
+        if shared is not None:
+            shared.owner.borrowers.add(self)
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         self.replay_plan_hits = 0
@@ -323,6 +329,8 @@ class Executor:
             if self.released:
                 return
             self.released, self._native = True, None
+            for b in list(self.borrowers):  # they read this program's literals
+                b.close()
             if self._replay_plan is not None:
                 self._replay_plan.forget()
             # no reference to the caller's arrays outlives the program: the slot values (shared by the

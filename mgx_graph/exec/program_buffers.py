@@ -6,7 +6,8 @@ the literal area of the memory plan, and the parameter area holding one buffer p
 uploaded.  Every instruction of every module gets a slot in ``env``, the list of values the eval loop
 reads and writes; a slot whose value never changes is filled here:
 
-* literals: their uploaded array (host values, e.g. strings, stay numpy arrays);
+* literals: their uploaded array (host values, e.g. strings, stay numpy arrays); a literal marked by
+  ``share_literals`` is the array another program (the owner of ``shared``) uploaded;
 * instructions with a buffer of their own: an array over the arena at the planned offset (a tuple of
   arrays for a tuple result; ``if`` / ``loop`` results included);
 * host-fallback instructions: a host buffer of their shape;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import MgxError
 from ..passes.analysis import linear_order, on_host
 
 ALIGN = 256
@@ -41,12 +43,14 @@ class ProgramBuffers:
     """Allocations and initial slot values of one program (see the module docstring).
 
     ``program``: the lowered IR; ``plan``: its :class:`~mgx_graph.passes.analysis.MemoryPlan`;
-    ``ctx``: the target context; ``movable``: ids of the values bound per call.  Raises DeviceError
-    when an allocation fails (the context frees what it allocated when it is closed).
+    ``ctx``: the target context; ``movable``: ids of the values bound per call; ``shared``: the
+    :class:`~mgx_graph.passes.share_literals.LiteralTable` of the program whose literals this one reads,
+    or None.  Raises DeviceError when an allocation fails (the context frees what it allocated when it is
+    closed), MgxError when a shared literal's owner holds no array for it (released).
     """
 
-    def __init__(self, program, plan, ctx, movable: set):
-        self.ctx, self.plan, self.movable = ctx, plan, movable
+    def __init__(self, program, plan, ctx, movable: set, shared=None):
+        self.ctx, self.plan, self.movable, self.shared = ctx, plan, movable, shared
         self.modules = program.module_order()
         self.slot: dict[int, int] = {}
         for m in self.modules:
@@ -85,14 +89,24 @@ class ProgramBuffers:
             for ins in m.instructions:
                 op, s = ins.op, self.slot[id(ins)]
                 if op.name == "@literal":
-                    env[s] = op.value if id(ins) not in plan.literal_offsets else \
-                        ctx.upload(op.value, self.literals, plan.literal_offsets[id(ins)])
+                    env[s] = self._literal(ins)
                 elif op.name == "@param" or op.is_view or id(ins) in self.movable:
                     continue  # bound per call, loop-owned (below) or a view (after the loop buffers)
                 elif on_host(ins):
                     env[s] = host_value(ins.shape)
                 else:
                     env[s] = self._owned(ins)
+
+    def _literal(self, ins):
+        k = ins.meta.get("shared_literal")
+        if k is not None:
+            value = self.shared.value(k) if self.shared is not None else None
+            if value is None:
+                raise MgxError(f"literal {ins.shape.brief()} is read from a program that holds it no more "
+                               f"(released)")
+            return value
+        offsets = self.plan.literal_offsets
+        return ins.op.value if id(ins) not in offsets else self.ctx.upload(ins.op.value, self.literals, offsets[id(ins)])
 
     def _owned(self, ins):
         ctx, plan = self.ctx, self.plan

@@ -175,6 +175,9 @@ class MemoryColoring(Pass):
         for m in program.module_order():
             for ins in m.instructions:
                 if ins.op.name == "@literal" and ins.shape.dtype != "object":
+                    if "shared_literal" in ins.meta:  # read from another program's memory (share_literals)
+                        plan.shared_literal_bytes += ins.shape.bytes()
+                        continue
                     plan.literal_offsets[id(ins)] = off
                     off += _align(max(ins.shape.bytes(), 1))
         plan.literal_bytes = off
