@@ -3,12 +3,19 @@ the owner's memory instead of being uploaded again, so two programs over one set
 decoder's prefill programs and its decode step) keep one copy of them on the device.
 
 A literal of at least :data:`MIN_BYTES` bytes is taken from the owner when an owner literal holds the
-same bytes in the same shape and type; or, when it is read only as the second input of ``dot``
-instructions, when the owner's literal holds its bytes with the last two axes swapped (the gpu target's
-``gemv_layout`` stores the weights of one-row ``dot``s transposed; a prefill's ``dot``s have several rows
-and keep the exported layout): it becomes a ``transpose`` view of the owner's value, which a BLAS GEMM
-reads as it is.  Candidates are found by type, shape and 64 sampled elements (:class:`LiteralTable`); one
-is taken only when every byte is equal.
+same bytes in the same shape and type.  A literal read only as the second input of ``dot`` instructions
+(a weight) is also taken from an owner literal that holds it in another layout or as a part of it, read
+through views, which a BLAS GEMM takes as they are:
+
+* the owner's literal with the last two axes swapped (the gpu target's ``gemv_layout`` stores the
+  weights of one-row ``dot``s transposed; a prefill's ``dot``s have several rows and keep the exported
+  layout): a ``transpose`` view of it;
+* a block of columns (last axis) of the owner's literal, in either layout (``merge_dots`` may
+  concatenate other weights in the two programs: Q, K and V in a decode step, Q and K in a prefill whose
+  V slice would feed a strided cache write): a ``slice`` view of it.
+
+Candidates are found by type, shape and 64 sampled elements, column blocks by their first row
+(:class:`LiteralTable`); one is taken only when every byte is equal.
 
 A shared literal gets ``meta["shared_literal"]``, the index of the owner's literal in the table:
 ``memory_coloring`` leaves it out of the literal area, and the executor binds it to the owner's uploaded
@@ -63,6 +70,7 @@ class LiteralTable:
         self.holder: Any = None  # kept alive with the table (the owner's compiled program)
         self.instructions: list = []
         self._keys: dict[tuple, list[tuple[int, bool]]] = {}
+        self._blocks: dict[tuple, list[tuple[int, bool]]] = {}  # (type, dims but the last) -> candidates
         for m in program.module_order():
             for ins in m.instructions:
                 if ins.op.name != "@literal" or not _shareable(ins.op.value):
@@ -72,27 +80,38 @@ class LiteralTable:
                 self._keys.setdefault(_key(v), []).append((k, False))
                 if v.ndim >= 2:
                     self._keys.setdefault(_key(_swapped(v)), []).append((k, True))
+                    for t, lv in ((False, v), (True, _swapped(v))):
+                        self._blocks.setdefault((v.dtype.str, lv.shape[:-1]), []).append((k, t))
 
-    def find(self, value: np.ndarray, transposed_ok: bool) -> tuple[int, bool] | None:
-        """``(index, transposed)`` of an owner literal holding ``value``'s bytes (with its last two axes
-        swapped when ``transposed``, only tried with ``transposed_ok``), else None."""
+    def _logical(self, k: int, transposed: bool) -> np.ndarray:
+        own = self.instructions[k].op.value
+        return _swapped(own) if transposed else own
+
+    def find(self, value: np.ndarray, dot_weight: bool) -> tuple[int, bool, int] | None:
+        """``(index, transposed, column)``: owner literal ``index`` (with its last two axes swapped when
+        ``transposed``) holds ``value``'s bytes from ``column`` of its last axis on; else None.  Only
+        the whole literal in its own layout is tried unless ``dot_weight`` (a view of another layout or
+        a column block of it is then read in its place)."""
         if not _shareable(value):
             return None
         for k, t in self._keys.get(_key(value), ()):
-            if t and not transposed_ok:
-                continue
-            own = self.instructions[k].op.value
-            if own.dtype == value.dtype and np.array_equal(_bits(_swapped(own) if t else own), _bits(value)):
-                return k, t
+            if (not t or dot_weight) and np.array_equal(_bits(self._logical(k, t)), _bits(value)):
+                return k, t, 0
+        if not dot_weight or value.ndim < 2:
+            return None
+        first = _bits(value)[(0,) * (value.ndim - 1)]  # the first row: where the block may start
+        n = value.shape[-1]
+        for k, t in self._blocks.get((value.dtype.str, value.shape[:-1]), ()):
+            own = self._logical(k, t)
+            row = _bits(own)[(0,) * (own.ndim - 1)]
+            for c in np.flatnonzero(row[:len(row) - n + 1] == first[0]):
+                if np.array_equal(row[c:c + n], first) and np.array_equal(_bits(own[..., c:c + n]), _bits(value)):
+                    return k, t, int(c)
         return None
 
     def value(self, k: int):
         """The owner's uploaded array of literal ``k`` (None when the owner holds none)."""
         return self.owner.buffers.value(self.instructions[k])
-
-    def shared_bytes(self, program) -> int:
-        """Bytes of ``program``'s literals read from the owner."""
-        return sum(i.shape.bytes() for m in program.module_order() for i in m.instructions if META in i.meta)
 
 
 def _dot_weight_only(ins) -> bool:
@@ -120,13 +139,15 @@ class ShareLiterals(Pass):
                 if hit is not None:
                     self._rewrite(m, ins, *hit)
 
-    def _rewrite(self, m, ins, k: int, transposed: bool) -> None:
+    def _rewrite(self, m, ins, k: int, transposed: bool, column: int) -> None:
         own = self.table.instructions[k].op.value
-        lit = m.insert_literal(ins, own)
-        lit.meta[META] = k
-        new = lit
+        new = m.insert_literal(ins, own)
+        new.meta[META] = k
+        nd = own.ndim
         if transposed:
-            nd = own.ndim
             new = m.insert_instruction(ins, make_op("transpose", permutation=list(range(nd - 2)) + [nd - 1, nd - 2]),
-                                       [lit])
+                                       [new])
+        n = ins.shape.lens[-1]
+        if column or n != new.shape.lens[-1]:
+            new = m.insert_instruction(ins, make_op("slice", axes=[nd - 1], starts=[column], ends=[column + n]), [new])
         m.replace_instruction(ins, new, remove=True)
