@@ -121,7 +121,7 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
     return CompiledProgram(program, pctx.result, executor=executor, options=given)
 
 
-def literal_table(owner, target: str, device_id: int) -> LiteralTable | None:
+def literal_table(owner, target: str, device_id: int | None) -> LiteralTable | None:
     """The :class:`~mgx_graph.passes.share_literals.LiteralTable` of ``owner`` (a compiled static program
     on ``target`` and ``device_id``; None gives None).  Raises ParameterError for anything else, or a
     program released."""

@@ -20,6 +20,8 @@ the op running them binds them per call.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..errors import MgxError
@@ -45,12 +47,17 @@ class ProgramBuffers:
     ``program``: the lowered IR; ``plan``: its :class:`~mgx_graph.passes.analysis.MemoryPlan`;
     ``ctx``: the target context; ``movable``: ids of the values bound per call; ``shared``: the
     :class:`~mgx_graph.passes.share_literals.LiteralTable` of the program whose literals this one reads,
-    or None.  Raises DeviceError when an allocation fails (the context frees what it allocated when it is
+    or None, and ``user`` the executor of this program, which the owner closes first when it is closed.
+    Raises DeviceError when an allocation fails (the context frees what it allocated when it is
     closed), MgxError when a shared literal's owner holds no array for it (released).
     """
 
-    def __init__(self, program, plan, ctx, movable: set, shared=None):
+    def __init__(self, program, plan, ctx, movable: set, shared=None, user=None):
         self.ctx, self.plan, self.movable, self.shared = ctx, plan, movable, shared
+        # what reads this program's literals (share_literals): closed before they are freed
+        self.borrowers: weakref.WeakSet = weakref.WeakSet()
+        if shared is not None and user is not None:
+            shared.owner.buffers.borrowers.add(user)
         self.modules = program.module_order()
         self.slot: dict[int, int] = {}
         for m in self.modules:
@@ -66,6 +73,11 @@ class ProgramBuffers:
         for ins in linear_order(program.get_main_module()):
             if ins.op.is_view and id(ins) not in movable:
                 self.env[self.slot[id(ins)]] = ins.op.view(ctx.xp, self.env[self.slot[id(ins.inputs[0])]], ins.shape)
+
+    def close_borrowers(self) -> None:
+        """Close (``close()``) the executors that read this program's literals."""
+        for b in list(self.borrowers):
+            b.close()
 
     def value(self, ins):
         """The current value of instruction ``ins`` (an array, a tuple of arrays, or None)."""

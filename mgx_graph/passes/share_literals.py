@@ -129,25 +129,28 @@ class ShareLiterals(Pass):
         self.table = table
 
     def apply(self, program, ctx=None) -> None:
-        if self.table is None:
+        table = self.table
+        if table is None:
             return
         for m in program.module_order():
             for ins in list(m.instructions):
                 if ins.op.name != "@literal" or META in ins.meta or not ins.outputs:
                     continue
-                hit = self.table.find(ins.op.value, _dot_weight_only(ins))
+                hit = table.find(ins.op.value, _dot_weight_only(ins))
                 if hit is not None:
-                    self._rewrite(m, ins, *hit)
+                    _rewrite(table, m, ins, *hit)
 
-    def _rewrite(self, m, ins, k: int, transposed: bool, column: int) -> None:
-        own = self.table.instructions[k].op.value
-        new = m.insert_literal(ins, own)
-        new.meta[META] = k
-        nd = own.ndim
-        if transposed:
-            new = m.insert_instruction(ins, make_op("transpose", permutation=list(range(nd - 2)) + [nd - 1, nd - 2]),
-                                       [new])
-        n = ins.shape.lens[-1]
-        if column or n != new.shape.lens[-1]:
-            new = m.insert_instruction(ins, make_op("slice", axes=[nd - 1], starts=[column], ends=[column + n]), [new])
-        m.replace_instruction(ins, new, remove=True)
+
+def _rewrite(table: LiteralTable, m, ins, k: int, transposed: bool, column: int) -> None:
+    """Read literal ``ins`` of module ``m`` from owner literal ``k`` (``transposed`` / from ``column``)."""
+    own = table.instructions[k].op.value
+    new = m.insert_literal(ins, own)
+    new.meta[META] = k
+    nd = own.ndim
+    if transposed:
+        new = m.insert_instruction(ins, make_op("transpose", permutation=list(range(nd - 2)) + [nd - 1, nd - 2]),
+                                   [new])
+    n = ins.shape.lens[-1]
+    if column or n != new.shape.lens[-1]:
+        new = m.insert_instruction(ins, make_op("slice", axes=[nd - 1], starts=[column], ends=[column + n]), [new])
+    m.replace_instruction(ins, new, remove=True)
