@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BuildError, VerificationError
-from .export import _cache_outputs, _static_cache, export_onnx, graph_io, rename_dim_params, static_step_names
+from . import export
+from .export import _cache_outputs, _static_cache, graph_io, rename_dim_params, static_step_names
 
 PREFILL_NAME = "prefill.onnx"
 #: The name of the symbolic number of new tokens per row.
@@ -92,7 +93,7 @@ def export_static_prefill(model: Any, onnx_path: Path, num_layers: int, num_kv_h
     rest = ((None, {1: seq}) if batch > 1 else ()) + tuple(None for _ in range(2 * num_layers))
     dyn = ({1: seq}, None, None, rest)
     module = make_static_prefill_module(model, num_layers, num_kv_heads, head_dim, max_cache_len, batch)
-    export_onnx(module, args, onnx_path, ins, outs, dynamic_shapes=dyn)
+    export.export_onnx(module, args, onnx_path, ins, outs, dynamic_shapes=dyn)
     symbol = graph_io(onnx_path)[0]["input_ids"][0][1]
     if not isinstance(symbol, str):
         raise BuildError(f"{onnx_path}: expected a symbolic sequence dimension on input_ids, got {symbol!r}")
