@@ -13,9 +13,13 @@ Several prompts are left-padded to the longest and decoded in lockstep, one slot
 row's padding slots are masked out of its attention and its positions count from its first real
 token, so each row gets the tokens it would get alone. A padding step (and every step of a row
 that has finished, which keeps stepping with the pad token until all rows are done) attends to
-its own slot only, so no row is ever fully masked.
+its own slot only, so no row is ever fully masked (token by token; in a prefill run a row's padding
+columns see no slot, the exports' guard after the softmax gives them zeros, and no real token reads
+their slots).
 
-Each prompt is fed one token per step (prefill through the decode step), then tokens are chosen
+The prompts run in one program run per length bucket when the decoder has a prefill step
+(:mod:`mgx_graph.llm.prefill`; the first token is then chosen from its logits), else one token per
+decode step (also with ``prefill="tokens"``); then tokens are chosen
 (:mod:`mgx_graph.llm.sampling`: greedy or sampled) until an end-of-sequence id, a stop string
 (:mod:`mgx_graph.llm.streaming`), ``max_new_tokens`` or the cache length. Per step the host writes
 the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
