@@ -140,9 +140,11 @@ def test_prefill_reads_the_decode_steps_weights(llama, target):
     dec = Decoder(prog, prefill=llama.prefill_onnx_path, prefill_chunk=CHUNK)
     dec.prefill_tokens([_prompt(CHUNK)])
     plan = dec.prefill.program(CHUNK).memory_plan
-    # every weight matrix is the decode step's (what stays: norm weights and tables under 4 KiB)
-    assert plan.shared_literal_bytes >= 0.9 * prog.memory_plan.literal_bytes, (plan, prog.memory_plan)
-    assert plan.literal_bytes < 0.1 * plan.shared_literal_bytes
+    # every weight matrix is the decode step's: what it uploads itself are norm weights and the bucket's
+    # rotary table; the decode step's literals it does not read are its folded copy of the tied LM head
+    # (the prefill reads the embedding through a transpose view instead)
+    assert plan.literal_bytes < 0.05 * plan.shared_literal_bytes, plan
+    assert plan.shared_literal_bytes >= 0.8 * prog.memory_plan.literal_bytes, (plan, prog.memory_plan)
     dec.release()
 
 
@@ -170,7 +172,8 @@ def test_gpu_prefill_shares_the_gemv_layout_weights_and_captures(llama, gpu_targ
         by_token.prefill_tokens([ids])
         np.testing.assert_allclose(dec.logits_rows(), by_token.logits_rows(), rtol=1e-3, atol=1e-3)
     plan = dec.prefill.program(CHUNK).memory_plan
-    assert plan.shared_literal_bytes >= 0.9 * prog.memory_plan.literal_bytes
+    assert plan.literal_bytes < 0.05 * plan.shared_literal_bytes
+    assert plan.shared_literal_bytes >= 0.8 * prog.memory_plan.literal_bytes
     st = dec.prefill.stats()[CHUNK]
     assert st["captures"] == 1 and st["fallbacks"] == 0 and st["replays"] >= 1
     dec.release()
