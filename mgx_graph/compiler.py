@@ -36,6 +36,7 @@ from .operators.dynamic import NeedsValue
 from .passes import PassContext, PassManager, PipelineOptions
 from .passes.bind_outputs import detect_alias
 from .passes.compile_result import CompileResult
+from .passes.share_literals import LiteralTable
 from .targets import make_context, pipeline, resolve_device, resolve_target
 
 
@@ -55,7 +56,8 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
                     debug: bool | None = None, budget=None, host_ops=(), max_graphs: int | None = None,
                     max_graph_bytes: int | None = None, capture_mode: str | None = None,
                     validate: bool | None = None, gate_slower: bool | None = None,
-                    device_id: int | None = None, _label: str = "", _queue: int | None = None) -> CompiledProgram:
+                    device_id: int | None = None, share_literals=None, _label: str = "",
+                    _queue: int | None = None) -> CompiledProgram:
     """Run the pass pipeline over ``program`` (in place), lower it to ``target`` (``ref``, ``gpu`` or
     ``auto``) and finalize it; returns the :class:`~mgx_graph.exec.compiled.CompiledProgram`.
 
@@ -79,6 +81,10 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
     gate_slower: time the first replays against the warmups and stop using a graph that is slower.
     device_id: the GPU the program's queue, memory and library handles live on (None: the current
         device; ``ref``: only 0).
+    share_literals: a compiled static program of the same target and device whose literals this one
+        reads from that program's memory where they hold the same bytes (the ``share_literals`` pass:
+        a decoder's prefill programs and its decode step keep one copy of the weights).  Releasing that
+        program releases this one.
 
     Raises CompileError (unknown/unusable target, impossible alias, a program lowered already, a
     device_id other than 0 on ``ref``, or more memory than the device has: the message names the
@@ -100,15 +106,39 @@ def compile_program(program: Program, target: str = "auto", *, hip_graph: bool |
         raise ParameterError(f"alias must be a dict, None or 'auto', got {alias!r}")
     else:
         alias_map, strict = dict(alias or {}), True
+    table = literal_table(share_literals, tname, device_id)
+    if table is not None and device_id is None and tname != "ref":
+        device_id = table.owner.ctx.device_id  # the device of the memory it reads
     options = PipelineOptions(fp16=fp16, hip_graph=hip_graph, alias=alias_map, strict_alias=strict,
-                              host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size)
-    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16)),
+                              host_ops=tuple(host_ops or ()), min_partition_size=min_partition_size,
+                              shared_literals=table)
+    pctx = PassContext(tname, CompileResult(target=tname, hip_graph=hip_graph, fp16=bool(fp16), shared_literals=table),
                        settings=mgx_settings.current())  # the table this compile hands down
     PassManager(pipeline(tname, options), pctx).run(program)
     if budget is None:
         budget = graph_budget(given)
     executor = finalize(program, pctx.result, device_id, budget, _label, queue=_queue)
     return CompiledProgram(program, pctx.result, executor=executor, options=given)
+
+
+def literal_table(owner, target: str, device_id: int | None) -> LiteralTable | None:
+    """The :class:`~mgx_graph.passes.share_literals.LiteralTable` of ``owner`` (a compiled static program
+    on ``target`` and ``device_id``; None gives None).  Raises ParameterError for anything else, or a
+    program released."""
+    if owner is None:
+        return None
+    ex = getattr(owner, "executor", None)
+    if not isinstance(owner, CompiledProgram) or ex is None or owner.dispatcher is not None:
+        raise ParameterError(f"share_literals must be a compiled static program (mgx_graph.compile with fixed "
+                             f"shapes), got {owner!r:.80}")
+    if ex.released:
+        raise ParameterError("share_literals: the program was released")
+    if owner.result.target != target or (device_id is not None and ex.ctx.device_id != device_id):
+        raise ParameterError(f"share_literals: the program runs on {owner.result.target} device {ex.ctx.device_id}, "
+                             f"this one is compiled for {target} device {device_id}")
+    table = LiteralTable(owner.program, owner=ex)
+    table.holder = owner  # the program stays alive while a program reading its literals does
+    return table
 
 
 def graph_budget(options: dict) -> GraphBudget:
@@ -177,9 +207,10 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
             debug: bool | None = None, external_data_dir: str | None = None, max_specializations: int = 8,
             host_ops=(), max_graphs: int | None = None, max_graph_bytes: int | None = None,
             capture_mode: str | None = None, validate: bool | None = None,
-            gate_slower: bool | None = None, device_id: int | None = None) -> CompiledProgram:
+            gate_slower: bool | None = None, device_id: int | None = None, share_literals=None) -> CompiledProgram:
     """Parse an ONNX model and compile it for ``target``; see :func:`parse_onnx` and
-    :func:`compile_program` for the parameters and the errors raised.  Returns a
+    :func:`compile_program` for the parameters and the errors raised (``share_literals`` needs a model
+    whose shapes are all known: CompileError otherwise).  Returns a
     :class:`~mgx_graph.exec.compiled.CompiledProgram`.
 
     When inputs have symbolic dims (not fixed by ``input_dims``) or shapes depend on data, the returned
@@ -205,7 +236,10 @@ def compile(model, *, target: str = "auto", hip_graph: bool | None = None, input
     ckw: dict[str, Any] = dict(hip_graph=hip_graph, fp16=fp16, min_partition_size=min_partition_size, budget=graph_budget(graph),
                host_ops=tuple(host_ops), device_id=device_id, **graph)
     if prog is not None and not symbolic:
-        return compile_program(prog, tname, alias=alias, **ckw)
+        return compile_program(prog, tname, alias=alias, share_literals=share_literals, **ckw)
+    if share_literals is not None:
+        raise CompileError(f"share_literals needs static shapes; this model has run-time shapes (symbolic "
+                           f"inputs: {sorted(symbolic)})")
     if alias not in (None, "auto", {}):
         raise CompileError("alias (outputs written in place) needs static shapes; this model has run-time shapes "
                            f"(symbolic inputs: {sorted(symbolic)})")

@@ -63,7 +63,8 @@ and ``model.json`` it had before the option existed.
 
 Each build lands in ``<cache>/models/<name>-<hash>/`` with ``model.onnx``,
 ``model.onnx.data`` (external weights), ``model.json`` and, when the model has one,
-``tokenizer/``. ``<cache>`` is ``cache_dir``, else ``$MGX_GRAPH_CACHE``, else
+``tokenizer/``; a fixed-shape decoder (``smollm2``, ``llama``, static ``gpt2``) also has
+``prefill.onnx``, its prefill step, reading the same ``model.onnx.data``. ``<cache>`` is ``cache_dir``, else ``$MGX_GRAPH_CACHE``, else
 ``$XDG_CACHE_HOME/mgx_graph``, else ``~/.cache/mgx_graph``. The hash covers the model name,
 the normalized options (defaults filled in, ``verify`` excluded), the weight source and
 :data:`BUILDER_VERSION`. Builds happen in a temporary sibling folder that is renamed into
@@ -106,7 +107,7 @@ __all__ = [
 ]
 
 #: Bump when the exported graphs or model.json change, so that old cache entries are not reused.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: fixed-shape decoders also export prefill.onnx
 
 _BUILDERS = {
     "smollm2": ".smollm2",
@@ -152,6 +153,9 @@ class ModelInfo:
         directory: the model's cache folder.
         build_seconds: seconds spent in each build step (empty for a reused cache entry
             written by another tool).
+        prefill_onnx_path: the prefill step of a fixed-shape decoder (``prefill.onnx``, the prompt
+            in one run; :mod:`.prefill_export`), its weights in ``model.onnx.data``; None for
+            other models and for builds made before it existed.
     """
 
     name: str
@@ -165,6 +169,7 @@ class ModelInfo:
     options: dict[str, Any] = field(default_factory=dict)
     directory: Path | None = None
     build_seconds: dict[str, float] = field(default_factory=dict)
+    prefill_onnx_path: Path | None = None
 
     @property
     def onnx_data_path(self) -> Path:
@@ -190,6 +195,7 @@ class ModelInfo:
             "builder_version": BUILDER_VERSION,
             "name": self.name,
             "onnx_path": rel(self.onnx_path),
+            "prefill_onnx_path": rel(self.prefill_onnx_path),
             "tokenizer_dir": rel(self.tokenizer_dir),
             "hf_dir_or_gguf": rel(self.hf_dir_or_gguf),
             "alias": dict(self.alias),
@@ -215,6 +221,7 @@ class ModelInfo:
         return cls(
             name=data["name"],
             onnx_path=path(data["onnx_path"]),
+            prefill_onnx_path=optional_path(data.get("prefill_onnx_path")),
             tokenizer_dir=optional_path(data.get("tokenizer_dir")),
             alias=dict(data.get("alias") or {}),
             inputs={k: (list(v[0]), v[1]) for k, v in data["inputs"].items()},
@@ -361,14 +368,18 @@ def _save(name: str, fields: dict[str, Any], opts: dict[str, Any], steps, tmp: P
     from .export import write_metadata
 
     onnx_path = tmp / fields["onnx_path"]
-    write_metadata(onnx_path, {
-        ALIAS_METADATA_KEY: json.dumps(fields["alias"], sort_keys=False),
-        "mgx_graph.model": name,
-        "mgx_graph.builder_version": BUILDER_VERSION,
-    })
+    prefill = tmp / fields["prefill_onnx_path"] if fields.get("prefill_onnx_path") else None
+    for path in (onnx_path, prefill):
+        if path is not None:
+            write_metadata(path, {
+                ALIAS_METADATA_KEY: json.dumps(fields["alias"], sort_keys=False),
+                "mgx_graph.model": name,
+                "mgx_graph.builder_version": BUILDER_VERSION,
+            })
     info = ModelInfo(
         name=name,
         onnx_path=onnx_path,
+        prefill_onnx_path=prefill,
         tokenizer_dir=(tmp / fields["tokenizer_dir"]) if fields["tokenizer_dir"] else None,
         alias=fields["alias"],
         inputs=fields["inputs"],

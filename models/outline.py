@@ -4,7 +4,8 @@ A build runs the steps of :class:`~.progress.Steps` in order:
 
 1. ``fetch weights`` -- locate (or download) the checkpoint; skipped for random weights;
 2. ``load``          -- the torch model (and its tokenizer), as a :class:`Loaded`;
-3. ``export``        -- the ONNX graph ``model.onnx`` + ``model.onnx.data``; the tokenizer,
+3. ``export``        -- the ONNX graph ``model.onnx`` + ``model.onnx.data`` (a fixed-shape decoder
+   also ``prefill.onnx``, its prefill step over the same weight file); the tokenizer,
    if any, is saved to ``tokenizer/`` next to it (or into the folder itself, see
    :attr:`BuildOutline.tokenizer_dir`);
 4. ``verify``        -- onnxruntime against torch (skipped with ``verify=False``);
@@ -23,6 +24,7 @@ from typing import Any, Callable
 
 from .errors import require_modules
 from .export import export_static_step, graph_io
+from .prefill_export import PREFILL_NAME, export_static_prefill, share_external_data, verify_prefill
 from .verify import reference_logits, verify_batched_step, verify_static_step
 
 Note = Callable[[str], None]
@@ -143,7 +145,9 @@ class BuildOutline:
             if loaded.tokenizer is not None:
                 loaded.tokenizer_dir = Path(out_dir) / self.tokenizer_dir
                 loaded.tokenizer.save_pretrained(str(loaded.tokenizer_dir))
-            size = onnx_path.stat().st_size + onnx_path.with_name(ONNX_NAME + ".data").stat().st_size
+            files = [onnx_path.with_name(n) for n in (ONNX_NAME, ONNX_NAME + ".data", PREFILL_NAME,
+                                                      PREFILL_NAME + ".data")]
+            size = sum(f.stat().st_size for f in files if f.is_file())
             steps.note(f"exported {size / 1e6:.1f} MB (opset 18, external data)")
         if opts["verify"]:
             with steps.step("verify"):
@@ -151,8 +155,10 @@ class BuildOutline:
         else:
             steps.skip("verify", "verify=False")
         inputs, outputs = graph_io(onnx_path)
+        prefill = Path(out_dir) / PREFILL_NAME
         return {
             "onnx_path": ONNX_NAME,
+            "prefill_onnx_path": PREFILL_NAME if prefill.is_file() else None,
             "tokenizer_dir": self.tokenizer_dir if loaded.tokenizer is not None else None,
             "alias": alias,
             "inputs": inputs,
@@ -167,21 +173,41 @@ class BuildOutline:
 
 
 def export_static(loaded: Loaded, onnx_path: Path, opts: dict[str, Any], note: Note) -> dict[str, str]:
-    """Export ``loaded.model`` as the fixed-shape decode step of ``loaded.shape`` (``batch`` rows);
-    returns the alias map."""
-    return export_static_step(loaded.model, onnx_path, *loaded.shape.cache_dims, batch=loaded.shape.batch)
+    """Export ``loaded.model`` as the fixed-shape decode step of ``loaded.shape`` (``batch`` rows) and its
+    prefill step (:func:`export_prefill`); returns the alias map."""
+    alias = export_static_step(loaded.model, onnx_path, *loaded.shape.cache_dims, batch=loaded.shape.batch)
+    export_prefill(loaded, onnx_path, note)
+    return alias
+
+
+def export_prefill(loaded: Loaded, onnx_path: Path, note: Note) -> None:
+    """``prefill.onnx`` next to the decode step ``onnx_path``: the prompt in one run
+    (:mod:`.prefill_export`), its weights read from the decode step's data file.  Nothing for a cache of
+    one slot (a one-token prompt is the decode step)."""
+    shape = loaded.shape
+    if shape.max_cache_len < 2:
+        note("no prefill step: the cache has one slot")
+        return
+    path = onnx_path.with_name(PREFILL_NAME)
+    export_static_prefill(loaded.model, path, *shape.cache_dims, batch=shape.batch)
+    shared = share_external_data(path, onnx_path)
+    note(f"prefill step {PREFILL_NAME}: {shared / 1e6:.1f} MB of weights read from {onnx_path.name}.data")
 
 
 def verify_static(loaded: Loaded, onnx_path: Path, token_ids: list[int], note: Note) -> float:
     """Decode ``token_ids`` through the exported step with onnxruntime and compare every
     step's logits with one torch forward (:func:`~.verify.verify_static_step`). A step of
     several rows decodes left-padded prefixes of ``token_ids``, one length per row
-    (:func:`~.verify.verify_batched_step`)."""
+    (:func:`~.verify.verify_batched_step`).  The prefill step, when there is one, runs them in two
+    chunks against the same forward first (:func:`~.prefill_export.verify_prefill`)."""
     ref = reference_logits(loaded.model)
-    if loaded.shape.batch > 1:
-        return verify_batched_step(onnx_path, ref, token_ids, *loaded.shape.cache_dims, batch=loaded.shape.batch,
-                                   note=note)
-    return verify_static_step(onnx_path, ref, token_ids, *loaded.shape.cache_dims, note=note)
+    shape = loaded.shape
+    prefill = onnx_path.with_name(PREFILL_NAME)
+    if prefill.is_file() and len(token_ids) >= max(2, shape.batch):
+        verify_prefill(prefill, ref, token_ids, *shape.cache_dims, batch=shape.batch, note=note)
+    if shape.batch > 1:
+        return verify_batched_step(onnx_path, ref, token_ids, *shape.cache_dims, batch=shape.batch, note=note)
+    return verify_static_step(onnx_path, ref, token_ids, *shape.cache_dims, note=note)
 
 
 def decoder_config(

@@ -175,6 +175,7 @@ def cmd_generate(args) -> int:
     from ..compiler import compile as compile_model
 
     from ..llm.generation import Decoder, generate
+    from ..llm.open_decoder import prefill_path
     from ..models.oracle import chat_prompt_ids
     from ..targets import resolve_target
 
@@ -194,7 +195,7 @@ def cmd_generate(args) -> int:
     model_arg.fp16_warnings(args.fp16, resolve_target(args.target))
     hip_graph = True if args.hip_graph else None
     prog = compile_model(str(info.onnx_path), target=args.target, hip_graph=hip_graph, fp16=args.fp16)
-    return _generate_and_print(args, info, ids, Decoder(prog))
+    return _generate_and_print(args, info, ids, Decoder(prog, prefill=prefill_path(info)))
 
 
 def _genai_setup(args, texts, chat_prompt_ids):

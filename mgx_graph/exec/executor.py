@@ -54,7 +54,7 @@ class Executor:
         self._record: CallRecord | None = None  # the last run_async, while a repeat may reuse it
         self.released = False  # True once closed: its memory, queue and graphs are gone
         self.queues: set[int] = set()  # queues given to run_async (released with the context)
-        self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program))
+        self.buffers = ProgramBuffers(program, self.plan, ctx, movable_values(program), result.shared_literals, self)
         self.loop = EvalLoop(ctx, self.buffers, self.budget, label)
         self._finalize_parameters()
         self.replay_plan_hits = 0
@@ -307,21 +307,14 @@ class Executor:
         return GraphCounters.total(r.counters for r in self.regions)
 
     def stats(self) -> dict:
-        regions = [r.stats() for r in self.regions]
-        eager_launches = self.loop.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
-        return {"target": self.ctx.name, "runs": self.runs, "fast_path_hits": self.fast_path_hits,
-                "replay_plan_hits": self.replay_plan_hits, "regions": regions,
-                **self.counters().program_dict(),
-                "launches_per_run": self.loop.launches, "launches_per_run_eager": eager_launches,
-                "graph_bytes": self.budget.live_bytes,
-                "scratch_bytes": self.plan.arena_bytes,
-                "literal_bytes": self.plan.literal_bytes}
+        return _stats(self)
 
     def close(self) -> None:
         with self.lock:
             if self.released:
                 return
             self.released, self._native = True, None
+            self.buffers.close_borrowers()  # they read this program's literals
             if self._replay_plan is not None:
                 self._replay_plan.forget()
             # no reference to the caller's arrays outlives the program: the slot values (shared by the
@@ -335,6 +328,20 @@ class Executor:
             self.staging.clear()
             # the context synchronizes, then graph execs go, then memory: later if a capture is open
             self.ctx.close(self.queues, before=lambda: [r.release() for r in regions])
+
+
+def _stats(ex: Executor) -> dict:
+    """:meth:`Executor.stats`: runs, hits, the graph counters, launches, graph and memory bytes
+    (``shared_literal_bytes``: another program's literals read from its memory)."""
+    regions = [r.stats() for r in ex.regions]
+    eager_launches = ex.loop.launch_totals.get("main", 0) + sum(r["launches_eager"] for r in regions)
+    return {"target": ex.ctx.name, "runs": ex.runs, "fast_path_hits": ex.fast_path_hits,
+            "replay_plan_hits": ex.replay_plan_hits, "regions": regions,
+            **ex.counters().program_dict(),
+            "launches_per_run": ex.loop.launches, "launches_per_run_eager": eager_launches,
+            "graph_bytes": ex.budget.live_bytes,
+            "scratch_bytes": ex.plan.arena_bytes,
+            "literal_bytes": ex.plan.literal_bytes, "shared_literal_bytes": ex.plan.shared_literal_bytes}
 
 
 def _drop_record(ex) -> None:

@@ -6,7 +6,8 @@ the literal area of the memory plan, and the parameter area holding one buffer p
 uploaded.  Every instruction of every module gets a slot in ``env``, the list of values the eval loop
 reads and writes; a slot whose value never changes is filled here:
 
-* literals: their uploaded array (host values, e.g. strings, stay numpy arrays);
+* literals: their uploaded array (host values, e.g. strings, stay numpy arrays); a literal marked by
+  ``share_literals`` is the array another program (the owner of ``shared``) uploaded;
 * instructions with a buffer of their own: an array over the arena at the planned offset (a tuple of
   arrays for a tuple result; ``if`` / ``loop`` results included);
 * host-fallback instructions: a host buffer of their shape;
@@ -19,10 +20,12 @@ the op running them binds them per call.
 """
 from __future__ import annotations
 
+import weakref
 from operator import itemgetter
 
 import numpy as np
 
+from ..errors import MgxError
 from ..passes.analysis import linear_order, on_host
 
 ALIGN = 256
@@ -55,12 +58,19 @@ class ProgramBuffers:
     """Allocations and initial slot values of one program (see the module docstring).
 
     ``program``: the lowered IR; ``plan``: its :class:`~mgx_graph.passes.analysis.MemoryPlan`;
-    ``ctx``: the target context; ``movable``: ids of the values bound per call.  Raises DeviceError
-    when an allocation fails (the context frees what it allocated when it is closed).
+    ``ctx``: the target context; ``movable``: ids of the values bound per call; ``shared``: the
+    :class:`~mgx_graph.passes.share_literals.LiteralTable` of the program whose literals this one reads,
+    or None, and ``user`` the executor of this program, which the owner closes first when it is closed.
+    Raises DeviceError when an allocation fails (the context frees what it allocated when it is
+    closed), MgxError when a shared literal's owner holds no array for it (released).
     """
 
-    def __init__(self, program, plan, ctx, movable: set):
-        self.ctx, self.plan, self.movable = ctx, plan, movable
+    def __init__(self, program, plan, ctx, movable: set, shared=None, user=None):
+        self.ctx, self.plan, self.movable, self.shared = ctx, plan, movable, shared
+        # what reads this program's literals (share_literals): closed before they are freed
+        self.borrowers: weakref.WeakSet = weakref.WeakSet()
+        if shared is not None and user is not None:
+            shared.owner.buffers.borrowers.add(user)
         self.modules = program.module_order()
         self.slot: dict[int, int] = {}
         for m in self.modules:
@@ -76,6 +86,11 @@ class ProgramBuffers:
         for ins in linear_order(program.get_main_module()):
             if ins.op.is_view and id(ins) not in movable:
                 self.env[self.slot[id(ins)]] = ins.op.view(ctx.xp, self.env[self.slot[id(ins.inputs[0])]], ins.shape)
+
+    def close_borrowers(self) -> None:
+        """Close (``close()``) the executors that read this program's literals."""
+        for b in list(self.borrowers):
+            b.close()
 
     def value(self, ins):
         """The current value of instruction ``ins`` (an array, a tuple of arrays, or None)."""
@@ -99,14 +114,24 @@ class ProgramBuffers:
             for ins in m.instructions:
                 op, s = ins.op, self.slot[id(ins)]
                 if op.name == "@literal":
-                    env[s] = op.value if id(ins) not in plan.literal_offsets else \
-                        ctx.upload(op.value, self.literals, plan.literal_offsets[id(ins)])
+                    env[s] = self._literal(ins)
                 elif op.name == "@param" or op.is_view or id(ins) in self.movable:
                     continue  # bound per call, loop-owned (below) or a view (after the loop buffers)
                 elif on_host(ins):
                     env[s] = host_value(ins.shape)
                 else:
                     env[s] = self._owned(ins)
+
+    def _literal(self, ins):
+        k = ins.meta.get("shared_literal")
+        if k is not None:
+            value = self.shared.value(k) if self.shared is not None else None
+            if value is None:
+                raise MgxError(f"literal {ins.shape.brief()} is read from a program that holds it no more "
+                               f"(released)")
+            return value
+        offsets = self.plan.literal_offsets
+        return ins.op.value if id(ins) not in offsets else self.ctx.upload(ins.op.value, self.literals, offsets[id(ins)])
 
     def _owned(self, ins):
         ctx, plan = self.ctx, self.plan

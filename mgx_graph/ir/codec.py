@@ -36,7 +36,7 @@ from .operation import op_class
 from .program import Program
 from .shape import TYPE_NAMES, Shape
 
-NOT_SAVED_META = ("kernel",)  # re-selected on load
+NOT_SAVED_META = ("kernel", "shared_literal")  # re-selected on load; a loaded program uploads every literal
 
 
 # -- values ------------------------------------------------------------------------------------------

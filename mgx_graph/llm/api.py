@@ -216,7 +216,7 @@ class LLM:
     @staticmethod
     def _check_options(options: dict) -> None:
         allowed = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                   "seed", "stop", "eos_token_id", "pad_token_id"}
+                   "seed", "stop", "eos_token_id", "pad_token_id", "prefill"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise ParameterError(f"unknown generation option(s) {unknown}; known: {sorted(allowed)}")

@@ -17,6 +17,7 @@ from ..errors import MgxError, ParameterError
 from ..operators.index_ops import FLOATS, argmax_rows
 from .decoder_pipeline import PipelinedSteps, check_token
 from .decoder_sampling import SampledSteps
+from .prefill import DEFAULT_CHUNK, Prefill, plan_runs
 
 ONE_ROW_INPUTS = ("input_ids", "cache_position")
 ROWS_INPUTS = ("input_ids", "cache_position", "attention_mask", "position_ids")
@@ -39,12 +40,19 @@ class Decoder(PipelinedSteps, SampledSteps):
     memory) and each step passes only the step inputs (``step_params``); a dynamic one is passed every
     array each step.
 
+    With ``prefill`` (the prefill step of the same model, ``ModelInfo.prefill_onnx_path``), prompts run in
+    one program run per bucket of up to ``prefill_chunk`` tokens (:class:`~mgx_graph.llm.prefill.Prefill`,
+    :meth:`prefill_tokens`) instead of one decode step per token; the buckets' programs read the decode
+    step's weights and write this decoder's cache.
+
     Attributes: ``batch`` (rows B), ``vocab_size``, ``max_len`` (cache slots), ``position`` (slots
-    written so far), ``last_logits`` (the device array of the last step's logits), ``last_host_s``.
-    Raises MgxError when the program does not have that interface.
+    written so far), ``last_logits`` (the device array of the last step's logits), ``last_host_s``,
+    ``prefill`` (the :class:`~mgx_graph.llm.prefill.Prefill`, or None).
+    Raises MgxError when the program does not have that interface, ParameterError for a bad
+    ``prefill`` / ``prefill_chunk``.
     """
 
-    def __init__(self, program):
+    def __init__(self, program, prefill=None, prefill_chunk: int = DEFAULT_CHUNK):
         if not callable(getattr(program, "get_parameter_shapes", None)):
             raise ParameterError(f"Decoder takes a compiled program (mgx_graph.compile), got {program!r:.80}")
         self.program = program
@@ -92,6 +100,7 @@ class Decoder(PipelinedSteps, SampledSteps):
         self._advance = None  # the ArgmaxAdvance of the greedy tail (gpu), made at its first use
         self._sample = None  # the SampleAdvance of the sampling tail (gpu), made at its first use
         self._seen_of = None  # the TokenSampler whose seen mask the device holds
+        self.prefill = Prefill(self, prefill, prefill_chunk) if prefill is not None else None
 
     def _bind_cache(self) -> None:
         """A static program gets the cache arrays bound once as its state (``bind_state``) and each
@@ -215,6 +224,30 @@ class Decoder(PipelinedSteps, SampledSteps):
         waits for the step)."""
         host = self.ctx.to_host(self.last_logits, self.queue)
         return np.asarray(host, np.float32).reshape(self.batch, -1)
+
+    def prefill_tokens(self, tokens, start: int = 0, positions=None, mask=None) -> None:
+        """Write ``tokens`` (int [B, n], one row: a list) into the cache from slot ``start`` in one run per
+        bucket (:meth:`~mgx_graph.llm.prefill.Prefill.run`: ``positions`` [B, n] and ``mask`` [B, max_len]
+        for several rows); :attr:`last_logits` then holds the logits of the last token and :attr:`position`
+        is ``start + n``.  Without :attr:`prefill` each token runs through the decode step.  Raises
+        ParameterError when the tokens do not fit the cache."""
+        tokens = np.asarray(tokens, np.int64).reshape(self.batch, -1)
+        if self.prefill is not None:
+            self.prefill.run(tokens, start, positions, mask)
+            return
+        plan_runs(tokens.shape[1], start, self.max_len, 2)  # the same check
+        for k in range(tokens.shape[1]):
+            self.position = start + k
+            row_mask = None if mask is None else np.array(mask, np.int64, copy=True)
+            if row_mask is not None:
+                row_mask[:, start + k] = 1
+            self.feed(tokens[:, k], None if positions is None else np.asarray(positions)[:, k], row_mask)
+
+    def release(self) -> None:
+        """Release the prefill programs, then the decode step."""
+        if self.prefill is not None:
+            self.prefill.release()
+        self.program.release()
 
     def cache(self) -> dict:
         """Host copies of the cache state (for tests)."""

@@ -13,9 +13,13 @@ Several prompts are left-padded to the longest and decoded in lockstep, one slot
 row's padding slots are masked out of its attention and its positions count from its first real
 token, so each row gets the tokens it would get alone. A padding step (and every step of a row
 that has finished, which keeps stepping with the pad token until all rows are done) attends to
-its own slot only, so no row is ever fully masked.
+its own slot only, so no row is ever fully masked (token by token; in a prefill run a row's padding
+columns see no slot, the exports' guard after the softmax gives them zeros, and no real token reads
+their slots).
 
-Each prompt is fed one token per step (prefill through the decode step), then tokens are chosen
+The prompts run in one program run per length bucket when the decoder has a prefill step
+(:mod:`mgx_graph.llm.prefill`; the first token is then chosen from its logits), else one token per
+decode step (also with ``prefill="tokens"``); then tokens are chosen
 (:mod:`mgx_graph.llm.sampling`: greedy or sampled) until an end-of-sequence id, a stop string
 (:mod:`mgx_graph.llm.streaming`), ``max_new_tokens`` or the cache length. Per step the host writes
 the step inputs on the queue (one row: two fill kernels; B rows: three host-to-device copies of
@@ -175,6 +179,18 @@ class _Rows:
         mask[:, slot] = 1
         return tokens, positions, mask
 
+    def prompt_block(self):
+        """``(tokens [B, longest], positions [B, longest], mask [B, max_len])`` of every prompt slot at once
+        (the slots of :meth:`inputs` up to the longest prompt; the mask holds each row's real slots)."""
+        b = len(self.pads)
+        tokens = np.full((b, self.longest), self.pad, np.int64)
+        for r in range(b):
+            if r < len(self.prompts):
+                tokens[r, self.pads[r]:] = self.prompts[r]
+                self.real[r, self.pads[r]:self.longest] = 1
+        positions = np.maximum(np.arange(self.longest)[None, :] - np.asarray(self.pads, np.int64)[:, None], 0)
+        return tokens, positions, self.real.copy()
+
     def accept(self, chosen: np.ndarray, logits: np.ndarray | None) -> None:
         """Append each unfinished row's chosen token; finish rows on eos, a stop string or max_new."""
         for r, res in enumerate(self.results):
@@ -198,25 +214,51 @@ class _Rows:
         return all(self.done)
 
 
+def _one_run(decoder: Decoder, rows: _Rows, prefill: str) -> bool:
+    """Whether the prompts run through the decoder's prefill programs (:mod:`mgx_graph.llm.prefill`): it has
+    them, ``prefill`` is "auto", a token is to be chosen and some prompt has more than one token."""
+    return prefill == "auto" and getattr(decoder, "prefill", None) is not None and rows.max_new > 0 \
+        and rows.longest > 1
+
+
+def _first_token(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> None:
+    """Choose and accept each row's token after the prompt from the last logits (a prefill's)."""
+    logits = decoder.logits_rows() if rows.keep_logits else None
+    if logits is not None:
+        chosen = sampler.choose(logits)
+    else:
+        chosen = decoder.sample_next(sampler) if sampler.needs_logits else decoder.greedy_next()
+    rows.accept(chosen, logits)
+
+
 def _pipelines(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> bool:
     """Whether the generation can run as :meth:`Decoder.sampled_tokens`: one row, no logits kept."""
     return (isinstance(decoder, Decoder) and not decoder.rows_interface and decoder.batch == 1
             and len(rows.prompts) == 1 and not rows.keep_logits)
 
 
-def _greedy_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
+def _greedy_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler, prefill: str) -> tuple[float, float, list]:
     """:func:`_decode_loop` for one row, through :meth:`Decoder.sampled_tokens` (each id chosen and fed
-    back on the device, the next step queued before the id is read; greedy: the argmax tail)."""
+    back on the device, the next step queued before the id is read; greedy: the argmax tail).  With the
+    prompt in one run (:func:`_one_run`) the first id comes from the prefill's logits and the chain
+    starts from it."""
     t0 = time.perf_counter()
-    prompt = rows.prompts[0]
+    prompt, t1, host = rows.prompts[0], None, []
     decoder.position = 0
-    for tok in prompt[:-1]:
-        decoder.feed(np.array([tok], np.int64))
-    decoder.ctx.synchronize(decoder.queue)
-    prefill_s, t1, host = time.perf_counter() - t0, None, []
-    count = min(rows.max_new, decoder.max_len - decoder.position)
-    if count > 0:
-        ids = decoder.sampled_tokens(int(prompt[-1]), count, sampler if sampler.needs_logits else None)
+    if _one_run(decoder, rows, prefill):
+        decoder.prefill_tokens([prompt])
+        host.append(decoder.last_host_s)
+        _first_token(decoder, rows, sampler)
+        t1 = time.perf_counter()  # decode timing starts after the first generated token
+        prefill_s, start = t1 - t0, rows.last[0]
+    else:
+        for tok in prompt[:-1]:
+            decoder.feed(np.array([tok], np.int64))
+        decoder.ctx.synchronize(decoder.queue)
+        prefill_s, start = time.perf_counter() - t0, prompt[-1]
+    count = min(rows.max_new - len(host), decoder.max_len - decoder.position)
+    if count > 0 and not rows.all_done():
+        ids = decoder.sampled_tokens(int(start), count, sampler if sampler.needs_logits else None)
         try:
             for tok in ids:
                 host.append(decoder.last_host_s)
@@ -236,17 +278,26 @@ def _finish_rows(rows: _Rows) -> None:
             res.finish_reason = "length" if rows.max_new == 0 else "cache_full"
 
 
-def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[float, float, list]:
-    """Feed every slot, choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s,
-    host seconds per generated step)``."""
+def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler, prefill: str = "auto") -> \
+        tuple[float, float, list]:
+    """Feed every slot (the prompts in one run with ``prefill`` "auto" and the decoder's prefill programs),
+    choose tokens from the last prompt slot on; returns ``(prefill_s, decode_s, host seconds per generated
+    step)``."""
     if _pipelines(decoder, rows, sampler):
-        out = _greedy_loop(decoder, rows, sampler)
+        out = _greedy_loop(decoder, rows, sampler, prefill)
         _finish_rows(rows)
         return out
     t0 = time.perf_counter()
-    prefill_s, t1, host = 0.0, None, []
+    prefill_s, t1, host, first = 0.0, None, [], 0
     decoder.position = 0
-    for slot in range(decoder.max_len):
+    if _one_run(decoder, rows, prefill):
+        tokens, positions, mask = rows.prompt_block()
+        decoder.prefill_tokens(tokens, 0, positions, mask)
+        host.append(decoder.last_host_s)
+        _first_token(decoder, rows, sampler)
+        t1 = time.perf_counter()
+        prefill_s, first = t1 - t0, rows.longest
+    for slot in range(first, decoder.max_len if not rows.all_done() else first):
         if slot == rows.longest - 1:
             decoder.ctx.synchronize(decoder.queue)
             prefill_s = time.perf_counter() - t0
@@ -273,7 +324,8 @@ def _decode_loop(decoder: Decoder, rows: _Rows, sampler: TokenSampler) -> tuple[
 def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_id=None, on_token=None, *,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = 50, top_p: float = 1.0,
              min_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None, stop=None,
-             streamer=None, tokenizer=None, pad_token_id: int | None = None, output_logits: bool = False):
+             streamer=None, tokenizer=None, pad_token_id: int | None = None, output_logits: bool = False,
+             prefill: str = "auto"):
     """Generate from one prompt or several, with transformers' option names.
 
     Args:
@@ -298,6 +350,9 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
         pad_token_id: the token fed in padding slots (default: the first eos id, else 0).
         output_logits: keep each token's raw logits in ``GenerationResult.logits`` (as transformers'
             ``output_logits``; the logits rows are then read back every step).
+        prefill: "auto" runs the prompts in one run per length bucket where the decoder can (a
+            :class:`Decoder` with a prefill step, :mod:`mgx_graph.llm.prefill`; the folder runners
+            always do); "tokens" feeds a Decoder one prompt token per decode step (for comparison).
 
     Returns:
         A :class:`GenerationResult` for one prompt, a list of them (in prompt order) for a list.
@@ -330,7 +385,10 @@ def generate(decoder: Decoder, prompt_ids, max_new_tokens: int = 32, eos_token_i
     rows = _Rows(decoder, prompts, int(max_new_tokens), set(eos), pad, texts, _per_prompt(on_token, n, single, "on_token"),
                  sampler, bool(output_logits))
     loop = getattr(decoder, "decode_loop", None)  # a runner with its own prefill (mgx_graph.llm.runner)
-    prefill_s, decode_s, host = loop(rows, sampler) if loop else _decode_loop(decoder, rows, sampler)
+    if prefill not in ("auto", "tokens") or (loop and prefill != "auto"):
+        raise ParameterError(f"prefill must be 'auto' (the prompt in one run where the decoder can) or 'tokens' "
+                             f"(one decode step per prompt token; a Decoder only), got {prefill!r}")
+    prefill_s, decode_s, host = loop(rows, sampler) if loop else _decode_loop(decoder, rows, sampler, prefill)
     stats = decoder.stats() if hasattr(decoder, "stats") else decoder.program.stats()
     host_us = (sum(host[1:]) / max(len(host) - 1, 1)) * 1e6 if host else 0.0
     for res, text in zip(rows.results, texts):

@@ -23,7 +23,8 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
     :class:`~mgx_graph.llm.optimum_runner.OptimumRunner` of a ``max_length`` window (default 64, at most the
     context length); anything else a
     :class:`~mgx_graph.llm.generation.Decoder` over the model's fixed-shape decode step (``batch`` rows;
-    ``max_length`` must then be None: the step's cache length is fixed when it is built). Returns
+    ``max_length`` must then be None: the step's cache length is fixed when it is built), with the
+    model's prefill step when it has one (prompts in one run, :mod:`mgx_graph.llm.prefill`). Returns
     ``(runner, tokenizer folder or None, eos ids, info or None)``. Raises ParameterError.
     """
     if not isinstance(model, (str, Path)):
@@ -55,5 +56,12 @@ def open_decoder(model, *, batch: int = 1, max_length: int | None = None, target
                              "fixed when it is built (max_cache_len)")
     info = info or load_built_info(folder)
     prog = compile_model(str(info.onnx_path), target=target, hip_graph=hip_graph, fp16=fp16)
-    return Decoder(prog), info.tokenizer_dir, list(info.config.get("eos_token_ids", [])), info
+    return Decoder(prog, prefill=prefill_path(info)), info.tokenizer_dir, list(info.config.get("eos_token_ids", [])), info
+
+
+def prefill_path(info):
+    """The prefill step of a built model (``info.prefill_onnx_path``) when the folder has it, else None (a
+    model built before prefill steps were exported: its prompts run token by token)."""
+    path = getattr(info, "prefill_onnx_path", None)
+    return path if path is not None and Path(path).is_file() else None
 

@@ -18,6 +18,7 @@ class MemoryPlan:
     arena_bytes: int = 0
     literal_offsets: dict = field(default_factory=dict)  # id(ins) -> offset
     literal_bytes: int = 0
+    shared_literal_bytes: int = 0  # bytes of another program's literals read from its memory (share_literals)
     largest: list = field(default_factory=list)  # [(bytes, "instruction main:@3 relu float32[...]")], largest first
 
     @property

@@ -9,7 +9,7 @@ at finalize, and the compiled program exposes the whole result (``CompiledProgra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ..settings import Settings
@@ -31,6 +31,8 @@ class CompileResult:
     alias: ``{output name: parameter name}`` bound in place by ``bind_outputs``.
     alias_skipped: ``{output name: reason}`` of the requested pairs ``bind_outputs`` could not bind
         (only when the pairs were detected, not given: a given pair that cannot bind is a CompileError).
+    shared_literals: the :class:`~mgx_graph.passes.share_literals.LiteralTable` of the program whose
+        literals this one reads (``compile(..., share_literals=)``), or None.  Not saved in a ``.mxr``.
     settings: the :class:`~mgx_graph.settings.Settings` the compile ran with (the ``MIGRAPHX_*`` table it
         read once); what the compiled program's run-time switches come from.  Not saved in a ``.mxr``.
     """
@@ -44,3 +46,4 @@ class CompileResult:
     alias: dict = field(default_factory=dict)
     alias_skipped: dict = field(default_factory=dict)
     settings: "Settings | None" = None
+    shared_literals: Any = None

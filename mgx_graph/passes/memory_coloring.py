@@ -171,10 +171,15 @@ class MemoryColoring(Pass):
                 plan.offsets[b.key] = b.offset
         for k, bs in ws_bufs.items():
             plan.workspace[k] = [b.offset for b in bs]
-        off = 0
+        off, shared = 0, set()
         for m in program.module_order():
             for ins in m.instructions:
                 if ins.op.name == "@literal" and ins.shape.dtype != "object":
+                    if "shared_literal" in ins.meta:  # read from another program's memory (share_literals)
+                        if ins.meta["shared_literal"] not in shared:
+                            shared.add(ins.meta["shared_literal"])
+                            plan.shared_literal_bytes += ins.shape.bytes()
+                        continue
                     plan.literal_offsets[id(ins)] = off
                     off += _align(max(ins.shape.bytes(), 1))
         plan.literal_bytes = off

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import settings as mgx_settings
 from ..errors import CompileError
@@ -109,6 +110,8 @@ class PipelineOptions:
         runs: it also copies outputs that would expose a literal or a caller's input); ``strict_alias``: a pair that cannot be bound raises CompileError instead of
         being skipped.
     host_ops: op names lowering puts on the host.
+    shared_literals: the :class:`~mgx_graph.passes.share_literals.LiteralTable` of another program whose
+        literals this one reads from its memory (the ``share`` group); None: every literal is uploaded.
     """
 
     fp16: bool = False
@@ -117,6 +120,7 @@ class PipelineOptions:
     strict_alias: bool = True
     host_ops: tuple = ()
     min_partition_size: int = 4
+    shared_literals: Any = None
 
 
 def disabled_from_env() -> set[str]:

@@ -23,6 +23,7 @@ from ..passes.memory_coloring import MemoryColoring
 from ..passes.merge_dots import MergeDots
 from ..passes.pass_manager import PassGroup, PipelineOptions
 from ..passes.propagate_constant import PropagateConstant
+from ..passes.share_literals import ShareLiterals
 from ..passes.quantize_fp16 import QuantizeFp16
 from ..passes.simplify_reshapes import SimplifyReshapes
 
@@ -33,8 +34,9 @@ def pipeline(target_name: str, options: PipelineOptions, *, gemv_layout: bool = 
     ``gemv_layout`` (the gpu target): the group ``layout`` stores the weights of one-row ``dot``
     instructions transposed for the gemv kernel (``gemv_layout``) before ``fuse_gemv`` fuses such a
     ``dot`` with the RMSNorm before it and the elementwise epilogue after it; without it the group is
-    ``gemv`` with ``fuse_gemv`` alone.  ``lower`` picks the kernels of ``target_name``; ``graph`` then
-    cuts the capture regions.
+    ``gemv`` with ``fuse_gemv`` alone.  ``share``, there only with ``options.shared_literals`` (another
+    program's literals), reads the literals that program holds from its memory.  ``lower`` picks the kernels of
+    ``target_name``; ``graph`` then cuts the capture regions.
     """
     o = options
     gemv = (PassGroup("layout", [GemvLayout(), FuseGemv(o.host_ops)]) if gemv_layout
@@ -47,6 +49,7 @@ def pipeline(target_name: str, options: PipelineOptions, *, gemv_layout: bool = 
                                    FusePointwise(o.host_ops), FuseScatterND(o.host_ops), FuseHorizontal(o.host_ops),
                                    FuseRotaryKv(o.host_ops), EliminateDeadCode()]),
         gemv,
+        *([PassGroup("share", [ShareLiterals(o.shared_literals)])] if o.shared_literals is not None else []),
         PassGroup("outputs", [BindOutputs(o.alias, strict=o.strict_alias)]),
         PassGroup("lower", [Lowering(target_name, host_ops=o.host_ops)]),
         PassGroup("graph", [HipGraph(o.min_partition_size)], enabled=o.hip_graph),

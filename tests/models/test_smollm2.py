@@ -41,6 +41,18 @@ def _generate(info, ids, **kw):
     return prog, res
 
 
+def _generate_one_run(info, ids, **kw):
+    """The prompt in one run of its bucket's prefill program (the decode step's weights shared)."""
+    prog = mgx_graph.compile(str(info.onnx_path), **kw)
+    dec = Decoder(prog, prefill=info.prefill_onnx_path)
+    res = generate(dec, ids, N_NEW, info.config["eos_token_ids"])
+    assert sorted(dec.prefill.programs) == [64]  # 37 tokens: one run of the 64-token bucket
+    plan = dec.prefill.programs[64].memory_plan
+    assert plan.shared_literal_bytes >= 0.95 * prog.memory_plan.literal_bytes and \
+        plan.literal_bytes < 0.05 * prog.memory_plan.literal_bytes
+    return dec, res
+
+
 def _text(info, toks):
     from mgx_graph.models.oracle import decode_tokens
 
@@ -59,6 +71,29 @@ def test_ref_graph_matches_transformers(smollm2, oracle):
     assert st["replays"] == steps - 3
     assert len(st["regions"]) == 1 and st["launches_per_run"] == 1
     assert st["regions"][0]["graph_nodes"] == [st["regions"][0]["launches_eager"]]
+
+
+def test_ref_prefill_in_one_run_matches_transformers(smollm2, oracle):
+    ids, want = oracle
+    dec, res = _generate_one_run(smollm2, ids, target="ref", hip_graph=True)
+    assert res.tokens == want and res.prefill_s > 0
+    st = dec.prefill.stats()[64]
+    assert (st["captures"], st["fallbacks"]) == (1, 0)
+    dec.release()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_gpu_prefill_in_one_run_matches_transformers(smollm2, oracle, gpu_target, fp16):
+    ids, want = oracle
+    dec, res = _generate_one_run(smollm2, ids, target="gpu", hip_graph=True, fp16=fp16)
+    if fp16:
+        assert _text(smollm2, res.tokens).strip() == _text(smollm2, want).strip()
+    else:
+        assert res.tokens == want
+    st = dec.prefill.stats()[64]
+    assert (st["captures"], st["fallbacks"]) == (1, 0) and len(st["regions"]) == 1
+    dec.release()
 
 
 @pytest.mark.gpu
@@ -102,13 +137,15 @@ def test_cli_trace_and_env_switch(smollm2, oracle, target):
     answer = on.stdout.split("\n---")[0]
     assert "Paris" in answer
     events = re.findall(r"\[mgx_graph\] (\w+)", on.stderr)
-    assert events[:3] == ["WARMUP", "WARMUP", "CAPTURE"]
-    assert set(events[3:]) == {"REPLAY"} and "FALLBACK" not in events
-    steps = len(oracle[0]) - 1 + len(oracle[1])
+    # the prompt runs in one run of its bucket's prefill program (captured at its first run), which gives
+    # the first id; the decode step then warms up twice, is captured and replayed
+    assert events[:4] == ["CAPTURE", "WARMUP", "WARMUP", "CAPTURE"]
+    assert set(events[4:]) == {"REPLAY"} and "FALLBACK" not in events
+    steps = len(oracle[1]) - 1
     # one greedy row is pipelined (Decoder.greedy_tokens): the step after the last id is already queued
     # when an eos id ends the generation before --max-new-tokens
     ahead = 1 if len(oracle[1]) < N_NEW else 0
-    assert len(events) == steps + ahead
+    assert len(events) == 1 + steps + ahead
     off = _cli(smollm2, target, False)
     assert off.returncode == 0, off.stderr
     assert off.stdout.split("\n---")[0] == answer  # identical tokens
