@@ -149,7 +149,7 @@ class Bench:
         if system in ("mgx_prefill", "mgx_tokens"):
             return MgxOwnExport(self.info, args.target, precision == "fp16", system == "mgx_prefill", args.chunk)
         if self._folder is None:
-            self._folder = pm.genai_folder(self.work, self.info, pm.genai_precision(args.target), self.left())
+            self._folder = pm.genai_folder(self.work, pm.genai_precision(args.target), self.left())
         folder, why = self._folder
         if folder is None:
             raise RuntimeError(f"no onnxruntime-genai folder: {why}")
