@@ -15,6 +15,7 @@ from mgx_graph.cli.main import main
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 from tiny_checkpoint import save_checkpoint  # noqa: E402
+from genai_oracle import og_greedy  # noqa: E402
 
 PROMPT = [1, 5, 9, 14, 22, 7]
 NEW_TOKENS = 12
@@ -26,20 +27,7 @@ def builder_installed() -> bool:
 
 def genai_greedy(folder: Path, prompt: list, new_tokens: int) -> list:
     """onnxruntime-genai's greedy tokens on ``folder``, on the CPU whatever provider its config names."""
-    import onnxruntime_genai as og
-
-    config = og.Config(str(folder))
-    config.clear_providers()
-    model = og.Model(config)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens([list(prompt)])
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
+    return og_greedy(folder, prompt, new_tokens, cpu=True)
 
 
 def mgx_greedy(folder: Path, prompt: list, new_tokens: int) -> list:

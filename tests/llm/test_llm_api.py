@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mgx_graph.errors import ParameterError
+from genai_oracle import og_greedy
 
 og = pytest.importorskip("onnxruntime_genai")
 pytest.importorskip("transformers")
@@ -26,19 +27,6 @@ def folder():
 @pytest.fixture(scope="module")
 def og_model(folder):
     return og.Model(str(folder))
-
-
-def og_greedy(model, prompt, max_new: int) -> list[int]:
-    """onnxruntime-genai's own greedy decode of ``prompt`` (its generator, CPU)."""
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + max_new, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens([list(prompt)])
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
 
 
 @pytest.fixture(scope="module")

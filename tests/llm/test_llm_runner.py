@@ -10,6 +10,7 @@ import pytest
 from mgx_graph.errors import ParameterError
 from mgx_graph.llm.generation import generate
 from mgx_graph.llm.runner import GenaiLayout, GenaiRunner, length_bucket
+from genai_oracle import og_greedy
 
 og = pytest.importorskip("onnxruntime_genai")
 PROMPT = [1, 9690, 28, 378, 3575, 282, 4649, 314, 260]  # <|im_start|>... token ids of SmolLM2's vocabulary
@@ -19,20 +20,6 @@ def genai_folder(**options):
     from mgx_graph.models import build
 
     return build("smollm2-genai", progress=False, **options).directory
-
-
-def og_greedy(folder, prompt, max_new: int) -> list[int]:
-    """onnxruntime-genai's own greedy decode of ``prompt`` (its generator, CPU)."""
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + max_new, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens([list(prompt)])
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
 
 
 def test_length_bucket():

@@ -24,6 +24,7 @@ import int4_gemv  # noqa: E402
 import peers  # noqa: E402
 import real_models  # noqa: E402
 import serve_load  # noqa: E402
+from genai_oracle import og_greedy  # noqa: E402
 
 
 def _det_relu_model():
@@ -362,19 +363,9 @@ def load_folder():
 
 def _og_greedy_text(folder, prompt, max_new):
     """onnxruntime-genai's own greedy decode (stops at the model's eos, as the server does): (text, tokens)."""
-    import onnxruntime_genai as og
-
     from mgx_graph.llm.folder_config import load_tokenizer
 
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + max_new, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens([list(prompt)])
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
+    out = og_greedy(folder, prompt, max_new)
     return load_tokenizer(folder).decode(out, skip_special_tokens=True), len(out)
 
 
