@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mgx_graph
+from nbits_util import pack_bits, quantized
 
 NP2ONNX = {np.dtype(k): v for k, v in {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                                         "int64": TensorProto.INT64, "int32": TensorProto.INT32,
@@ -239,36 +240,11 @@ def test_rotary_position_out_of_range_raises_and_program_stays_usable():
 # ---------------------------------------------------------------------------------------------------
 # MatMulNBits
 # ---------------------------------------------------------------------------------------------------
-def pack_bits(vals, bits):
-    """uint8 values < 2^bits along the last axis -> bytes, the first value in the low bits."""
-    per = 8 // bits
-    v = vals.reshape(vals.shape[:-1] + (-1, per)).astype(np.uint8)
-    out = np.zeros(v.shape[:-1], np.uint8)
-    for j in range(per):
-        out |= (v[..., j] << (bits * j)).astype(np.uint8)
-    return out
-
-
 def quantized_weights(rng, K, N, bits, block, zp_kind, dtype):
-    """(inputs dict for B / scales / zero_points, and the dequantized weight [N, K] per the spec)."""
-    kb = -(-K // block)
-    q = rng.integers(0, 1 << bits, (N, kb * block)).astype(np.uint8)
-    scales = rng.uniform(0.01, 0.1, (N, kb)).astype(dtype)
-    w = {"B": pack_bits(q, bits).reshape(N, kb, block * bits // 8), "scales": scales.reshape(-1)}
-    if zp_kind == "packed":
-        z = rng.integers(0, 1 << bits, (N, kb)).astype(np.uint8)
-        zb = -(-kb * bits // 8)
-        padded = np.zeros((N, zb * (8 // bits)), np.uint8)
-        padded[:, :kb] = z
-        w["zero_points"] = pack_bits(padded, bits).reshape(-1)
-        zf = z.astype(np.float64)
-    elif zp_kind == "float":
-        zf = rng.uniform(0, (1 << bits) - 1, (N, kb)).astype(dtype)
-        w["zero_points"] = zf.reshape(-1)
-        zf = zf.astype(np.float64)
-    else:
-        zf = np.full((N, kb), 1 << (bits - 1), np.float64)
-    return w, q, zf, scales.astype(np.float64)
+    """(inputs dict for B / scales / zero_points, the quantized values, zero points and scales as
+    float64; :func:`nbits_util.quantized`)."""
+    w = quantized(rng, K, N, bits, block, zp_kind, dtype)
+    return w.inputs, w.q, w.zf, w.sf
 
 
 NBITS = [(4, 32, 64, 16, "none"), (4, 32, 64, 16, "packed"), (4, 16, 48, 8, "float"), (4, 16, 40, 8, "packed"),
