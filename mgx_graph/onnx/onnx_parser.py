@@ -142,6 +142,8 @@ class OnnxParser:
         for t in g.initializer:
             self.values[t.name] = m.add_literal(read_tensor(t, f"initializer '{t.name}'"))
         outs = output_names or [o.name for o in g.output]
+        if not outs:
+            raise ParseError(f"the graph declares no outputs ({len(g.node)} nodes): nothing to compute")
         needed = None
         if output_names:
             needed = needed_nodes(g, outs)

@@ -39,10 +39,25 @@ def check_model(model: onnx.ModelProto) -> None:
     if not 1 <= model.ir_version <= onnx.IR_VERSION:
         raise ParseError(f"unsupported model IR version {model.ir_version}: expected 1..{onnx.IR_VERSION} "
                          f"(the installed onnx package's)")
+    check_text(model.graph, "graph")
     ctx = onnx.checker.C.CheckerContext()
     ctx.ir_version = model.ir_version
     ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
     _check_graph(model.graph, ctx, onnx.checker.C.LexicalScopeContext(), "")
+
+
+def check_text(msg, where: str) -> None:
+    """ParseError when a string field of ``msg`` or of a message below it is not valid UTF-8 (protobuf
+    then hands it over as bytes; onnxruntime refuses such a model)."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_STRING:
+            for text in ([value] if isinstance(value, (str, bytes)) else value):
+                if not isinstance(text, str):
+                    raise ParseError(f"{where}: field '{field.name}' is not valid UTF-8 text: {bytes(text)[:40]!r}")
+        elif field.type == field.TYPE_MESSAGE:
+            single = hasattr(value, "ListFields")
+            for k, item in enumerate([value] if single else value):
+                check_text(item, f"{where}.{field.name}" if single else f"{where}.{field.name}[{k}]")
 
 
 def _check_graph(g, ctx, lex, where: str) -> None:

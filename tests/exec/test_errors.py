@@ -40,6 +40,36 @@ def test_empty_file(tmp_path):
         mgx_graph.compile(str(f), target="ref")
 
 
+def _ort_refuses(data: bytes) -> str:
+    import onnxruntime as ort
+    with pytest.raises(Exception) as info:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    return str(info.value)
+
+
+def test_graph_without_outputs():
+    """A graph whose outputs were lost (one flipped bit turns graph.output into value_info): onnxruntime
+    refuses to run it, and so do we, by name, instead of compiling a program that returns nothing."""
+    model = good_model()
+    model.graph.value_info.extend(model.graph.output)
+    del model.graph.output[:]
+    _ort_refuses(model.SerializeToString())
+    with pytest.raises(mgx_graph.ParseError, match="declares no outputs"):
+        mgx_graph.compile(model, target="ref")
+
+
+def test_name_not_utf8():
+    """A string field holding invalid UTF-8 (protobuf hands it over as bytes): a ParseError naming the
+    field, as onnxruntime refuses the model, never a TypeError from deep in the parser."""
+    model = good_model()
+    model.graph.node[1].op_type = "Rel\u00e9"
+    data = model.SerializeToString().replace("Rel\u00e9".encode(), b"Rel\xff\xfe")
+    _ort_refuses(data)
+    with pytest.raises(mgx_graph.ParseError, match=r"graph.node\[1\]: field 'op_type' is not valid UTF-8"):
+        mgx_graph.compile(data, target="ref")
+    check_still_works(mgx_graph.compile(good_model(), target="ref"))
+
+
 def test_missing_external_data(tmp_path):
     model = good_model()
     path = tmp_path / "ext.onnx"
