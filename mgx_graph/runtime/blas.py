@@ -70,7 +70,12 @@ class Blas:
 
 class _CuBlas:
     def __init__(self, stream, workspace, nbytes):
-        from nvmath.bindings import cublas
+        try:
+            from nvmath.bindings import cublas
+        except ImportError as e:
+            raise DeviceError("blas", "hipErrorNotInitialized",
+                              f"the gpu target's GEMM calls cuBLAS through nvmath-python, which cannot be imported "
+                              f"({e}); install the CUDA extra: pip install 'mgx_graph[cuda]'") from None
 
         self.cublas = cublas
         self.handle = cublas.create()
@@ -104,7 +109,12 @@ class _HipBlas:
         try:
             from rocm.bindings import hip, hipblas
         except ImportError:
-            from hip import hip, hipblas
+            try:
+                from hip import hip, hipblas
+            except ImportError as e:
+                raise DeviceError("blas", "hipErrorNotInitialized",
+                                  f"the gpu target's GEMM calls hipBLAS through hip-python, which cannot be imported "
+                                  f"({e}); install the ROCm extra: pip install 'mgx_graph[rocm]'") from None
         self.hipblas = hipblas
         err, self.handle = hipblas.hipblasCreate()
         self._check("hipblasCreate", err)

@@ -6,6 +6,7 @@ guide, "Stream capture").  So each region records on the context's capture queue
 (:mod:`mgx_graph.graph.capture_queues`, created ``hipStreamNonBlocking``) and launches the exec on the
 call's queue.  Every case checks the values against numpy on calls with new inputs (a launch that
 escaped the capture would run once, at capture time, and leave later replays wrong)."""
+import sys
 import threading
 
 import numpy as np
@@ -152,7 +153,6 @@ def test_blas_gives_its_workspace_back_when_no_handle_can_be_made():
 
 def _fake_blas_bindings(monkeypatch, platform, made, destroyed):
     """Stand-in vendor bindings whose handle is made but whose stream cannot be set."""
-    import sys
     import types
 
     if platform == "cuda":
@@ -191,6 +191,25 @@ def test_blas_destroys_a_handle_it_cannot_set_up(monkeypatch, platform):
     with pytest.raises((RuntimeError, DeviceError)):
         Blas(runtime, 1234, workspace_bytes=1 << 20)
     assert len(made) == 1 and destroyed == made
+    assert rt.counters()["allocated_bytes"] == before
+
+
+@pytest.mark.parametrize("platform,module,extra", [("cuda", "nvmath", "cuda"), ("hip", "hip", "rocm")])
+def test_blas_without_its_binding_is_a_device_error_naming_the_extra(monkeypatch, platform, module, extra):
+    """No nvmath-python (CUDA) or hip-python (ROCm): a DeviceError naming the package and the extra to
+    install, not an ImportError from inside a GEMM, and the workspace goes back."""
+    import types
+
+    from mgx_graph.runtime import host_runtime
+    from mgx_graph.runtime.blas import Blas
+
+    for name in ("nvmath", "nvmath.bindings", "rocm", "rocm.bindings", "hip"):
+        monkeypatch.setitem(sys.modules, name, None)  # import of a None entry raises ImportError
+    rt = host_runtime()
+    runtime = types.SimpleNamespace(platform=platform, hipMalloc=rt.hipMalloc, hipFree=rt.hipFree)
+    before = rt.counters()["allocated_bytes"]
+    with pytest.raises(DeviceError, match=rf"{module}.*cannot be imported.*mgx_graph\[{extra}\]"):
+        Blas(runtime, 1234, workspace_bytes=1 << 20)
     assert rt.counters()["allocated_bytes"] == before
 
 
