@@ -1,9 +1,10 @@
 """A tiny random transformers checkpoint with a tokenizer, made offline: the input of ``mgx-graph export`` in
 tests/cli/test_cli_export.py and the model of bench/clean_install_gpu.sh (exported by bench/download_gpu_wheels.sh).
 
-    python bench/tiny_checkpoint.py OUT [--arch llama|mistral|qwen2|qwen3] [--seed N]
+    python bench/tiny_checkpoint.py OUT [--arch llama|mistral|qwen2|qwen3|phi|phi3|gemma|granite|olmo] [--seed N]
 
-Hidden size 64, 2 layers, 4 attention heads over 2 KV heads, a word-level vocabulary of about 100 common English
+Hidden size 64, 2 layers, 4 attention heads over 2 KV heads (phi: hidden size 128 and 4 KV heads, so that its
+partial rotary half of a head is a multiple of 8, as onnxruntime-genai's attention requires), a word-level vocabulary of about 100 common English
 words (the tokenizer is built with ``tokenizers``, nothing is downloaded) with a plain chat template. The
 end-of-sequence row of the output projection is zero, so greedy decoding runs its full length: that logit is 0
 while the largest of the others is positive (all but surely). Needs torch, transformers and tokenizers.
@@ -18,7 +19,11 @@ WORDS = ("the a of to and in is it that was for on are as with his they at be th
          "many some so these would other into has more her two like him see time could no make than first been its "
          "who now people my made over did down only way find use may water long little very after words called").split()
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+#: --arch -> the transformers config class, and what that architecture sets beyond the common shape
+ARCHS = {"llama": ("LlamaConfig", {}), "mistral": ("MistralConfig", {}), "qwen2": ("Qwen2Config", {}),
+         "qwen3": ("Qwen3Config", {}), "phi": ("PhiConfig", {"hidden_size": 128, "num_key_value_heads": 4}),
+         "phi3": ("Phi3Config", {"original_max_position_embeddings": 256}), "gemma": ("GemmaConfig", {"head_dim": 16}),
+         "granite": ("GraniteConfig", {}), "olmo": ("OlmoConfig", {})}
 
 
 def save_tokenizer(folder: Path) -> int:
@@ -50,11 +55,11 @@ def save_checkpoint(folder, arch: str = "llama", seed: int = 0) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = save_tokenizer(folder)
-    config = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
-              "qwen3": tf.Qwen3Config}[arch](
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-        tie_word_embeddings=False)
+    name, extra = ARCHS[arch]
+    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                 tie_word_embeddings=False)
+    config = getattr(tf, name)(**{**shape, **extra})
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -66,7 +71,7 @@ def save_checkpoint(folder, arch: str = "llama", seed: int = 0) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the checkpoint folder to write")
-    ap.add_argument("--arch", default="llama", choices=ARCHS)
+    ap.add_argument("--arch", default="llama", choices=sorted(ARCHS))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     print(save_checkpoint(args.out, args.arch, args.seed))

@@ -32,7 +32,8 @@ from ..errors import ParameterError
 
 #: transformers architectures (``config.json``'s ``architectures[0]``) whose builder graph mgx_graph runs,
 #: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export.py).
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "PhiForCausalLM",
+                 "Phi3ForCausalLM", "GemmaForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM")
 PRECISIONS = ("fp32", "fp16", "int4")
 #: (precision, execution provider) pairs whose builder graph mgx_graph runs; the default provider of each precision.
 FLAVORS = {("fp32", "cpu"), ("int4", "cpu"), ("fp16", "cuda"), ("int4", "cuda")}
@@ -44,7 +45,7 @@ EXTRA = "genai-export"
 
 DESCRIPTION = ("Makes an onnxruntime-genai folder (model.onnx, genai_config.json, the tokenizer) from a transformers\n"
                "checkpoint folder with onnxruntime-genai's model builder, for generate, serve and mgx_graph.llm.LLM.\n"
-               f"Architectures: {', '.join(ARCHITECTURES)}.\n"
+               f"Architectures: {', '.join(ARCHITECTURES[:5])},\n{', '.join(ARCHITECTURES[5:])}.\n"
                "Precision and execution provider: fp32 (cpu), fp16 (cuda), int4 (cpu or cuda). The provider picks\n"
                "the graph's flavor only: mgx_graph runs the folder on the gpu or the ref target either way.\n"
                f"Needs the {EXTRA} extra: pip install 'mgx_graph[{EXTRA}]'.")
@@ -80,7 +81,8 @@ def check_checkpoint(folder) -> str:
     archs = read_json(config, "the checkpoint's config", folder).get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     if arch not in ARCHITECTURES:
-        given = f"architecture {arch}" if arch else f"no architecture (field 'architectures': {archs!r})"
+        given = f"architecture {arch}" if arch else ("no 'architectures' field" if archs is None
+                                                     else f"field 'architectures' {archs!r}, which names no architecture,")
         raise ParameterError(f"{config}: {given} is not supported by mgx-graph export; expected one of "
                              f"{', '.join(ARCHITECTURES)}")
     return arch

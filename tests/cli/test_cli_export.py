@@ -66,7 +66,7 @@ def test_folder_without_config_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("config, named", [({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
-                                           ({"model_type": "llama"}, "no architecture")])
+                                           ({"model_type": "llama"}, "no 'architectures' field")])
 def test_unsupported_architecture(tmp_path, capsys, config, named):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
@@ -151,7 +151,7 @@ def test_export_runs_to_onnxruntime_genai_greedy_tokens(llama_checkpoint, tmp_pa
 
 @needs_builder
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "granite", "olmo"])
 def test_other_architectures_run_to_onnxruntime_genai_greedy_tokens(tmp_path, capsys, arch):
     ck = save_checkpoint(tmp_path / arch, arch, seed=1)
     out = tmp_path / f"{arch}-fp32"
