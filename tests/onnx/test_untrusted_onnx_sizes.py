@@ -21,7 +21,7 @@ SMALL_PEAK = 16 << 20
 
 def _model(node, inits, inputs=(), out_type=TP.FLOAT):
     g = h.make_graph([node], "g", list(inputs), [h.make_tensor_value_info("y", out_type, None)], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)  # onnxruntime 1.18+ reads it
 
 
 def range_model(n, dtype=TP.FLOAT, start=0.5, delta=0.25):
