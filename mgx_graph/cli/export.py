@@ -78,13 +78,19 @@ def check_checkpoint(folder) -> str:
     if not config.is_file():
         raise ParameterError(f"CHECKPOINT_FOLDER {folder}: no config.json in it; expected a transformers checkpoint "
                              f"folder (config.json, the weights, the tokenizer)")
-    archs = read_json(config, "the checkpoint's config", folder).get("architectures")
+    cfg = read_json(config, "the checkpoint's config", folder)
+    archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    expected = f"one of {', '.join(ARCHITECTURES)}"
+    if arch is None and "architectures" not in cfg:
+        raise ParameterError(f"{config}: no 'architectures' field; mgx-graph export takes a checkpoint whose "
+                             f"config names {expected}")
+    if arch is None:
+        raise ParameterError(f"{config}: field 'architectures' is {archs!r}; expected a list whose first entry is "
+                             f"{expected}")
     if arch not in ARCHITECTURES:
-        given = f"architecture {arch}" if arch else ("no 'architectures' field" if archs is None
-                                                     else f"field 'architectures' {archs!r}, which names no architecture,")
-        raise ParameterError(f"{config}: {given} is not supported by mgx-graph export; expected one of "
-                             f"{', '.join(ARCHITECTURES)}")
+        raise ParameterError(f"{config}: architecture {arch} is not supported by mgx-graph export; expected "
+                             f"{expected}")
     return arch
 
 
