@@ -1,10 +1,10 @@
 """A tiny random transformers checkpoint with a tokenizer, made offline: the input of ``mgx-graph export`` in
 tests/cli/test_cli_export.py and the model of bench/clean_install_gpu.sh (exported by bench/download_gpu_wheels.sh).
 
-    python bench/tiny_checkpoint.py OUT [--arch llama|mistral|qwen2|qwen3|phi|phi3|gemma|granite|olmo] [--seed N]
+    python bench/tiny_checkpoint.py OUT [--arch ARCH] [--seed N]      (ARCH: a key of ARCHS, default llama)
 
-Hidden size 64, 2 layers, 4 attention heads over 2 KV heads (phi: hidden size 128 and 4 KV heads, so that its
-partial rotary half of a head is a multiple of 8, as onnxruntime-genai's attention requires), a word-level vocabulary of about 100 common English
+Hidden size 64, 2 layers, 4 attention heads over 2 KV heads (phi and nemotron: hidden size 128 and 4 KV heads,
+so that their partial rotary half of a head is a multiple of 8, as onnxruntime-genai's attention requires), a word-level vocabulary of about 100 common English
 words (the tokenizer is built with ``tokenizers``, nothing is downloaded) with a plain chat template. The
 end-of-sequence row of the output projection is zero, so greedy decoding runs its full length: that logit is 0
 while the largest of the others is positive (all but surely). Needs torch, transformers and tokenizers.
@@ -23,7 +23,9 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 ARCHS = {"llama": ("LlamaConfig", {}), "mistral": ("MistralConfig", {}), "qwen2": ("Qwen2Config", {}),
          "qwen3": ("Qwen3Config", {}), "phi": ("PhiConfig", {"hidden_size": 128, "num_key_value_heads": 4}),
          "phi3": ("Phi3Config", {"original_max_position_embeddings": 256}), "gemma": ("GemmaConfig", {"head_dim": 16}),
-         "granite": ("GraniteConfig", {}), "olmo": ("OlmoConfig", {})}
+         "granite": ("GraniteConfig", {}), "olmo": ("OlmoConfig", {}), "smollm3": ("SmolLM3Config", {}),
+         "ernie": ("Ernie4_5Config", {}), "hunyuan": ("HunYuanDenseV1Config", {"head_dim": 16}),
+         "nemotron": ("NemotronConfig", {"hidden_size": 128, "num_key_value_heads": 4})}
 
 
 def save_tokenizer(folder: Path) -> int:

@@ -50,8 +50,9 @@ class GenaiLayout:
 
     Attributes: ``onnx_path``, ``folder``, ``num_layers``, ``num_kv_heads``, ``head_size``,
     ``vocab_size``, ``context_length`` (tokens), ``eos_token_ids``, ``pad_token_id``, the input names
-    (``input_ids``, ``attention_mask``, ``past_key`` / ``past_value`` patterns with ``%d``) and output
-    names (``logits``, ``present_key`` / ``present_value`` patterns).
+    (``input_ids``, ``attention_mask``, ``past_key`` / ``past_value`` patterns with ``%d``, and
+    ``position_ids`` where the graph takes them: None otherwise) and output names (``logits``,
+    ``present_key`` / ``present_value`` patterns).
     """
 
     folder: Path
@@ -70,13 +71,14 @@ class GenaiLayout:
     logits: str
     present_key: str
     present_value: str
+    position_ids: str | None = None
 
     @classmethod
     def read(cls, folder) -> "GenaiLayout":
         """Read ``folder/genai_config.json``, every field checked (:mod:`mgx_graph.llm.folder_config`).
         Raises ParameterError naming the file and the field when it is missing, not a JSON object, or a
         field is missing or of the wrong type or range, or when the decoder has inputs this runner does
-        not feed (position_ids); ParseError when ``decoder.filename`` leaves the folder."""
+        not feed; ParseError when ``decoder.filename`` leaves the folder."""
         folder = Path(folder)
         path = folder / GENAI_CONFIG
         if not path.is_file():
@@ -84,10 +86,11 @@ class GenaiLayout:
         cfg = Fields.read(path, "an onnxruntime-genai config").section("model")
         dec = cfg.section("decoder")
         ins, outs = dec.section("inputs"), dec.section("outputs")
-        extra = sorted(set(ins.data) - {"input_ids", "attention_mask", "past_key_names", "past_value_names"})
+        extra = sorted(set(ins.data) - {"input_ids", "attention_mask", "position_ids", "past_key_names",
+                                        "past_value_names"})
         if extra:
             raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
-                                 f"input_ids, attention_mask and the past key / value buffers)")
+                                 f"input_ids, attention_mask, position_ids and the past key / value buffers)")
         vocab = cfg.get("vocab_size", Int(1))
         kv = dec.get("num_key_value_heads", Int(1))
         heads = dec.get("num_attention_heads", Int(1), kv)
@@ -97,7 +100,7 @@ class GenaiLayout:
         cfg.get("bos_token_id", Int(0, vocab - 1), None)
         eos = cfg.get("eos_token_id", Ids(vocab))
         names = {k: ins.get(k, Str()) for k in ("input_ids", "attention_mask")}
-        names.update(logits=outs.get("logits", Str()))
+        names.update(logits=outs.get("logits", Str()), position_ids=ins.get("position_ids", Str(), None))
         names.update({f: sec.get(k, NameTemplate()) for f, sec, k in (
             ("past_key", ins, "past_key_names"), ("past_value", ins, "past_value_names"),
             ("present_key", outs, "present_key_names"), ("present_value", outs, "present_value_names"))})
@@ -125,6 +128,7 @@ class GenaiLayout:
                                  f"and a past value input)")
         L = range(self.num_layers)
         wanted = [("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
+                  *([("inputs", "position_ids", [self.position_ids])] if self.position_ids else []),
                   ("inputs", "past_key_names", [self.past_key % i for i in L]),
                   ("inputs", "past_value_names", [self.past_value % i for i in L]),
                   ("outputs", "logits", [self.logits]),
@@ -215,6 +219,8 @@ class GenaiRunner:
     def __init__(self, folder, *, batch: int = 1, max_length: int = 256, target: str = "auto",
                  hip_graph: bool | None = None, fp16: bool = False):
         self.layout = lay = GenaiLayout.read(folder)
+        if lay.position_ids:  # the ids, the mask and the positions
+            self.host_op_parts = ((3, "copies"),)
         check_runner_options(batch, max_length, lay.context_length, target, hip_graph, fp16)
         lay.check_graph()
         self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
@@ -228,12 +234,15 @@ class GenaiRunner:
             self.state = {n: ctx.xp.zeros(shapes[n].lens, dtype=shapes[n].np_dtype)
                           for n in [lay.attention_mask] + lay.cache_names()}
             self.ids = {1: ctx.xp.zeros((batch, 1), dtype=np.int64)}
+            self.positions = {1: ctx.xp.zeros((batch, 1), dtype=np.int64)}
         ctx.synchronize(self.queue)
         self.last_logits, self.last_host_s = None, 0.0
 
     def _dims(self, S: int) -> dict:
         lay, B, M = self.layout, self.batch, self.max_len
         dims = {lay.input_ids: [B, S], lay.attention_mask: [B, M]}
+        if lay.position_ids:
+            dims[lay.position_ids] = [B, S]
         for n in lay.cache_names():
             dims[n] = [B, lay.num_kv_heads, M, lay.head_size]
         return dims
@@ -257,17 +266,25 @@ class GenaiRunner:
 
     def run(self, S: int, tokens: np.ndarray, lengths: np.ndarray):
         """Run ``S`` tokens per row (``tokens`` int [B, S]); ``lengths`` int [B]: each row's tokens in the
-        cache after this run (its mask). Returns the logits device array [B, S, vocab]."""
+        cache after this run (its mask). A prefill (``S`` > 1) writes each row from slot 0, a decode step
+        (``S`` = 1) at slot ``lengths - 1``; where the graph takes ``position_ids`` they are those slots.
+        Returns the logits device array [B, S, vocab]."""
         prog = self._program(S)
         if S not in self.ids:
             with self.ctx.on_queue(self.queue):
                 self.ids[S] = self.xp.zeros((self.batch, S), dtype=np.int64)
+                self.positions[S] = self.xp.zeros((self.batch, S), dtype=np.int64)
         mask = (np.arange(self.max_len)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
         params = dict(self.state)
         params[self.layout.input_ids] = self.ids[S]
         with self.ctx.on_queue(self.queue):
             self.ctx.copy_from_host(self.ids[S], np.ascontiguousarray(tokens, np.int64).reshape(self.batch, S),
                                     self.queue)
+            if self.layout.position_ids:
+                first = np.asarray(lengths, np.int64) - 1 if S == 1 else np.zeros(self.batch, np.int64)
+                self.ctx.copy_from_host(self.positions[S], first[:, None] + np.arange(S, dtype=np.int64)[None, :],
+                                        self.queue)
+                params[self.layout.position_ids] = self.positions[S]
             self.ctx.copy_from_host(self.state[self.layout.attention_mask], mask, self.queue)
             h0 = time.perf_counter()
             outs = prog.run_async(params, self.queue)

@@ -153,7 +153,8 @@ def test_export_runs_to_onnxruntime_genai_greedy_tokens(llama_checkpoint, tmp_pa
 
 @needs_builder
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "granite", "olmo"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "granite", "olmo", "smollm3",
+                                  "ernie", "nemotron"])
 def test_other_architectures_run_to_onnxruntime_genai_greedy_tokens(tmp_path, capsys, arch):
     ck = save_checkpoint(tmp_path / arch, arch, seed=1)
     out = tmp_path / f"{arch}-fp32"
@@ -161,3 +162,23 @@ def test_other_architectures_run_to_onnxruntime_genai_greedy_tokens(tmp_path, ca
     assert rc == 0, err
     want = genai_greedy(out, PROMPT, NEW_TOKENS)
     assert mgx_greedy(out, PROMPT, NEW_TOKENS) == want
+
+
+@needs_builder
+@pytest.mark.slow
+def test_a_folder_with_position_ids_runs_rows_of_different_lengths(tmp_path, capsys):
+    """HunYuan's builder graph takes ``position_ids`` besides the mask: one run per prompt, and two prompts of
+    different lengths in one batch, each row to onnxruntime-genai's greedy tokens."""
+    from mgx_graph.llm import LLM
+
+    ck = save_checkpoint(tmp_path / "hunyuan", "hunyuan", seed=1)
+    out = tmp_path / "hunyuan-fp32"
+    rc, _, err = run(capsys, ck, out, "--precision", "fp32")
+    assert rc == 0, err
+    assert "position_ids" in json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["inputs"]
+    prompts = [PROMPT, PROMPT[2:5]]
+    want = [genai_greedy(out, p, NEW_TOKENS) for p in prompts]
+    assert mgx_greedy(out, prompts[0], NEW_TOKENS) == want[0]
+    with LLM(str(out), target="ref", max_length=64, batch=2) as llm:
+        got = llm.generate([list(p) for p in prompts], max_new_tokens=NEW_TOKENS)
+    assert [r.token_ids for r in got] == want

@@ -159,9 +159,18 @@ def test_a_path_outside_the_folder_is_a_parse_error(tmp_path, name):
 
 
 def test_decoder_inputs_the_runner_does_not_feed(tmp_path):
-    cfg = _with("model.decoder.inputs.position_ids", "position_ids")
-    with pytest.raises(ParameterError, match=r"decoder inputs \['position_ids'\] are not supported"):
+    cfg = _with("model.decoder.inputs.cache_indirection", "cache_indirection")
+    with pytest.raises(ParameterError, match=r"decoder inputs \['cache_indirection'\] are not supported"):
         GenaiLayout.read(genai_folder(tmp_path, cfg))
+
+
+def test_position_ids_named_by_the_config_must_be_a_graph_input(tmp_path):
+    """The runner feeds position_ids where the config names them; a name the graph lacks is refused by name."""
+    cfg = _with("model.decoder.inputs.position_ids", "position_ids")
+    layout = GenaiLayout.read(genai_folder(tmp_path, cfg))
+    assert layout.position_ids == "position_ids"
+    with pytest.raises(ParameterError, match=r"field 'model.decoder.inputs.position_ids': 'position_ids' is not one"):
+        layout.check_graph()
 
 
 @pytest.mark.parametrize("field,value,says", [
