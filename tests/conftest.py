@@ -50,6 +50,17 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: rank[item.path])  # stable: the collection order within a rank
 
 
+def pytest_runtest_logreport(report):
+    """With ``MGX_FAILURE_LOG`` set, each failed or erroring test phase is appended to that file as it
+    happens (the test id, then its report): on the device machine a run cut short by its time limit still
+    says why each test failed (pytest's own summary comes only at the end, from the controller)."""
+    path = os.environ.get("MGX_FAILURE_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller gets every report
+        text = f"=== {report.nodeid} [{report.when}]\n{report.longreprtext[-6000:]}\n"
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+
+
 @pytest.fixture(autouse=True)
 def _mgx_graph_logger_restored():
     """The ``mgx_graph`` logger's handlers and level as they were before the test: ``mgx-graph serve``'s
