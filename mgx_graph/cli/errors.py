@@ -83,8 +83,9 @@ def describe(e: BaseException) -> str:
     """The error line's text for ``e`` (without the ``mgx-graph: error:`` prefix)."""
     from .inputs import UsageError
     from ..errors import MgxError
+    from ..models.errors import BuildError  # a model build's errors (MissingExtraError too) name what they need
 
-    if isinstance(e, (MgxError, UsageError)):
+    if isinstance(e, (MgxError, UsageError, BuildError)):
         return str(e)
     if isinstance(e, UnicodeDecodeError):
         return f"not UTF-8 text ({e.reason} at byte {e.start})"
