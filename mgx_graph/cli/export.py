@@ -33,8 +33,8 @@ from ..errors import ParameterError
 #: transformers architectures (``config.json``'s ``architectures[0]``) whose builder graph mgx_graph runs,
 #: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export.py).
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "PhiForCausalLM",
-                 "Phi3ForCausalLM", "GemmaForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM", "SmolLM3ForCausalLM",
-                 "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM")
+                 "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM",
+                 "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM")
 PRECISIONS = ("fp32", "fp16", "int4")
 #: (precision, execution provider) pairs whose builder graph mgx_graph runs; the default provider of each precision.
 FLAVORS = {("fp32", "cpu"), ("int4", "cpu"), ("fp16", "cuda"), ("int4", "cuda")}
@@ -42,6 +42,10 @@ DEFAULT_PROVIDER = {"fp32": "cpu", "fp16": "cuda", "int4": "cpu"}
 #: modules the builder imports (the ``genai-export`` extra)
 BUILDER_MODULES = ("onnxruntime_genai", "torch", "transformers", "onnx_ir")
 BUILDER = "onnxruntime_genai.models.builder"
+#: the builder's extra options: sliding-window layers keep a cache of the full length (their attention still
+#: sees only the window, GroupQueryAttention's ``local_window_size``) instead of a window-sized ring buffer
+#: (``sliding_window_cache``), which the runner's one shared cache of ``max_length`` rows does not model
+BUILDER_OPTIONS = ("windowed_kv_cache=false",)
 EXTRA = "genai-export"
 
 DESCRIPTION = ("Makes an onnxruntime-genai folder (model.onnx, genai_config.json, the tokenizer) from a transformers\n"
@@ -142,7 +146,7 @@ def run_builder(checkpoint: Path, work: Path, precision: str, provider: str) -> 
     """The builder's command line into ``work`` (offline: no download); on failure its output goes to stderr
     and a ParameterError names its exit status and last line."""
     cmd = [sys.executable, "-m", BUILDER, "-i", str(checkpoint), "-o", str(work / "out"), "-p", precision,
-           "-e", provider, "-c", str(work / "cache")]
+           "-e", provider, "-c", str(work / "cache"), "--extra_options", *BUILDER_OPTIONS]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0 or not (work / "out" / "genai_config.json").is_file():
