@@ -34,7 +34,8 @@ from ..errors import ParameterError
 #: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export.py).
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "PhiForCausalLM",
                  "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM",
-                 "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM")
+                 "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM",
+                 "GptOssForCausalLM")
 PRECISIONS = ("fp32", "fp16", "int4")
 #: (precision, execution provider) pairs whose builder graph mgx_graph runs; the default provider of each precision.
 FLAVORS = {("fp32", "cpu"), ("int4", "cpu"), ("fp16", "cuda"), ("int4", "cuda")}

@@ -30,7 +30,7 @@ from . import (parse_constant, parse_contrib, parse_contrib_attention, parse_con
                parse_dynamic, parse_elementwise, parse_generic, parse_index, parse_nn, parse_normalization,
                parse_quantization, parse_random, parse_recurrent, parse_reduce, parse_sampling, parse_shape,
                parse_signal, parse_spatial, parse_attention, parse_loss,
-               parse_gated)  # (registration)
+               parse_gated, parse_moe)  # (registration)
 from .loader import load_model, symbolic_inputs
 from .onnx_parser import MAX_OPSET, MIN_OPSET, OnnxParser, fold_instruction, parse_onnx
 from .op_parser import parser

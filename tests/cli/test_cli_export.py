@@ -155,7 +155,7 @@ def test_export_runs_to_onnxruntime_genai_greedy_tokens(llama_checkpoint, tmp_pa
 @needs_builder
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "granite", "olmo",
-                                  "smollm3", "ernie", "nemotron"])
+                                  "smollm3", "ernie", "nemotron", "gpt_oss"])
 def test_other_architectures_run_to_onnxruntime_genai_greedy_tokens(tmp_path, capsys, arch):
     ck = save_checkpoint(tmp_path / arch, arch, seed=1)
     out = tmp_path / f"{arch}-fp32"
