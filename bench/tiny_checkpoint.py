@@ -6,7 +6,7 @@ tests/cli/test_cli_export.py and the model of bench/clean_install_gpu.sh (export
 Hidden size 64, 2 layers, 4 attention heads over 2 KV heads (phi and nemotron: hidden size 128 and 4 KV heads,
 so that their partial rotary half of a head is a multiple of 8, as onnxruntime-genai's attention requires;
 gemma2 and gpt_oss: a sliding window of 4 tokens on their local layers, so a short generation already leaves
-it; gpt_oss: 4 experts, 2 per token), a word-level vocabulary of about 100 common English
+it; gpt_oss: 4 experts, 2 per token; lfm2: a short-convolution layer, then an attention layer), a word-level vocabulary of about 100 common English
 words (the tokenizer is built with ``tokenizers``, nothing is downloaded) with a plain chat template. The
 end-of-sequence row of the output projection is zero, so greedy decoding runs its full length: that logit is 0
 while the largest of the others is positive (all but surely). Needs torch, transformers and tokenizers.
@@ -26,6 +26,7 @@ ARCHS = {"llama": ("LlamaConfig", {}), "mistral": ("MistralConfig", {}), "qwen2"
          "qwen3": ("Qwen3Config", {}), "phi": ("PhiConfig", {"hidden_size": 128, "num_key_value_heads": 4}),
          "phi3": ("Phi3Config", {"original_max_position_embeddings": 256}), "gemma": ("GemmaConfig", {"head_dim": 16}),
          "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 4}),
+         "lfm2": ("Lfm2Config", {"layer_types": ["conv", "full_attention"]}),
          "gpt_oss": ("GptOssConfig", {"head_dim": 16, "sliding_window": 4, "num_local_experts": 4,
                                       "num_experts_per_tok": 2}),
          "granite": ("GraniteConfig", {}), "olmo": ("OlmoConfig", {}), "smollm3": ("SmolLM3Config", {}),

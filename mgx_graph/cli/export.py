@@ -35,7 +35,7 @@ from ..errors import ParameterError
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "PhiForCausalLM",
                  "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM",
                  "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM",
-                 "GptOssForCausalLM")
+                 "GptOssForCausalLM", "Lfm2ForCausalLM")
 PRECISIONS = ("fp32", "fp16", "int4")
 #: (precision, execution provider) pairs whose builder graph mgx_graph runs; the default provider of each precision.
 FLAVORS = {("fp32", "cpu"), ("int4", "cpu"), ("fp16", "cuda"), ("int4", "cuda")}
@@ -51,8 +51,8 @@ EXTRA = "genai-export"
 
 DESCRIPTION = ("Makes an onnxruntime-genai folder (model.onnx, genai_config.json, the tokenizer) from a transformers\n"
                "checkpoint folder with onnxruntime-genai's model builder, for generate, serve and mgx_graph.llm.LLM.\n"
-               f"Architectures: {', '.join(ARCHITECTURES[:5])},\n{', '.join(ARCHITECTURES[5:10])},\n"
-               f"{', '.join(ARCHITECTURES[10:])}.\n"
+               "Architectures: " + ",\n".join(", ".join(ARCHITECTURES[i:i + 5]) for i in range(0, len(ARCHITECTURES), 5))
+               + ".\n"
                "Precision and execution provider: fp32 (cpu), fp16 (cuda), int4 (cpu or cuda). The provider picks\n"
                "the graph's flavor only: mgx_graph runs the folder on the gpu or the ref target either way.\n"
                f"Needs the {EXTRA} extra: pip install 'mgx_graph[{EXTRA}]'.")

@@ -136,6 +136,23 @@ class Str:
 
 
 @dataclass(frozen=True)
+class Choices:
+    """A list of ``length`` strings, each one of ``allowed``."""
+
+    allowed: tuple
+    length: int
+
+    @property
+    def expected(self) -> str:
+        return f"a list of {self.length} of {', '.join(map(repr, self.allowed))}"
+
+    def __call__(self, v):
+        if not isinstance(v, list) or len(v) != self.length or any(x not in self.allowed for x in v):
+            raise _Bad
+        return list(v)
+
+
+@dataclass(frozen=True)
 class NameTemplate:
     """A name pattern with exactly one ``%d`` (the layer index) and no other ``%``."""
 

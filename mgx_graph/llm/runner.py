@@ -36,10 +36,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import MgxError, ParameterError, ParseError
-from .folder_config import Fields, Ids, Int, NameTemplate, Str
+from .folder_config import Choices, Fields, Ids, Int, NameTemplate, Str
 from .generation import describe_host_ops
 
 GENAI_CONFIG = "genai_config.json"
+#: ``model.decoder.layer_types`` entries: attention layers hold a KV cache, ``conv`` layers (LFM2's short
+#: convolutions) a convolution state of fixed size
+LAYER_TYPES = ("full_attention", "sliding_attention", "attention", "conv")
 #: Registry names whose build is a runner folder (onnxruntime-genai or optimum-style), not a decode step.
 FOLDER_MODELS = ("smollm2-genai", "llama-optimum", "smollm2-optimum")
 
@@ -72,6 +75,10 @@ class GenaiLayout:
     present_key: str
     present_value: str
     position_ids: str | None = None
+    past_conv: str | None = None
+    present_conv: str | None = None
+    layer_types: tuple = ()  # per layer "conv" or an attention kind; () : every layer attention
+    conv_lens: tuple = ()  # a conv state's fixed dims after the batch (channels, kernel taps - 1)
 
     @classmethod
     def read(cls, folder) -> "GenaiLayout":
@@ -87,7 +94,7 @@ class GenaiLayout:
         dec = cfg.section("decoder")
         ins, outs = dec.section("inputs"), dec.section("outputs")
         extra = sorted(set(ins.data) - {"input_ids", "attention_mask", "position_ids", "past_key_names",
-                                        "past_value_names"})
+                                        "past_value_names", "past_conv_names"})
         if extra:
             raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
                                  f"input_ids, attention_mask, position_ids and the past key / value buffers)")
@@ -100,12 +107,18 @@ class GenaiLayout:
         cfg.get("bos_token_id", Int(0, vocab - 1), None)
         eos = cfg.get("eos_token_id", Ids(vocab))
         names = {k: ins.get(k, Str()) for k in ("input_ids", "attention_mask")}
-        names.update(logits=outs.get("logits", Str()), position_ids=ins.get("position_ids", Str(), None))
+        names.update(logits=outs.get("logits", Str()), position_ids=ins.get("position_ids", Str(), None),
+                     past_conv=ins.get("past_conv_names", NameTemplate(), None),
+                     present_conv=outs.get("present_conv_names", NameTemplate(), None))
+        layers = dec.get("num_hidden_layers", Int(1))
+        kinds = tuple(dec.get("layer_types", Choices(LAYER_TYPES, layers), ()))
+        if "conv" in kinds and (names["past_conv"] is None or names["present_conv"] is None):
+            raise dec.fail("layer_types", "conv layers need inputs.past_conv_names and outputs.present_conv_names")
         names.update({f: sec.get(k, NameTemplate()) for f, sec, k in (
             ("past_key", ins, "past_key_names"), ("past_value", ins, "past_value_names"),
             ("present_key", outs, "present_key_names"), ("present_value", outs, "present_value_names"))})
         return cls(folder=folder, onnx_path=dec.path_in("filename", folder),
-                   num_layers=dec.get("num_hidden_layers", Int(1)), num_kv_heads=kv,
+                   num_layers=layers, layer_types=kinds, num_kv_heads=kv,
                    head_size=dec.get("head_size", Int(1)), vocab_size=vocab,
                    context_length=cfg.get("context_length", Int(1)), eos_token_ids=eos,
                    pad_token_id=_pad_id(cfg.get("pad_token_id", Int(-1, vocab - 1), -1), eos[0]), **names)
@@ -122,34 +135,62 @@ class GenaiLayout:
             raise ParseError(f"{self.onnx_path}: not a valid ONNX protobuf ({type(e).__name__}: {e})") from None
         have = {"inputs": {i.name: i for i in graph.input}, "outputs": {o.name: o for o in graph.output}}
         path = self.folder / GENAI_CONFIG
-        if 2 * self.num_layers > len(have["inputs"]):
+        if self.num_layers > len(have["inputs"]):
             raise ParameterError(f"{path}: field 'model.decoder.num_hidden_layers': {self.num_layers}, but "
                                  f"{self.onnx_path.name} has {len(have['inputs'])} inputs (a layer needs a past key "
-                                 f"and a past value input)")
-        L = range(self.num_layers)
+                                 f"and a past value input, or a past convolution state)")
+        A = [i for i in range(self.num_layers) if not self.is_conv(i)]
+        C = [i for i in range(self.num_layers) if self.is_conv(i)]
         wanted = [("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
                   *([("inputs", "position_ids", [self.position_ids])] if self.position_ids else []),
-                  ("inputs", "past_key_names", [self.past_key % i for i in L]),
-                  ("inputs", "past_value_names", [self.past_value % i for i in L]),
+                  ("inputs", "past_key_names", [self.past_key % i for i in A]),
+                  ("inputs", "past_value_names", [self.past_value % i for i in A]),
+                  ("inputs", "past_conv_names", [self.past_conv % i for i in C]),
                   ("outputs", "logits", [self.logits]),
-                  ("outputs", "present_key_names", [self.present_key % i for i in L]),
-                  ("outputs", "present_value_names", [self.present_value % i for i in L])]
+                  ("outputs", "present_key_names", [self.present_key % i for i in A]),
+                  ("outputs", "present_value_names", [self.present_value % i for i in A]),
+                  ("outputs", "present_conv_names", [self.present_conv % i for i in C])]
         for side, key, names in wanted:
             missing = [n for n in names if n not in have[side]]
             if missing:
                 raise ParameterError(f"{path}: field 'model.decoder.{side}.{key}': {missing[0]!r} is not one of the "
                                      f"{side} of {self.onnx_path.name} ({sorted(have[side])[:8]}; "
                                      f"num_hidden_layers {self.num_layers})")
-        dims = [d.dim_value if d.HasField("dim_value") else None
-                for d in have["inputs"][self.past_key % 0].type.tensor_type.shape.dim]
+        def dims(name):
+            return [d.dim_value if d.HasField("dim_value") else None for d in have["inputs"][name].type.tensor_type.shape.dim]
+        first = self.past_key % A[0] if A else None
         for axis, key, want in ((1, "num_key_value_heads", self.num_kv_heads), (3, "head_size", self.head_size)):
-            if len(dims) == 4 and dims[axis] is not None and dims[axis] != want:
-                raise ParameterError(f"{path}: field 'model.decoder.{key}': {want}, but {self.past_key % 0} of "
-                                     f"{self.onnx_path.name} has {dims[axis]} on axis {axis}")
+            got = dims(first) if first else []
+            if len(got) == 4 and got[axis] is not None and got[axis] != want:
+                raise ParameterError(f"{path}: field 'model.decoder.{key}': {want}, but {first} of "
+                                     f"{self.onnx_path.name} has {got[axis]} on axis {axis}")
+        if C:
+            conv = dims(self.past_conv % C[0])
+            if len(conv) != 3 or None in conv[1:] or min(conv[1:]) < 1:
+                raise ParameterError(f"{path}: {self.past_conv % C[0]} of {self.onnx_path.name} has dims {conv}; "
+                                     f"expected [batch, channels, taps] with fixed channels and taps")
+            self.conv_lens = tuple(conv[1:])
+
+    def is_conv(self, layer: int) -> bool:
+        """Whether ``layer`` holds a convolution state instead of a KV cache."""
+        return bool(self.layer_types) and self.layer_types[layer] == "conv"
 
     def cache_names(self) -> list[str]:
-        """The past key / value input names, layer by layer."""
-        return [pat % i for i in range(self.num_layers) for pat in (self.past_key, self.past_value)]
+        """The past state input names, layer by layer: key and value, or the convolution state."""
+        return [pat % i for i in range(self.num_layers)
+                for pat in ((self.past_conv,) if self.is_conv(i) else (self.past_key, self.past_value))]
+
+    def conv_names(self) -> list[str]:
+        return [self.past_conv % i for i in range(self.num_layers) if self.is_conv(i)]
+
+    def present_to_past(self) -> dict:
+        """Each present output's name -> the past input it is written over in place."""
+        pairs = {}
+        for i in range(self.num_layers):
+            kinds = (("present_conv", "past_conv"),) if self.is_conv(i) else \
+                (("present_key", "past_key"), ("present_value", "past_value"))
+            pairs.update({getattr(self, o) % i: getattr(self, q) % i for o, q in kinds})
+        return pairs
 
 
 def positive_int(name: str, value, high: int | None = None) -> None:
@@ -223,6 +264,9 @@ class GenaiRunner:
             self.host_op_parts = ((3, "copies"),)
         check_runner_options(batch, max_length, lay.context_length, target, hip_graph, fp16)
         lay.check_graph()
+        if lay.conv_names() and batch != 1:
+            raise ParameterError(f"batch must be 1 for {folder}: its convolution layers keep a state of the last "
+                                 f"tokens, which a padded row of a batch would fill with padding; got {batch}")
         self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
         self.compile_kw: dict[str, Any] = dict(target=target, hip_graph=hip_graph, fp16=fp16)
         self.programs: dict = {}
@@ -245,6 +289,8 @@ class GenaiRunner:
             dims[lay.position_ids] = [B, S]
         for n in lay.cache_names():
             dims[n] = [B, lay.num_kv_heads, M, lay.head_size]
+        for n in lay.conv_names():
+            dims[n] = [B, *lay.conv_lens]
         return dims
 
     def _program(self, S: int):
@@ -252,9 +298,7 @@ class GenaiRunner:
         if S not in self.programs:
             from ..compiler import compile as compile_model
 
-            want = {self.layout.present_key % i: self.layout.past_key % i for i in range(self.layout.num_layers)}
-            want.update({self.layout.present_value % i: self.layout.past_value % i
-                         for i in range(self.layout.num_layers)})
+            want = self.layout.present_to_past()
             prog = compile_model(str(self.layout.onnx_path), input_dims=self._dims(S), alias=want,
                                  warmup=2 if S == 1 else 0, **self.compile_kw)
             if dict(prog.alias) != want:
@@ -333,7 +377,11 @@ class GenaiRunner:
         B, M = self.batch, self.max_len
         prompts = list(rows.prompts) + [[rows.pad]] * (B - len(rows.prompts))
         lens = np.array([len(p) for p in prompts], np.int64)
-        S = length_bucket(int(lens.max()), M)
+        conv = self.layout.conv_names()
+        S = int(lens.max()) if conv else length_bucket(int(lens.max()), M)  # a padded prompt would reach the state
+        with self.ctx.on_queue(self.queue):
+            for n in conv:  # a new sequence: no tokens before it in the convolution state
+                self.ctx.fill(self.queue, self.state[n], 0)
         tokens, rows_at = self.prefill_rows(prompts, S, rows.pad)
         want = sampler.needs_logits or rows.keep_logits
         t0 = time.perf_counter()

@@ -85,4 +85,16 @@ def _parse_causal_conv(p, m, node, ins):
     if act != "none":
         y = _silu(p, m, y)
     present = p.add(m, "slice", [padded], axes=[2], starts=[L], ends=[L + K - 1])
-    return [y, present]
+    # a copy of its own: a decoder binds present_state over past_state (written in place after the concat read it)
+    return [y, p.add(m, "contiguous", [present])]
+
+
+@parser("CausalConvWithState", domain="com.microsoft")
+def _parse_causal_conv_contrib(p, m, node, ins):
+    """com.microsoft::CausalConvWithState, as onnxruntime-genai's builder writes it for LFM2's short
+    convolutions: the ONNX op's computation for ``ndim=1`` and ``state_window=0``; other values are an
+    UnsupportedOpError naming the attribute."""
+    for name, want in (("ndim", 1), ("state_window", 0)):
+        if attr(node, name, want) != want:
+            raise unsupported(p, node, f"attribute {name}={attr(node, name)} (only {name}={want})")
+    return _parse_causal_conv(p, m, node, ins)

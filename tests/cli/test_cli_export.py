@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import mgx_graph
 from mgx_graph.cli.main import main
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
@@ -183,3 +184,23 @@ def test_a_folder_with_position_ids_runs_rows_of_different_lengths(tmp_path, cap
     with LLM(str(out), target="ref", max_length=64, batch=2) as llm:
         got = llm.generate([list(p) for p in prompts], max_new_tokens=NEW_TOKENS)
     assert [r.token_ids for r in got] == want
+
+
+@needs_builder
+@pytest.mark.slow
+def test_a_folder_with_convolution_state_runs_prompt_after_prompt(tmp_path, capsys):
+    """LFM2: short-convolution layers keep a state of the last tokens (past / present conv, written in place).
+    Each prompt is prefilled at its own length and starts from an empty state: two prompts one after the
+    other, with graphs on, each give onnxruntime-genai's greedy tokens; a batch of two rows is refused."""
+    from mgx_graph.llm import LLM
+
+    ck = save_checkpoint(tmp_path / "lfm2", "lfm2", seed=1)
+    out = tmp_path / "lfm2-fp32"
+    rc, _, err = run(capsys, ck, out, "--precision", "fp32")
+    assert rc == 0, err
+    prompts = [PROMPT, PROMPT[2:5]]
+    want = [genai_greedy(out, p, NEW_TOKENS) for p in prompts]
+    with LLM(str(out), target="ref", max_length=64, hip_graph=True) as llm:
+        assert [llm.generate(list(p), max_new_tokens=NEW_TOKENS).token_ids for p in prompts] == want
+    with pytest.raises(mgx_graph.ParameterError, match="batch must be 1 .* convolution layers"):
+        LLM(str(out), target="ref", max_length=64, batch=2)

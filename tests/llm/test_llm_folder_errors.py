@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import onnx
@@ -161,6 +162,16 @@ def test_a_path_outside_the_folder_is_a_parse_error(tmp_path, name):
 def test_decoder_inputs_the_runner_does_not_feed(tmp_path):
     cfg = _with("model.decoder.inputs.cache_indirection", "cache_indirection")
     with pytest.raises(ParameterError, match=r"decoder inputs \['cache_indirection'\] are not supported"):
+        GenaiLayout.read(genai_folder(tmp_path, cfg))
+
+
+@pytest.mark.parametrize("value, says", [
+    (["conv", "full_attention"], "conv layers need inputs.past_conv_names and outputs.present_conv_names"),
+    (["full_attention"], "expected a list of 2 of"),
+    (["full_attention", "mamba"], "expected a list of 2 of")])
+def test_layer_types_are_checked(tmp_path, value, says):
+    cfg = _with("model.decoder.layer_types", value)
+    with pytest.raises(ParameterError, match=rf"field 'model.decoder.layer_types': .*{re.escape(says)}"):
         GenaiLayout.read(genai_folder(tmp_path, cfg))
 
 
