@@ -107,8 +107,9 @@ def _downloaded(folder: str, package: str, version: str) -> list[str]:
     """The wheel or sdist of ``package==version`` in ``folder`` (a wheel's name has ``_``, an sdist's may
     keep the ``-`` of the package's name)."""
     stems = {f"{package.replace('-', '_').lower()}-{version}", f"{package.lower()}-{version}"}
-    return sorted((f for f in os.listdir(folder) if any(f.lower().startswith(s + ext) for s in stems
-                                                        for ext in ("-", ".tar.gz"))), key=lambda f: not f.endswith(".whl"))
+    found = [f for f in os.listdir(folder)
+             if any(f.lower().startswith(s + ext) for s in stems for ext in ("-", ".tar.gz"))]
+    return sorted(found, key=lambda f: not f.endswith(".whl"))  # a wheel first
 
 
 def model_path(name: str, cache_dir=None) -> str:

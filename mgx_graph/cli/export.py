@@ -51,8 +51,8 @@ EXTRA = "genai-export"
 
 DESCRIPTION = ("Makes an onnxruntime-genai folder (model.onnx, genai_config.json, the tokenizer) from a transformers\n"
                "checkpoint folder with onnxruntime-genai's model builder, for generate, serve and mgx_graph.llm.LLM.\n"
-               "Architectures: " + ",\n".join(", ".join(ARCHITECTURES[i:i + 5]) for i in range(0, len(ARCHITECTURES), 5))
-               + ".\n"
+               "Architectures: " + ",\n".join(", ".join(ARCHITECTURES[i:i + 5])
+                                               for i in range(0, len(ARCHITECTURES), 5)) + ".\n"
                "Precision and execution provider: fp32 (cpu), fp16 (cuda), int4 (cpu or cuda). The provider picks\n"
                "the graph's flavor only: mgx_graph runs the folder on the gpu or the ref target either way.\n"
                f"Needs the {EXTRA} extra: pip install 'mgx_graph[{EXTRA}]'.")

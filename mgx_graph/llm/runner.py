@@ -97,7 +97,8 @@ class GenaiLayout:
                                         "past_value_names", "past_conv_names"})
         if extra:
             raise ParameterError(f"{path}: decoder inputs {extra} are not supported (this runner feeds "
-                                 f"input_ids, attention_mask, position_ids and the past key / value buffers)")
+                                 f"input_ids, attention_mask, position_ids and the past key / value and convolution "
+                                 f"state buffers)")
         vocab = cfg.get("vocab_size", Int(1))
         kv = dec.get("num_key_value_heads", Int(1))
         heads = dec.get("num_attention_heads", Int(1), kv)
@@ -157,7 +158,8 @@ class GenaiLayout:
                                      f"{side} of {self.onnx_path.name} ({sorted(have[side])[:8]}; "
                                      f"num_hidden_layers {self.num_layers})")
         def dims(name):
-            return [d.dim_value if d.HasField("dim_value") else None for d in have["inputs"][name].type.tensor_type.shape.dim]
+            shape = have["inputs"][name].type.tensor_type.shape
+            return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
         first = self.past_key % A[0] if A else None
         for axis, key, want in ((1, "num_key_value_heads", self.num_kv_heads), (3, "head_size", self.head_size)):
             got = dims(first) if first else []
@@ -181,6 +183,7 @@ class GenaiLayout:
                 for pat in ((self.past_conv,) if self.is_conv(i) else (self.past_key, self.past_value))]
 
     def conv_names(self) -> list[str]:
+        """The past convolution state input names (none without conv layers)."""
         return [self.past_conv % i for i in range(self.num_layers) if self.is_conv(i)]
 
     def present_to_past(self) -> dict:
@@ -287,10 +290,9 @@ class GenaiRunner:
         dims = {lay.input_ids: [B, S], lay.attention_mask: [B, M]}
         if lay.position_ids:
             dims[lay.position_ids] = [B, S]
+        conv = set(lay.conv_names())
         for n in lay.cache_names():
-            dims[n] = [B, lay.num_kv_heads, M, lay.head_size]
-        for n in lay.conv_names():
-            dims[n] = [B, *lay.conv_lens]
+            dims[n] = [B, *lay.conv_lens] if n in conv else [B, lay.num_kv_heads, M, lay.head_size]
         return dims
 
     def _program(self, S: int):

@@ -5,9 +5,10 @@ Inputs: ``input`` [R, H] or [B, S, H], ``router_probs`` [R, E] (the router's log
 [E, N1, H] and ``fc1_experts_bias`` [E, N1], ``fc2_experts_weights`` [E, H, I] and ``fc2_experts_bias``
 [E, H]; N1 is 2 I for ``swiglu`` (gate and linear halves, interleaved with ``swiglu_fusion=1``, one after
 the other with ``swiglu_fusion=2``), I for the other activations (``silu``, ``gelu`` (its tanh
-approximation, as onnxruntime's MoE kernels compute it), ``relu``, ``identity``).  Each row takes the ``k`` experts of its largest logits, weighted by the softmax over those k
-(``normalize_routing_weights=1``) or by the softmax over all E taken at those k; the output is the weighted
-sum of ``fc2(act(fc1(x)))`` of its experts.  SwiGLU, as onnxruntime computes it: ``gate = min(gate, limit)``,
+approximation, as onnxruntime's MoE kernels compute it), ``relu``, ``identity``).  Each row takes the ``k``
+experts of its largest logits, weighted by the softmax over those k (``normalize_routing_weights=1``) or by
+the softmax over all E taken at those k; the output is the weighted sum of ``fc2(act(fc1(x)))`` of its
+experts.  SwiGLU, as onnxruntime computes it: ``gate = min(gate, limit)``,
 ``linear = clip(linear, -limit, limit)``, ``gate * sigmoid(alpha * gate) * (linear + beta)``.
 
 Two compositions, equal in value: with few rows (R k <= E: decode) each row's k experts' weights are

@@ -69,7 +69,8 @@ def test_folder_without_config_json(tmp_path, capsys):
 @pytest.mark.parametrize("config, named", [({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
                                            ({"model_type": "llama"}, "no 'architectures' field"),
                                            ({"architectures": None}, "field 'architectures' is None"),
-                                           ({"architectures": "Phi3ForCausalLM"}, "is 'Phi3ForCausalLM'; expected a list")])
+                                           ({"architectures": "Phi3ForCausalLM"},
+                                            "is 'Phi3ForCausalLM'; expected a list")])
 def test_unsupported_architecture(tmp_path, capsys, config, named):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
