@@ -269,7 +269,8 @@ class GenaiRunner:
         lay.check_graph()
         if lay.conv_names() and batch != 1:
             raise ParameterError(f"batch must be 1 for {folder}: its convolution layers keep a state of the last "
-                                 f"tokens, which a padded row of a batch would fill with padding; got {batch}")
+                                 f"tokens, which a padded row of a batch would fill with padding; got {batch} "
+                                 f"(mgx-graph serve: --max-rows 1; mgx-graph generate: one --prompt at a time)")
         self.batch, self.max_len, self.vocab_size = batch, max_length, lay.vocab_size
         self.compile_kw: dict[str, Any] = dict(target=target, hip_graph=hip_graph, fp16=fp16)
         self.programs: dict = {}

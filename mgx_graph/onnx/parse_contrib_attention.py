@@ -106,13 +106,16 @@ def _parse_rotary_onnx(p, m, node, ins):
 _GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
                "q_norm_weight", "k_norm_weight", "query_seqlens")
+_QK_NORMS = ("q_norm_weight", "k_norm_weight")
 
 
 def _check_gqa_variant(p, node, ins) -> None:
     """UnsupportedOpError for the GroupQueryAttention variants this frontend does not implement."""
-    given = [n for n, i in zip(_GQA_INPUTS[12:], ins[12:]) if i is not None]
+    given = [n for n, i in zip(_GQA_INPUTS[12:], ins[12:]) if i is not None and n not in _QK_NORMS]
     if given:
-        raise unsupported(p, node, f"input(s) {', '.join(given)} (quantized KV cache, Q/K norms, padded chunks)")
+        raise unsupported(p, node, f"input(s) {', '.join(given)} (quantized KV cache, padded chunks)")
+    if (ins[14] is None) != (ins[15] is None):
+        raise p.err("q_norm_weight and k_norm_weight come together (paired Q / K RMS normalization)")
     for name, ok in (("kv_cache_bit_width", (0,)), ("sliding_window_cache", (0,)), ("qk_output", (0,))):
         if attr(node, name, 0) not in ok:
             raise unsupported(p, node, f"attribute {name}={attr(node, name)}")
@@ -208,6 +211,16 @@ def _rotary_positions(p, m, node, pos_ids, pos, S: int, total: int):
     return p.add(m, "add", [first, _iota(p, m, S, lead=1)])
 
 
+def _qk_norms(p, m, node, q4, k4, qn, kn, H: int):
+    """``q4`` and ``k4`` ([B, S, heads, H]) each RMS-normalized over its head (``qk_norm_epsilon``, default
+    1e-6) and scaled by ``q_norm_weight`` / ``k_norm_weight`` [H]."""
+    for name, w in (("q_norm_weight", qn), ("k_norm_weight", kn)):
+        if tuple(w.shape.lens) != (H,) or w.shape.dtype != q4.shape.dtype:
+            raise _shape_err(p, f"{name} {w.shape.brief()} must be [{H}] of the query's type {q4.shape.dtype}")
+    eps = float(attr(node, "qk_norm_epsilon", 1e-6))
+    return tuple(p.add(m, "rms_norm", [p.contiguous(m, x), w], axis=-1, epsilon=eps) for x, w in ((q4, qn), (k4, kn)))
+
+
 @parser("GroupQueryAttention", domain=MS)
 def _parse_gqa(p, m, node, ins):
     """com.microsoft::GroupQueryAttention: outputs output [B, S, N*H], present_key / present_value
@@ -224,6 +237,8 @@ def _parse_gqa(p, m, node, ins):
         raise p.err("local_window_size needs causal=1")
     B, S = q.shape.lens[:2]
     q4, k4, v4, H = _split_qkv(p, m, q, k, v, N, Nkv)
+    if ins[14] is not None:  # Qwen3's Q / K norms: an RMSNorm of each head, before the rotation
+        q4, k4 = _qk_norms(p, m, node, q4, k4, ins[14], ins[15], H)
     L = _past_len(p, pk, pv, B, Nkv, H, q.shape.dtype)
     T = _total_length(p, total, L, exact=pos_ids is not None and S > 1)
     P = max(T, L)

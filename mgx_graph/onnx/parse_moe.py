@@ -58,9 +58,14 @@ def _activation(p, m, h, axis: int, act: str, fusion: int, limit, alpha: float, 
 
 
 def _routing(p, m, router, k: int, normalize: int):
-    """(weights [R, k], expert ids [R, k]) of each row's top ``k`` router logits."""
-    t = p.add(m, "topk", [router], k=k, axis=-1, largest=1, sorted=1)
-    vals, idx = (p.add(m, "get_tuple_elem", [t], index=i) for i in (0, 1))
+    """(weights [R, k], expert ids [R, k]) of each row's top ``k`` router logits; among equal logits the
+    higher expert id is taken first, as onnxruntime's kernels take it (a top k over the experts in reverse
+    order, whose ties keep the lower position)."""
+    E = router.shape.lens[-1]
+    reverse = p.lit(m, np.arange(E - 1, -1, -1, dtype=np.int64))
+    t = p.add(m, "topk", [p.add(m, "gather", [router, reverse], axis=1)], k=k, axis=-1, largest=1, sorted=1)
+    vals, pos = (p.add(m, "get_tuple_elem", [t], index=i) for i in (0, 1))
+    idx = p.add(m, "sub", [p.lit(m, np.full((1, 1), E - 1, np.int64)), pos])
     if normalize:
         return p.add(m, "softmax", [vals], axis=-1), idx
     return p.add(m, "gather_elements", [p.add(m, "softmax", [router], axis=-1), idx], axis=-1), idx
@@ -138,8 +143,10 @@ def _parse_moe(p, m, node, ins):
     fusion = attr(node, "swiglu_fusion", 0)
     if act not in ACTIVATIONS:
         raise unsupported(p, node, f"attribute activation_type={act!r} (expected one of {', '.join(ACTIVATIONS)})")
-    if w3 is not None or b3 is not None or (act == "swiglu" and fusion not in (1, 2)):
+    if w3 is not None or b3 is not None or (act == "swiglu" and fusion == 0):
         raise unsupported(p, node, f"separate gate weights (fc3_experts_weights, swiglu_fusion={fusion})")
+    if act == "swiglu" and fusion not in (1, 2):
+        raise unsupported(p, node, f"attribute swiglu_fusion={fusion} (1: interleaved, 2: gate then linear halves)")
     if attr(node, "use_sparse_mixer", 0):
         raise unsupported(p, node, "attribute use_sparse_mixer=1")
     _check(p, node, x, router, w1, b1, w2, b2, act, fusion)

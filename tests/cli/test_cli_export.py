@@ -205,3 +205,22 @@ def test_a_folder_with_convolution_state_runs_prompt_after_prompt(tmp_path, caps
         assert [llm.generate(list(p), max_new_tokens=NEW_TOKENS).token_ids for p in prompts] == want
     with pytest.raises(mgx_graph.ParameterError, match="batch must be 1 .* convolution layers"):
         LLM(str(out), target="ref", max_length=64, batch=2)
+
+
+@needs_builder
+@pytest.mark.slow
+def test_the_cuda_flavoured_fp16_graph_with_qk_norms_runs(tmp_path, capsys):
+    """Qwen3's fp16 export (the builder's CUDA graph: GroupQueryAttention with q_norm_weight / k_norm_weight,
+    which onnxruntime-genai's CPU kernel refuses) decodes on ref to the fp32 folder's onnxruntime-genai tokens."""
+    ck = save_checkpoint(tmp_path / "qwen3", "qwen3", seed=2)
+    folders = {}
+    for precision in ("fp32", "fp16"):
+        folders[precision] = tmp_path / f"qwen3-{precision}"
+        rc, _, err = run(capsys, ck, folders[precision], "--precision", precision)
+        assert rc == 0, err
+    import onnx
+
+    graph = onnx.load(str(folders["fp16"] / "model.onnx"), load_external_data=False).graph
+    gqa = next(n for n in graph.node if n.op_type == "GroupQueryAttention")
+    assert all(gqa.input[14:16]), "the graph was to hold the Q / K norm inputs"
+    assert mgx_greedy(folders["fp16"], PROMPT, NEW_TOKENS) == genai_greedy(folders["fp32"], PROMPT, NEW_TOKENS)

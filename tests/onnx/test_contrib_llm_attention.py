@@ -300,3 +300,65 @@ def test_multi_head_attention_unsupported_qk_output():
     model.graph.node[0].output.extend(["", "", "qk"])
     with pytest.raises(mgx_graph.UnsupportedOpError, match="qk"):
         mgx_graph.compile(model, target="ref")
+
+
+def _with_qk_norms(model, N, Nkv, H, dtype, seed=7, eps=1e-6):
+    """(the model with q_norm_weight / k_norm_weight inputs on its GroupQueryAttention, the same model with the
+    norms as explicit SimplifiedLayerNormalization nodes per head before it: onnxruntime CPU runs only that)."""
+    import copy
+
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {"q_norm_weight": (1 + 0.2 * rng.normal(size=H)).astype(dtype),
+               "k_norm_weight": (1 + 0.2 * rng.normal(size=H)).astype(dtype)}
+    fused = copy.deepcopy(model)
+    node = fused.graph.node[0]
+    while len(node.input) < 16:
+        node.input.append("")
+    node.input[14:16] = list(weights)
+    node.attribute.append(helper.make_attribute("qk_norm_epsilon", eps))
+    fused.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    explicit = copy.deepcopy(model)
+    gqa = explicit.graph.node[0]
+    pre = []
+    for name, heads, w in (("query", N, "q_norm_weight"), ("key", Nkv, "k_norm_weight")):
+        shape4, shape3 = f"{name}_heads_shape", f"{name}_flat_shape"
+        explicit.graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, heads, H], np.int64), shape4),
+                                           numpy_helper.from_array(np.array([0, 0, heads * H], np.int64), shape3)])
+        pre += [helper.make_node("Reshape", [name, shape4], [f"{name}_heads"]),
+                helper.make_node("SimplifiedLayerNormalization", [f"{name}_heads", w], [f"{name}_normed"], axis=-1,
+                                 epsilon=eps),
+                helper.make_node("Reshape", [f"{name}_normed", shape3], [f"{name}_norm"])]
+        gqa.input[0 if name == "query" else 1] = f"{name}_norm"
+    explicit.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    nodes = pre + list(explicit.graph.node)
+    del explicit.graph.node[:]
+    explicit.graph.node.extend(nodes)
+    return fused, explicit
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", ["decode_rotary", "decode_shared_buffer", "prompt_into_cache_buffer"])
+def test_group_query_attention_qk_norms(case, dtype):
+    """Qwen3's per-head Q / K RMS norms (q_norm_weight, k_norm_weight, as the builder's CUDA graphs write them):
+    equal to onnxruntime CPU running the same norms as SimplifiedLayerNormalization nodes before the
+    attention (its CPU kernel of GroupQueryAttention does not take the norm inputs)."""
+    kw = dict(GQA[case])
+    model, feeds = gqa_model(dtype=dtype, **kw)
+    fused, explicit = _with_qk_norms(model, 4, 2, 16, dtype)
+    want = ort_outputs(explicit, feeds)
+    got = mgx_graph.compile(fused, target="ref").run(feeds)
+    S = kw.get("S", 1)
+    for b, (n, kv) in enumerate(zip(_valid_rows(feeds, S), feeds["seqlens_k"].astype(np.int64) + 1)):
+        # the cache rows of the sequence (onnxruntime leaves the rest of this model's present unspecified)
+        assert_matches([got[0][b, :n], got[1][b, :, :kv], got[2][b, :, :kv]],
+                       [want[0][b, :n], want[1][b, :, :kv], want[2][b, :, :kv]], dtype, f"{case} batch {b}")
+
+
+def test_group_query_attention_one_norm_alone_is_refused():
+    model, _ = gqa_model()
+    fused, _ = _with_qk_norms(model, 4, 2, 16, np.float32)
+    fused.graph.node[0].input[15] = ""
+    with pytest.raises(mgx_graph.ParseError, match="q_norm_weight and k_norm_weight come together"):
+        mgx_graph.compile(fused, target="ref")

@@ -63,6 +63,16 @@ def test_swiglu_without_a_limit_matches_onnxruntime():
     _check(*moe_model([3, HID], swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, seed=5))
 
 
+@pytest.mark.parametrize("logits", [[1, 1, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
+@pytest.mark.parametrize("k", [1, 2])
+def test_tied_router_logits_pick_the_experts_onnxruntime_picks(logits, k):
+    """Among equal logits onnxruntime takes the higher expert id: so does mgx_graph (few rows and many)."""
+    for rows in (1, 3):
+        model, feeds = moe_model([rows, HID], k=k, normalize_routing_weights=1, seed=11, **GPT_OSS)
+        feeds["r"] = np.tile(np.asarray(logits, np.float32), (rows, 1))
+        _check(model, feeds)
+
+
 def test_separate_gate_weights_are_refused_by_name():
     model, _ = moe_model([1, HID], swiglu_fusion=0)
     with pytest.raises(mgx_graph.UnsupportedOpError, match="fc3_experts_weights, swiglu_fusion=0"):
@@ -72,6 +82,7 @@ def test_separate_gate_weights_are_refused_by_name():
 @pytest.mark.parametrize("change, says", [
     (lambda m: m.graph.node[0].attribute.extend([h.make_attribute("use_sparse_mixer", 1)]), "use_sparse_mixer=1"),
     (lambda m: _set_attr(m, "activation_type", b"tanh"), "activation_type='tanh'"),
+    (lambda m: _set_attr(m, "swiglu_fusion", 3), "swiglu_fusion=3 \\(1: interleaved"),
 ])
 def test_unsupported_variants_name_the_attribute(change, says):
     model, _ = moe_model([1, HID], **GPT_OSS)
