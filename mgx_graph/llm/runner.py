@@ -75,8 +75,8 @@ class GenaiLayout:
     present_key: str
     present_value: str
     position_ids: str | None = None
-    past_conv: str | None = None
-    present_conv: str | None = None
+    past_conv: str = ""  # "": no convolution layers
+    present_conv: str = ""
     layer_types: tuple = ()  # per layer "conv" or an attention kind; () : every layer attention
     conv_lens: tuple = ()  # a conv state's fixed dims after the batch (channels, kernel taps - 1)
 
@@ -109,11 +109,11 @@ class GenaiLayout:
         eos = cfg.get("eos_token_id", Ids(vocab))
         names = {k: ins.get(k, Str()) for k in ("input_ids", "attention_mask")}
         names.update(logits=outs.get("logits", Str()), position_ids=ins.get("position_ids", Str(), None),
-                     past_conv=ins.get("past_conv_names", NameTemplate(), None),
-                     present_conv=outs.get("present_conv_names", NameTemplate(), None))
+                     past_conv=ins.get("past_conv_names", NameTemplate(), ""),
+                     present_conv=outs.get("present_conv_names", NameTemplate(), ""))
         layers = dec.get("num_hidden_layers", Int(1))
         kinds = tuple(dec.get("layer_types", Choices(LAYER_TYPES, layers), ()))
-        if "conv" in kinds and (names["past_conv"] is None or names["present_conv"] is None):
+        if "conv" in kinds and not (names["past_conv"] and names["present_conv"]):
             raise dec.fail("layer_types", "conv layers need inputs.past_conv_names and outputs.present_conv_names")
         names.update({f: sec.get(k, NameTemplate()) for f, sec, k in (
             ("past_key", ins, "past_key_names"), ("past_value", ins, "past_value_names"),
@@ -142,7 +142,8 @@ class GenaiLayout:
                                  f"and a past value input, or a past convolution state)")
         A = [i for i in range(self.num_layers) if not self.is_conv(i)]
         C = [i for i in range(self.num_layers) if self.is_conv(i)]
-        wanted = [("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
+        wanted: list[tuple[str, str, list[str]]] = [
+                  ("inputs", "input_ids", [self.input_ids]), ("inputs", "attention_mask", [self.attention_mask]),
                   *([("inputs", "position_ids", [self.position_ids])] if self.position_ids else []),
                   ("inputs", "past_key_names", [self.past_key % i for i in A]),
                   ("inputs", "past_value_names", [self.past_value % i for i in A]),
@@ -253,6 +254,7 @@ class GenaiRunner:
     """
 
     rows_interface = True
+    conv_states: tuple[str, ...] = ()  # the past convolution state inputs (LFM2); none for other layouts
     host_op_parts: tuple[tuple[int, str], ...] = ((2, "copies"),)  # per run outside the program: the ids and the mask, host to device
 
     @property
@@ -267,7 +269,8 @@ class GenaiRunner:
             self.host_op_parts = ((3, "copies"),)
         check_runner_options(batch, max_length, lay.context_length, target, hip_graph, fp16)
         lay.check_graph()
-        if lay.conv_names() and batch != 1:
+        self.conv_states = tuple(lay.conv_names())
+        if self.conv_states and batch != 1:
             raise ParameterError(f"batch must be 1 for {folder}: its convolution layers keep a state of the last "
                                  f"tokens, which a padded row of a batch would fill with padding; got {batch} "
                                  f"(mgx-graph serve: --max-rows 1; mgx-graph generate: one --prompt at a time)")
@@ -380,7 +383,7 @@ class GenaiRunner:
         B, M = self.batch, self.max_len
         prompts = list(rows.prompts) + [[rows.pad]] * (B - len(rows.prompts))
         lens = np.array([len(p) for p in prompts], np.int64)
-        conv = self.layout.conv_names()
+        conv = self.conv_states
         S = int(lens.max()) if conv else length_bucket(int(lens.max()), M)  # a padded prompt would reach the state
         with self.ctx.on_queue(self.queue):
             for n in conv:  # a new sequence: no tokens before it in the convolution state
