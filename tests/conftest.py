@@ -19,7 +19,8 @@ TARGETS = ["ref"] + (["gpu"] if HAVE_GPU else [])
 
 # Files that take minutes on a CPU (each builds a real model), longest first: under pytest-xdist they start
 # first, so that no worker is still in one of them after the others ran out of files.
-LONGEST_FILES = ("test_smollm2_optimum_full.py", "test_llm_runner.py", "test_smollm2.py", "test_greedy_host.py")
+LONGEST_FILES = ("test_smollm2_optimum_full.py", "test_llm_runner.py", "test_smollm2.py", "test_cli_export_archs_more.py",
+                 "test_cli_export_archs.py", "test_greedy_host.py")
 
 
 def pytest_configure(config):

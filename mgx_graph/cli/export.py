@@ -31,7 +31,7 @@ from pathlib import Path
 from ..errors import ParameterError
 
 #: transformers architectures (``config.json``'s ``architectures[0]``) whose builder graph mgx_graph runs,
-#: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export.py).
+#: each checked token for token against onnxruntime-genai (tests/cli/test_cli_export*.py).
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "PhiForCausalLM",
                  "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM",
                  "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "HunYuanDenseV1ForCausalLM", "NemotronForCausalLM",
