@@ -78,17 +78,12 @@ def tok(server):
 @pytest.fixture(scope="module")
 def og_text(folder, tok):
     """``og_text(prompt ids, max_new)``: the text of onnxruntime-genai's greedy decode (its generator, CPU)."""
+    from genai_oracle import og_greedy
+
     model = og.Model(folder)
 
     def run(ids, max_new):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + max_new, do_sample=False)
-        gen = og.Generator(model, params)
-        gen.append_tokens([list(ids)])
-        out = []
-        while not gen.is_done():
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
+        out = og_greedy(model, list(ids), max_new)
         return tok.decode(out, skip_special_tokens=True), len(out)
     return run
 
