@@ -7,7 +7,10 @@ call as :class:`mgx_graph.llm.generation.Decoder` does, and once every call repl
 replayed calls three ways (``time.perf_counter_ns``, medians over the calls).  ``--state bound``
 binds the 60 cache arrays once (``bind_state``, as the Decoder does) and passes the two step inputs
 per call; ``--state passed`` (the default) passes all 62; ``--on-queue`` makes each call inside
-``ctx.on_queue(queue)`` as ``Decoder.feed`` does:
+``ctx.on_queue(queue)`` as ``Decoder.feed`` does.  The three splits below time the Python replay path
+(compiled with ``MIGRAPHX_NATIVE_REPLAY=0``: the C replay of ``cpp/replay.c`` launches the graph itself, so
+no Python hook sees its launch); where the native replay arms (a GPU, the ``_native`` module built),
+``native_total_us`` is the median whole call of a second compile with it on:
 
 * ``clean``: only the graph launch call is timed besides the whole call, giving the host time up
   to the launch, the launch call itself and the time after it (``host_us``: the whole call).  On
@@ -50,6 +53,7 @@ from machine import machine_info  # noqa: E402
 import mgx_graph  # noqa: E402
 from mgx_graph.llm.generation import Decoder  # noqa: E402
 
+NATIVE = "MIGRAPHX_NATIVE_REPLAY"
 PHASES = ("bind / interop", "staging check", "key build", "graph cache lookup", "launch")
 # (module, class, method) wrapped per phase; names missing from the code under test are skipped
 HOOKS = {
@@ -260,9 +264,43 @@ def measure_kernels(step: Step, calls: int) -> float | None:
     return round(statistics.median(times) / 1e6, 3)
 
 
+def _compile(model: str, target: str, native: bool):
+    """The fp16 decode step with graphs on, compiled with ``MIGRAPHX_NATIVE_REPLAY`` set to ``native``."""
+    from mgx_graph import settings as mgx_settings
+
+    old = os.environ.get(NATIVE)
+    os.environ[NATIVE] = "1" if native else "0"
+    mgx_settings.reset()
+    try:
+        return mgx_graph.compile(model, target=target, fp16=True, hip_graph=True)
+    finally:
+        if old is None:
+            os.environ.pop(NATIVE, None)
+        else:
+            os.environ[NATIVE] = old
+        mgx_settings.reset()
+
+
+def measure_native(model: str, target: str, calls: int, state: str, on_queue: bool) -> float | None:
+    """Median µs of the whole replayed call with the native replay on (None where it does not arm: the
+    ``ref`` target, no built ``_native`` module)."""
+    from mgx_graph.graph import replay
+
+    if target == "ref" or not replay.available():
+        return None
+    prog = _compile(model, target, True)
+    try:
+        step = Step(prog, state, on_queue)
+        for _ in range(6):  # warmups, the capture, the replays that arm the native replay
+            step.call()
+        return round(statistics.median(step.call() for _ in range(calls)) / 1e3, 2)
+    finally:
+        prog.release()
+
+
 def run(model: str, target: str, calls: int, kernel_calls: int, state: str = "passed",
         on_queue: bool = False) -> dict:
-    prog = mgx_graph.compile(model, target=target, fp16=True, hip_graph=True)
+    prog = _compile(model, target, False)  # the Python replay path, whose phases the hooks time
     try:
         step = Step(prog, state, on_queue)
         for _ in range(4):  # warmups, the capture, a first replay
@@ -278,9 +316,10 @@ def run(model: str, target: str, calls: int, kernel_calls: int, state: str = "pa
         res["fast_path_hits_in_timed_calls"] = st.get("fast_path_hits", 0) - st0.get("fast_path_hits", 0)
         res["graph_nodes"] = [r["graph_nodes"] for r in st["regions"]]
         res["context"] = prog.context.describe()
-        return res
     finally:
         prog.release()
+    res["native_total_us"] = measure_native(model, target, calls, state, on_queue)
+    return res
 
 
 def plot(path: str) -> str:

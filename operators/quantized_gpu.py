@@ -124,6 +124,11 @@ class GemvPlan:
     it: int
     b_const: bool = False
 
+    def __post_init__(self):
+        if self.smem_bytes > SMEM_X:
+            raise ValueError(f"gemv_nbits: a staged x tile of {self.smem_bytes} bytes (M={self.M}, tpc={self.tpc}, "
+                             f"it={self.it}) is over the {SMEM_X}-byte limit")
+
     @property
     def groups(self) -> int:
         return NT // self.tpc

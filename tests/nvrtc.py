@@ -13,7 +13,7 @@ import glob
 import importlib.util
 import os
 
-ARCH = "compute_90"  # Hopper, the GPU the device tests run on; PTX only (no machine code is made)
+ARCH = "sm_90"  # Hopper, the GPU the device tests run on: machine code (ptxas runs, so shared-memory and register limits are checked)
 
 
 class Nvrtc:

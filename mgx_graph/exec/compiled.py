@@ -155,6 +155,14 @@ class CompiledProgram:
         if self.executor is not None:
             self.executor.close()
 
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` ran: the program's memory, queue and graphs are gone, and so is the
+        memory of any array it handed out (``param_buffer``, outputs of ``run_async``)."""
+        if self.dispatcher is not None:
+            return self.dispatcher.released
+        return self.executor is None or self.executor.released
+
     def __del__(self):
         try:
             self.release()

@@ -146,6 +146,7 @@ class Decoder(PipelinedSteps, SampledSteps):
     def reset(self) -> None:
         """Close an open :meth:`greedy_tokens` generator, zero every array of :attr:`params` (the step
         inputs and the cache, queued on the program's queue) and set :attr:`position` to 0."""
+        self._check_open()
         self._end_chain()
         with self.ctx.on_queue(self.queue):
             for n, a in self.params.items():
@@ -170,6 +171,7 @@ class Decoder(PipelinedSteps, SampledSteps):
         step ignores them (its position is the slot). Raises MgxError when the cache is full.
         """
         _check_rows(self, tokens, positions, mask)
+        self._check_open()
         self._end_chain()
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
@@ -190,6 +192,7 @@ class Decoder(PipelinedSteps, SampledSteps):
         :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``.  The slot is not written
         again when the greedy tail of the step before, in the same open chain, queued it into the same
         array already (:meth:`_queue_greedy_step`)."""
+        self._check_open()
         slot, done = self.params["cache_position"], self._slot_written
         self._slot_written = None  # used once: by the step queued right after the tail
         if done is None or done[0] is not slot or done[1] != self.position:
@@ -204,6 +207,7 @@ class Decoder(PipelinedSteps, SampledSteps):
     def greedy_next(self) -> np.ndarray:
         """The argmax of the last step's logits per row (int64 [B]): one device argmax, one read-back of
         B ids (it waits for the step)."""
+        self._check_open()
         with self.ctx.on_queue(self.queue):
             ids = self.xp.empty((self.batch,), np.int64)
             self._argmax_into(ids)
@@ -222,6 +226,7 @@ class Decoder(PipelinedSteps, SampledSteps):
     def logits_rows(self) -> np.ndarray:
         """The last step's logits as host float32 [B, vocab] (one read-back of B * vocab values; it
         waits for the step)."""
+        self._check_open()
         host = self.ctx.to_host(self.last_logits, self.queue)
         return np.asarray(host, np.float32).reshape(self.batch, -1)
 
@@ -231,6 +236,7 @@ class Decoder(PipelinedSteps, SampledSteps):
         for several rows); :attr:`last_logits` then holds the logits of the last token and :attr:`position`
         is ``start + n``.  Without :attr:`prefill` each token runs through the decode step.  Raises
         ParameterError when the tokens do not fit the cache."""
+        self._check_open()
         tokens = np.asarray(tokens, np.int64).reshape(self.batch, -1)
         if self.prefill is not None:
             self.prefill.run(tokens, start, positions, mask)
@@ -243,6 +249,12 @@ class Decoder(PipelinedSteps, SampledSteps):
                 row_mask[:, start + k] = 1
             self.feed(tokens[:, k], None if positions is None else np.asarray(positions)[:, k], row_mask)
 
+    def _check_open(self) -> None:
+        """MgxError once the decode step was released (here or by another owner of the program): its
+        parameter arrays are views of freed memory, which no write or read may touch."""
+        if self.program.released:
+            raise MgxError("the decode step's program was released")
+
     def release(self) -> None:
         """Release the prefill programs, then the decode step."""
         if self.prefill is not None:
@@ -251,6 +263,7 @@ class Decoder(PipelinedSteps, SampledSteps):
 
     def cache(self) -> dict:
         """Host copies of the cache state (for tests)."""
+        self._check_open()
         self.ctx.synchronize(self.queue)
         return {n: self.ctx.to_host(a, self.queue) for n, a in self.params.items() if n not in self.inputs}
 

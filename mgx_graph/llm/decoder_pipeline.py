@@ -36,6 +36,8 @@ class PipelinedSteps:
 
         def _argmax_into(self, out) -> None: ...
 
+        def _check_open(self) -> None: ...
+
     def greedy_tokens(self, token: int, count: int):
         """Greedy decoding of up to ``count`` ids from ``token``, fed at slot :attr:`position` of a
         one-row step, pipelined: each step's argmax is written on the device into ``input_ids`` (the
@@ -66,6 +68,7 @@ class PipelinedSteps:
         check_token(token, self.vocab_size)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ParameterError(f"count must be an int >= 0, got {count!r}")
+        self._check_open()
         self._end_chain()
         chain = self._greedy_chain(int(token), int(count), sampler)
         self._chain = weakref.ref(chain)

@@ -162,3 +162,33 @@ def test_a_decoder_step_in_another_thread_never_runs_on_the_other_cache(tiny, ta
         for n, v in d.cache().items():
             np.testing.assert_allclose(v, feeds[d][n], rtol=1e-4, atol=1e-5, err_msg=n)
     prog.release()
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+def test_a_released_step_is_an_error_before_any_write(tiny, target, hip_graph, monkeypatch):
+    """Once the program is released (by the decoder or another owner), every entry point of a Decoder over it
+    raises MgxError naming the release before it writes or reads the step's arrays, which are views of freed
+    memory (on a device, a host copy into one was a crash of the process)."""
+    from mgx_graph.errors import MgxError
+
+    prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=hip_graph)
+    dec, other = Decoder(prog), Decoder(prog)
+    dec.step(3)
+    prog.release()
+    assert prog.released
+    touched = []
+    for name in ("copy_from_host", "to_host", "synchronize"):
+        monkeypatch.setattr(prog.context, name, lambda *a, name=name, **k: touched.append(name))
+    host = target == "ref"  # the step's arrays are numpy there: unchanged means no write (fill) reached them
+    before = {n: np.array(a, copy=True) for n, a in dec.params.items()} if host else {}
+    calls = [lambda d: d.step(5), lambda d: d.feed(np.array([5])), lambda d: d.prefill_tokens([1, 2]),
+             lambda d: d.greedy_next(), lambda d: d.logits_rows(), lambda d: d.cache(), lambda d: d.reset(),
+             lambda d: list(d.greedy_tokens(5, 3))]
+    for d in (dec, other):
+        for k, call in enumerate(calls):
+            with pytest.raises(MgxError, match="released"):
+                call(d)
+            assert not touched, (k, touched)
+    for n, a in before.items():
+        np.testing.assert_array_equal(dec.params[n], a, err_msg=n)
+    dec.release()  # twice is fine

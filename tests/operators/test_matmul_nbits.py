@@ -208,6 +208,48 @@ class _Ctx:
         return a.data.ptr
 
 
+#: (bits, block, K, N, zero points, M, plan fields replacing the heuristic's): threads per group 1 .. NT, one
+#: or two columns per thread group, 1 .. 4 loads per tile (many tiles), 8- and 4-byte loads, 2 / 4 / 8 bits.
+PLAN_CASES = [
+    (4, 32, 4096, 300, "packed", 2, dict(tpc=4, nc=2, it=1)), (4, 32, 4096, 300, "none", 1, dict(tpc=256)),
+    (4, 128, 14336, 64, "float", 1, dict(tpc=64, nc=1, it=4)), (4, 16, 40, 77, "packed", 3, dict(tpc=1)),
+    (8, 64, 1000, 129, "float", 8, None), (8, 16, 2048, 512, "none", 5, dict(tpc=32, nc=2, it=2)),
+    (2, 16, 48, 33, "packed", 4, None), (2, 64, 3072, 96, "none", 7, dict(tpc=16, nc=1, it=1))]
+
+
+def _plan(w, M, dtype, plan=None, bias=False):
+    """The op, its input shapes and the GEMV plan of ``w`` at ``M`` rows (``plan``: replaces the heuristic's
+    tpc / nc / it)."""
+    op, ins, _ = _op_shapes(w, M, np.dtype(dtype).name, bias=bias)
+    p = make_gemv_plan(quantized_gpu.weights_of(op, ins, Shape(np.dtype(dtype).name, [M, w.N])), M)
+    return op, (dataclasses.replace(p, **plan) if plan else p)
+
+
+def test_plan_cases_build_for_hopper():
+    """Every plan of the gpu sweep below builds to Hopper machine code (NVRTC and its ptxas, no GPU needed):
+    a plan whose staged tile passes the shared-memory limit is found here, not on the device."""
+    from nvrtc import nvrtc
+
+    compiler = nvrtc()
+    if compiler is None:
+        pytest.skip("NVIDIA's NVRTC wheel (cuda-toolkit[nvrtc]) is not installed")
+    failures = []
+    for bits, block, K, N, zp, M, plan in PLAN_CASES:
+        for dtype in (np.float16, np.float32):
+            w = quantized(np.random.default_rng(K + N), K, N, bits, block, zp, dtype)
+            _, p = _plan(w, M, dtype, plan, bias=bits == 8)
+            ok, log = compiler.compile(p.source(), "gemv_nbits.cu")
+            if not ok:
+                failures.append((p, log[-300:]))
+    assert not failures, failures
+
+
+def test_a_plan_over_the_shared_memory_limit_is_refused():
+    w = quantized(np.random.default_rng(0), 4096, 300, 4, 32, "none", np.float16)
+    with pytest.raises(ValueError, match=f"over the {SMEM_X}-byte limit"):
+        _plan(w, 2, np.float16, dict(tpc=64, nc=1, it=4))
+
+
 def _gpu_case(w, M, dtype, plan=None, bias=False, seed=0):
     """(max error / largest output, tolerance) of one launch of the GEMV of ``w`` (``plan``: replaces the
     heuristic's tpc / nc / it) against onnxruntime; the output padding must stay untouched."""
@@ -218,10 +260,7 @@ def _gpu_case(w, M, dtype, plan=None, bias=False, seed=0):
     b = rng.normal(size=w.N).astype(dtype) if bias else None
     model, feeds = nbits_model(w, a, bias=b)
     want = expected(model, feeds, w, b)[0].astype(np.float64)
-    op, ins, _ = _op_shapes(w, M, np.dtype(dtype).name, bias=bias)
-    p = make_gemv_plan(quantized_gpu.weights_of(op, ins, Shape(np.dtype(dtype).name, [M, w.N])), M)
-    if plan:
-        p = dataclasses.replace(p, **plan)
+    op, p = _plan(w, M, dtype, plan, bias)
     k = quantized_gpu.gemv_kernel(op, p)
     out = cupy.full((M, w.N + 3), 7, dtype)
     args = [cupy.asarray(v) for v in (a, *w.arrays().values(), *([b] if bias else []))]
@@ -234,14 +273,9 @@ def _gpu_case(w, M, dtype, plan=None, bias=False, seed=0):
 
 @pytest.mark.gpu
 def test_gemv_plans_on_the_gpu_match_onnxruntime(gpu_target):
-    """Every failing case reported at once: threads per group 1 .. NT, one or two columns per thread group,
-    1 .. 4 loads per tile (many tiles), 8- and 4-byte loads, 2 / 4 / 8 bits, 1 .. 8 rows."""
+    """Every failing case of :data:`PLAN_CASES` reported at once, 1 .. 8 rows."""
     failures = []
-    for bits, block, K, N, zp, M, plan in [
-            (4, 32, 4096, 300, "packed", 1, dict(tpc=4, nc=2, it=1)), (4, 32, 4096, 300, "none", 1, dict(tpc=256)),
-            (4, 128, 14336, 64, "float", 2, dict(tpc=64, nc=1, it=4)), (4, 16, 40, 77, "packed", 3, dict(tpc=1)),
-            (8, 64, 1000, 129, "float", 8, None), (8, 16, 2048, 512, "none", 5, dict(tpc=32, nc=2, it=2)),
-            (2, 16, 48, 33, "packed", 4, None), (2, 64, 3072, 96, "none", 7, dict(tpc=16, nc=1, it=1))]:
+    for bits, block, K, N, zp, M, plan in PLAN_CASES:
         for dtype in (np.float16, np.float32):
             w = quantized(np.random.default_rng(K + N), K, N, bits, block, zp, dtype)
             err, tol, p = _gpu_case(w, M, dtype, plan, bias=bits == 8)

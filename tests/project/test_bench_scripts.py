@@ -298,6 +298,11 @@ def test_host_overhead_writes_phases_json_and_chart(target, model_cache, tmp_pat
     assert ph["staging check"] == 0 and ph["bind / interop"] > 0 and ph["launch"] > 0
     assert abs(sum(v for k, v in ph.items() if k != "total") - ph["total"]) < 0.1 * ph["total"] + 1
     assert clean["launch_stubbed"] == (target == "ref")
+    from mgx_graph.graph import replay
+
+    native = r["native_total_us"]  # the C replay's whole call, where it arms
+    assert (native is None) == (target == "ref" or not replay.available()), native
+    assert native is None or 0 < native
     assert 0 < clean["until_launch_us"] <= clean["total_us"] and clean["host_us"] <= clean["total_us"]
     assert r["profile_top"] and all(row["calls_per_run"] > 0 for row in r["profile_top"])
     pytest.importorskip("matplotlib")
