@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels and a model for a clean install of mgx_graph[cuda13,llm] on the GPU machine, which has no network:
+# Wheels and a model for a clean install of mgx_graph[cuda13,llm] (and serve's, for the serve benchmark) on the GPU machine, which has no network:
 # everything it installs travels with the working tree (64 MiB at most), and its image already holds most of
 # what the install needs (CuPy 14, cuda-bindings, the CUDA 13 library wheels, numpy, onnx, transformers, ...:
 # bench/gpu_image_packages.txt). So this script, run here with network access to PyPI:
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 GPU_PYTHON=3.12        # the GPU machine's CPython (3.12.3)
-EXTRAS=cuda13,llm
+EXTRAS=cuda13,llm,serve   # serve: fastapi, uvicorn (not in the image) for `mgx-graph serve` and bench/serve_load.py
 WHL=.whl/gpu
 MODEL=.whl/gpu-model/tiny-llama-fp16
 FRESH="cuda-pathfinder cuda-core"   # downloaded even though the image has them
