@@ -274,6 +274,40 @@ def eos_view(folder: Path, vocab_size: int, avoid) -> tuple:
     return view, surrogate
 
 
+def _cuda_graph_options(cfg: dict) -> list:
+    """The provider option dicts of a genai config that turn ``enable_cuda_graph`` on."""
+    entries = cfg["model"]["decoder"].get("session_options", {}).get("provider_options", [])
+    return [o for e in entries for o in e.values() if str(o.get("enable_cuda_graph", "0")) == "1"]
+
+
+def cuda_graph_on(folder: Path) -> bool:
+    """Whether the genai folder's config turns onnxruntime-genai's CUDA graph on."""
+    return bool(_cuda_graph_options(json.loads((folder / "genai_config.json").read_text())))
+
+
+def cuda_graph_off_view(view: Path) -> Path | None:
+    """A sibling of the :func:`eos_view` folder ``view`` whose CUDA provider options turn
+    ``enable_cuda_graph`` off, or None when ``view``'s config does not turn it on.  onnxruntime-genai's CUDA
+    graph folders refuse prompts of several rows (GroupQueryAttention: "batch_size must be 1 when
+    sequence_length > 1 and past context is given"), so a batch runs there as a user of genai would run it."""
+    cfg = json.loads((view / "genai_config.json").read_text())
+    graphs = _cuda_graph_options(cfg)
+    if not graphs:
+        return None
+    for opts in graphs:
+        opts["enable_cuda_graph"] = "0"
+    out = view.parent / f"{view.name}-nograph"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in view.iterdir():
+        link = out / f.name
+        if f.name != "genai_config.json" and not f.name.startswith(".") and not link.exists():
+            link.symlink_to(f.resolve())
+    tmp = out / ".genai_config.json.tmp"
+    tmp.write_text(json.dumps(cfg, indent=2))
+    os.replace(tmp, out / "genai_config.json")
+    return out
+
+
 def main(argv: list) -> int:
     """Child-process entry: ``build NAME OPTIONS_JSON`` or ``genai-random NAME OPTIONS_JSON PRECISION OUT``."""
     if len(argv) == 3 and argv[0] == "build":

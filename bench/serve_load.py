@@ -255,14 +255,30 @@ def run_peer(args, folder, prompt: list, cfg: dict, doc: dict) -> None:
     view, surrogate = pm.eos_view(folder, cfg["vocab_size"], [*cfg["eos_token_ids"], *prompt])
     doc["peer"].update(folder=str(view), eos_surrogate=surrogate)
     tok, model = load_tokenizer(folder), og.Model(str(view))
+    plain = None  # the folder with genai's CUDA graph off, made when a batch is refused with it on
+    doc["peer"]["cuda_graph"] = graph_on = pm.cuda_graph_on(view)
     for cell in doc["cells"]:
         c = cell["clients"]
         log(f"peer: batch {c} x {args.requests_per_client} round(s)")
         try:
-            p = lc.og_batch(model, prompt, c, args.requests_per_client, args.max_length, args.max_tokens)
+            p = _peer_cell(og, model if plain is None else plain[1], prompt, c, args)
+            p["cuda_graph"] = graph_on and plain is None
         except Exception as e:  # noqa: BLE001 - the cell records why the peer did not run
-            cell["peer"] = {"batch": c, "error": f"{type(e).__name__}: {str(e).strip()[:600]}"}
-            continue
+            error = f"{type(e).__name__}: {str(e).strip()[:600]}"
+            off = pm.cuda_graph_off_view(view) if plain is None and c > 1 else None
+            if off is None:
+                cell["peer"] = {"batch": c, "error": error}
+                continue
+            log(f"peer: batch {c} refused with genai's CUDA graph on; again with it off ({off})")
+            del model  # a refused run can leave the session unusable
+            plain = (off, og.Model(str(off)))
+            doc["peer"]["cuda_graph_off_folder"] = str(off)
+            try:
+                p = _peer_cell(og, plain[1], prompt, c, args)
+            except Exception as e2:  # noqa: BLE001
+                cell["peer"] = {"batch": c, "error": error, "error_cuda_graph_off": f"{type(e2).__name__}: {e2}"}
+                continue
+            p.update(cuda_graph=False, cuda_graph_error=error)
         toks = p["tokens"]
         cut = next((i for i, t in enumerate(toks) if t in cfg["eos_token_ids"]), len(toks))
         p["text"] = tok.decode(toks[:cut + 1], skip_special_tokens=True)
@@ -270,7 +286,10 @@ def run_peer(args, folder, prompt: list, cfg: dict, doc: dict) -> None:
         cell["same_text_as_peer"] = cell["ours"]["first_text"] == p["text"]
         log(f"peer: batch {c}: {p['output_tokens_per_s']} tokens/s, step p50 {p['step_ms']['p50']} ms")
         write(args.out, doc)
-    del model
+
+
+def _peer_cell(og, model, prompt: list, batch: int, args) -> dict:
+    return lc.og_batch(model, prompt, batch, args.requests_per_client, args.max_length, args.max_tokens)
 
 
 # -- the report ------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -397,6 +398,47 @@ def test_serve_load_cells_and_tokens_against_onnxruntime_genai(load_folder, tmp_
     assert set(doc["summary"]["ours_over_peer_tokens_per_s"]) == {"1", "2"}
     pytest.importorskip("matplotlib")
     assert doc["chart"] == "load.png" and (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_load_peer_runs_a_refused_batch_with_genai_cuda_graph_off(load_folder, tmp_path, monkeypatch):
+    """A folder whose config turns genai's CUDA graph on: where a batch is refused (onnxruntime's GQA refuses a
+    prompt of several rows there), the peer runs it again on a view with the graph off and says so."""
+    import peer_models as pm
+
+    folder = tmp_path / "graph-folder"
+    folder.mkdir()
+    for f in load_folder.iterdir():
+        (folder / f.name).symlink_to(f.resolve())
+    cfg = json.loads((load_folder / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["session_options"]["provider_options"] = [{"cpu": {"enable_cuda_graph": "1"}}]
+    (folder / "genai_config.json").unlink()
+    (folder / "genai_config.json").write_text(json.dumps(cfg))
+    assert pm.cuda_graph_on(folder) and not pm.cuda_graph_on(load_folder) and pm.cuda_graph_off_view(load_folder) is None
+    off = pm.cuda_graph_off_view(folder)
+    assert not pm.cuda_graph_on(off) and (off / "model.onnx").resolve() == (load_folder / "model.onnx").resolve()
+    import onnxruntime_genai as og
+
+    ran = []
+
+    def og_batch(model, prompt, batch, *a, **k):  # genai's CPU build takes no CUDA provider options: a stand-in
+        ran.append((model, batch))
+        if pm.cuda_graph_on(model) and batch > 1:  # what onnxruntime's GQA does with genai's CUDA graph on
+            raise RuntimeError("batch_size must be 1 when sequence_length > 1 and past context is given.")
+        return {"batch": batch, "output_tokens": 3 * batch, "output_tokens_per_s": 1.0, "step_ms": {"p50": 1.0},
+                "tokens": [5, 6, 7]}
+
+    monkeypatch.setattr(og, "Model", lambda path: Path(path))
+    monkeypatch.setattr(serve_load.lc, "og_batch", og_batch)
+    monkeypatch.setattr(pm, "eos_view", lambda f, v, avoid: (folder, v - 1))
+    cfg = json.loads((load_folder / "genai_config.json").read_text())["model"]
+    doc = {"cells": [{"clients": 1, "ours": {"first_text": ""}}, {"clients": 2, "ours": {"first_text": ""}}]}
+    args = types.SimpleNamespace(target="ref", requests_per_client=1, max_length=32, max_tokens=3, out=None)
+    monkeypatch.setattr(serve_load, "write", lambda *a: None)
+    serve_load.run_peer(args, load_folder, [5, 6, 7], {"vocab_size": cfg["vocab_size"], "eos_token_ids": [0]}, doc)
+    one, two = doc["cells"][0]["peer"], doc["cells"][1]["peer"]
+    assert ran == [(folder, 1), (folder, 2), (off, 2)] and doc["peer"]["cuda_graph"] is True
+    assert one["cuda_graph"] is True and two["cuda_graph"] is False and "past context" in two["cuda_graph_error"]
+    assert two["output_tokens"] == 6 and doc["peer"]["cuda_graph_off_folder"] == str(off)
 
 
 def test_serve_load_exits_1_when_the_server_cannot_start(load_folder, tmp_path):
