@@ -12,7 +12,9 @@ NVIDIA's wheels) over:
   attention, rotary / KV writes, MatMulNBits' GEMV and dequantization), recorded where lowering hands them
   to ``precompile``, each also with the programmatic-launch prelude (``with_grid_dependency``).
 
-A source that fails shows NVRTC's log.  Skipped where the NVRTC wheel is not installed.
+Each builds to sm_90 machine code (the device tests' Hopper), so ptxas runs too: a kernel over the
+static shared-memory limit or out of registers fails here.  A source that fails shows NVRTC's log.
+Skipped where the NVRTC wheel is not installed.
 """
 from __future__ import annotations
 
