@@ -79,6 +79,12 @@ class Pad(Operation):
         n = x.ndim
         if len(self.pads) != 2 * n:
             raise ShapeError(f"pad: {len(self.pads)} pads for rank {n}")
+        if self.mode != "constant":
+            for i in range(n):  # edge / reflect / wrap copy from the axis: nothing to copy from an empty one
+                kept = x.lens[i] + min(self.pads[i], 0) + min(self.pads[i + n], 0)
+                if kept <= 0 and (self.pads[i] > 0 or self.pads[i + n] > 0):
+                    raise ShapeError(f"pad: mode '{self.mode}' cannot pad axis {i}, which holds no values (length "
+                                     f"{x.lens[i]}, pads {self.pads[i]} / {self.pads[i + n]})")
         return Shape(x.dtype, [x.lens[i] + self.pads[i] + self.pads[i + n] for i in range(n)])
 
     def is_alloc_free(self, inputs):

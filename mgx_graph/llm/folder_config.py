@@ -31,7 +31,10 @@ def _given(value) -> str:
 
 def resolve_in(path, folder, where: str | None = None) -> str:
     """The real path of ``path`` (symbolic links resolved), which must be inside the real path of
-    ``folder``: ParseError naming the file (``where``) and where it resolves to otherwise."""
+    ``folder``: ParseError naming the file (``where``) and where it resolves to otherwise, or a name
+    holding a NUL byte (no file can have it)."""
+    if "\x00" in os.fspath(path) or "\x00" in os.fspath(folder):
+        raise ParseError(f"{where or _given(os.fspath(path))}: a file name holding a NUL byte")
     root, real = os.path.realpath(folder), os.path.realpath(path)
     if not is_inside(root, real):
         raise ParseError(f"{where or path}: resolves to {real}, outside the model's folder {folder}")
@@ -215,6 +218,9 @@ class Fields:
         """The file named by ``key``, inside ``folder``: ParseError for an absolute path or one that
         leaves the folder through ``..``; ParameterError when it does not exist."""
         v = self.get(key, Str("a file name relative to the folder"))
+        if "\x00" in v:
+            raise ParseError(f"{self.path}: field '{self.prefix}{key}': expected a file name, got {_given(v)} "
+                             f"(a NUL byte)")
         norm = os.path.normpath(v)
         if os.path.isabs(v) or os.path.isabs(norm) or norm == ".." or norm.startswith(".." + os.sep):
             raise ParseError(f"{self.path}: field '{self.prefix}{key}': expected a path inside {folder} "

@@ -144,8 +144,15 @@ class OptimumRunner(GenaiRunner):
             prog = compile_model(str(self.folder / ONNX), input_dims=dims, alias=None,
                                  warmup=2 if S == 1 else 0, **self.compile_kw)
             names = prog.get_output_names()
+            want = ["logits", *[n.replace("past_key_values.", "present.") for n in self.cache]]
+            missing = [n for n in want if n not in names]
+            if missing:
+                prog.release()
+                raise ParameterError(f"{self.folder / ONNX}: an optimum decoder must output {missing[0]!r} "
+                                     f"(logits and a present key / value per past input); its outputs are "
+                                     f"{names[:8]}{' ...' if len(names) > 8 else ''}")
             self.logits_index = names.index("logits")
-            self.present_index = [names.index(n.replace("past_key_values.", "present.")) for n in self.cache]
+            self.present_index = [names.index(n) for n in want[1:]]
             self.programs[S] = prog
         return self.programs[S]
 

@@ -311,8 +311,18 @@ class GenaiRunner:
                 raise MgxError(f"{self.layout.onnx_path}: the present outputs are not bound in place onto the past "
                                f"inputs (alias {dict(prog.alias)}); the cache cannot be shared")
             self.logits_index = prog.get_output_names().index(self.layout.logits)
+            self._check_logits(prog.get_output_shapes()[self.logits_index])
             self.programs[S] = prog
         return self.programs[S]
+
+    def _check_logits(self, shape) -> None:
+        """ParameterError naming ``model.vocab_size`` when the compiled logits [B, S, vocab] are not that wide
+        (ids are read, sampled and decoded over ``vocab_size`` columns)."""
+        lens = list(getattr(shape, "lens", []))
+        if not lens or lens[-1] != self.vocab_size:
+            raise ParameterError(f"{self.layout.folder / GENAI_CONFIG}: field 'model.vocab_size': {self.vocab_size}, "
+                                 f"but the logits output {self.layout.logits!r} of {self.layout.onnx_path.name} is "
+                                 f"{lens} (its last dim is the vocabulary)")
 
     def run(self, S: int, tokens: np.ndarray, lengths: np.ndarray):
         """Run ``S`` tokens per row (``tokens`` int [B, S]); ``lengths`` int [B]: each row's tokens in the

@@ -261,3 +261,7 @@ def _check_outputs(m, where: str, is_main: bool) -> None:
     if (names or is_main) and len(names) != len(ret.inputs):
         raise ParseError(f"{where}: module {m.name}: output_names lists {len(names)} names for the "
                          f"{len(ret.inputs)} values its @return returns")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ParseError(f"{where}: module {m.name}: output_names: each name once (as an ONNX graph's outputs), "
+                         f"given {twice[0][:80]!r} {names.count(twice[0])} times")

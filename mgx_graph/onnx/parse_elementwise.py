@@ -56,7 +56,8 @@ def _parse_binary(p, m, node, ins):
 
 @parser("Mod")
 def _parse_mod(p, m, node, ins):
-    # fmod = 0 on floats: numpy's mod, as the ONNX backend test cases expect (onnxruntime refuses it)
+    # fmod = 0 on floats: Python's (numpy's) mod, as onnx 1.23's node tests define it (test_mod_float*_fmod_0);
+    # onnxruntime 1.32 still refuses it
     fmod = check_choice(p, int(attr(node, "fmod", 0)), (0, 1), "fmod")
     return p.add(m, "mod", ins, fmod=fmod)
 

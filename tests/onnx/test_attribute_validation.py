@@ -226,6 +226,8 @@ EMPTY = [C(f"{op}-axis{a}-o{o}", op, {"axis": a}, "", feeds={"x": E3}, opset=o)
     C("gemm-k0", "Gemm", {}, "", feeds={"x": np.zeros((2, 0), F), "y": np.zeros((0, 3), F)}),
     C("layernorm-outer-empty", "LayerNormalization", {"axis": -1}, "", feeds={"x": np.zeros((0, 3), F)},
       inits={"s": np.ones(3, F)}, opset=17),
+    C("pad-constant-empty-axis", "Pad", {}, "", feeds={"x": E3}, inits={"p": I64(0, 1, 0, 0, 1, 0)}),
+    C("pad-edge-other-axis", "Pad", {"mode": "edge"}, "", feeds={"x": E3}, inits={"p": I64(0, 0, 1, 0, 0, 1)}),
 ]
 
 
@@ -242,6 +244,7 @@ def test_empty_tensors_match_onnxruntime(target, op, attrs, name, feeds, inits, 
       opset=17),
     C("globalmaxpool-empty", "GlobalMaxPool", {}, "input", feeds={"x": np.zeros((1, 2, 0, 3), F)}),
     C("globalaveragepool-empty", "GlobalAveragePool", {}, "input", feeds={"x": np.zeros((1, 2, 0, 3), F)}),
+    C("pad-edge-empty-axis", "Pad", {"mode": "edge"}, "axis 1", feeds={"x": E3}, inits={"p": I64(0, 1, 0, 0, 1, 0)}),
 ])
 def test_empty_axis_refused_as_onnxruntime(op, attrs, name, feeds, inits, out, opset, nout):
     test_invalid_attribute_raises_typed_error(op, attrs, name, feeds, inits, out, opset, nout)
