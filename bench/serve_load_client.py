@@ -158,12 +158,18 @@ def summarize(recs: list, clients: int) -> dict:
 
 # -- the peer: onnxruntime-genai's batch generation ---------------------------------------------------------
 
-def _og_round(og, model, prompt: list, batch: int, max_length: int, max_tokens: int):
-    """One batch generation: ``(prefill_s, [step_s], tokens [batch, max_tokens], wall_s)``."""
+def og_round(og, model, prompt: list, batch: int, max_length: int, max_tokens: int, search: dict | None = None,
+             until_done: bool = False):
+    """One batch generation: ``(prefill_s, [step_s], tokens [batch, n], wall_s)``.  ``prompt``: one prompt
+    (every row gets it) or ``batch`` prompts of one length; ``search``: the search options besides
+    ``max_length`` and ``batch_size`` (default greedy).  A generator that ends before ``max_tokens``
+    (its eos id in every row, or ``max_length``) raises RuntimeError, or with ``until_done`` returns the
+    ``n`` tokens made so far."""
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False, batch_size=batch)
+    params.set_search_options(max_length=max_length, batch_size=batch, **(search or {"do_sample": False}))
     gen = og.Generator(model, params)
-    ids = np.tile(np.asarray(prompt, np.int32)[None, :], (batch, 1))
+    ids = np.asarray(prompt, np.int32)
+    ids = ids.reshape(batch, -1) if ids.ndim == 2 else np.tile(ids[None, :], (batch, 1))
     t0 = time.perf_counter()
     gen.append_tokens(ids)
     gen.generate_next_token()  # the prompt's logits give the first token
@@ -172,6 +178,8 @@ def _og_round(og, model, prompt: list, batch: int, max_length: int, max_tokens: 
     steps = []
     for _ in range(max_tokens - 1):
         if gen.is_done():
+            if until_done:
+                break
             raise RuntimeError(f"onnxruntime-genai ended the batch after {len(out)} tokens (its eos id or "
                                f"max_length {max_length})")
         s = time.perf_counter()
@@ -190,10 +198,10 @@ def og_batch(model, prompt: list, batch: int, rounds: int, max_length: int, max_
     import onnxruntime_genai as og
 
     if warm:
-        _og_round(og, model, prompt, batch, max_length, min(max_tokens, 8))
+        og_round(og, model, prompt, batch, max_length, min(max_tokens, 8))
     prefill, steps, walls, first = [], [], [], None
     for _ in range(rounds):
-        p, s, toks, w = _og_round(og, model, prompt, batch, max_length, max_tokens)
+        p, s, toks, w = og_round(og, model, prompt, batch, max_length, max_tokens)
         prefill.append(p * 1e3)
         steps += [x * 1e3 for x in s]
         walls.append(w)
