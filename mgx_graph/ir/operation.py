@@ -188,9 +188,14 @@ class Operation:
 
 
 def numpy_reduce(kind: str, x, axes, out) -> None:
-    """Reduce ``x`` over ``axes`` into ``out`` (keepdims shape) with numpy: sum, mean, max, min, prod."""
+    """Reduce ``x`` over ``axes`` into ``out`` (keepdims shape) with numpy: sum, mean, max, min, prod.
+    float16 sums, means and products accumulate in float32, as the gpu target's kernels do (a float16
+    ``out`` would otherwise hold the running sum: a mean of many values overflows before its division)."""
     fns: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.amax, "min": np.amin,
                                           "prod": np.prod}
+    if x.dtype == np.float16 and kind in ("sum", "mean", "prod"):
+        out[...] = fns[kind](x, axis=tuple(axes), keepdims=True, dtype=np.float32)
+        return
     fns[kind](x, axis=tuple(axes), keepdims=True, out=out)
 
 
