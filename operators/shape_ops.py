@@ -81,11 +81,19 @@ class Pad(Operation):
             raise ShapeError(f"pad: {len(self.pads)} pads for rank {n}")
         if self.mode != "constant":
             for i in range(n):  # edge / reflect / wrap copy from the axis: nothing to copy from an empty one
-                kept = x.lens[i] + min(self.pads[i], 0) + min(self.pads[i + n], 0)
-                if kept <= 0 and (self.pads[i] > 0 or self.pads[i + n] > 0):
+                kept, most = self._kept(x.lens, i), max(self.pads[i], self.pads[i + n])
+                if kept <= 0 and most > 0:
                     raise ShapeError(f"pad: mode '{self.mode}' cannot pad axis {i}, which holds no values (length "
                                      f"{x.lens[i]}, pads {self.pads[i]} / {self.pads[i + n]})")
+                if self.mode == "reflect" and most >= kept > 0:  # as onnxruntime: one reflection, no repeats
+                    raise ShapeError(f"pad: mode 'reflect' pads axis {i} by {most}, which must be less than the "
+                                     f"{kept} values it reflects")
         return Shape(x.dtype, [x.lens[i] + self.pads[i] + self.pads[i + n] for i in range(n)])
+
+    def _kept(self, lens, i: int) -> int:
+        """Values of axis ``i`` left after the negative pads crop it."""
+        n = len(lens)
+        return lens[i] + min(self.pads[i], 0) + min(self.pads[i + n], 0)
 
     def is_alloc_free(self, inputs):
         # reflect / edge / wrap copy between overlapping parts of ``out``: CuPy stages such copies in a
@@ -126,16 +134,30 @@ class Pad(Operation):
                 if hi[d]:
                     e = lo[d] + size
                     xp.copyto(out[sl(e, e + hi[d])], out[sl(e - 2, e - 2 - hi[d] if e - 2 - hi[d] >= 0 else None, -1)])
-            else:  # wrap
-                if lo[d]:
-                    xp.copyto(out[sl(0, lo[d])], out[sl(size, size + lo[d])])
-                if hi[d]:
-                    xp.copyto(out[sl(lo[d] + size, lo[d] + size + hi[d])], out[sl(lo[d], lo[d] + hi[d])])
+            else:  # wrap: each copy reads ``size`` places further in (filled already), so pads longer than
+                # the axis repeat it
+                end = lo[d]
+                while end > 0:
+                    start = max(0, end - size)
+                    xp.copyto(out[sl(start, end)], out[sl(start + size, end + size)])
+                    end = start
+                start, stop = lo[d] + size, lo[d] + size + hi[d]
+                while start < stop:
+                    end = min(stop, start + size)
+                    xp.copyto(out[sl(start, end)], out[sl(start - size, end - size)])
+                    start = end
 
     def launches(self, inputs, output):
-        n = inputs[0].ndim
-        borders = sum((self.pads[i] > 0) + (self.pads[i + n] > 0) for i in range(n))
-        return 1 + (self.mode == "constant") + (0 if self.mode == "constant" else borders)
+        lens = inputs[0].lens
+        n = len(lens)
+        if self.mode == "constant":
+            return 2
+        copies = 0
+        for i in range(n):
+            size = max(self._kept(lens, i), 1)
+            for p in (self.pads[i], self.pads[i + n]):
+                copies += (-(-p // size) if self.mode == "wrap" else 1) if p > 0 else 0
+        return 1 + copies
 
 
 @register_op

@@ -83,6 +83,8 @@ CASES = AXIS_CASES + [
     C("pad-axes", "Pad", {}, "axes", inits={"p": I64(1, 1), "c": np.array(0, F), "a": I64(3)}),
     C("pad-mode", "Pad", {"mode": "mirror"}, "mode", inits={"p": I64(0, 0, 1, 0, 0, 1)}),
     C("pad2-count", "Pad", {"pads": [1, 1]}, "pads", opset=2),
+    C("pad-reflect-past-axis", "Pad", {"mode": "reflect"}, "reflect", inits={"p": I64(0, 0, 4, 0, 0, 0)}),
+    C("pad-reflect-past-cropped-axis", "Pad", {"mode": "reflect"}, "reflect", inits={"p": I64(0, -1, 0, 0, 2, 0)}),
     C("tile-count", "Tile", {}, "repeats", inits={"r": I64(1, 2)}),
     C("tile-negative", "Tile", {}, "repeats", inits={"r": I64(1, -1, 1)}),
     C("expand-shape", "Expand", {}, "shape", inits={"s": I64(3, 1, 1)}),
@@ -181,6 +183,11 @@ ACCEPTED = [  # onnxruntime accepts these: mgx_graph must give its values
     C("scatternd-unknown-reduction", "ScatterND", {"reduction": "foo"}, "reduction",
       inits={"i": np.ones((1, 1), np.int64), "u": np.full((1, 3, 4), 5, F)}),
     C("compress-2d-condition", "Compress", {"axis": 1}, "condition", inits={"c": np.array([[True, False, True]])}),
+    # pads longer than the axis: wrap repeats it, edge repeats its end (each border copies from itself)
+    C("pad-wrap-longer-than-axis", "Pad", {"mode": "wrap"}, "pads", opset=19, inits={"p": I64(0, 7, 1, 1, 8, 9)}),
+    C("pad-wrap-cropped", "Pad", {"mode": "wrap"}, "pads", opset=19, inits={"p": I64(0, -1, 5, 0, 4, -2)}),
+    C("pad-edge-longer-than-axis", "Pad", {"mode": "edge"}, "pads", inits={"p": I64(3, 0, 9, 2, 5, 0)}),
+    C("pad-reflect-longest", "Pad", {"mode": "reflect"}, "pads", inits={"p": I64(1, 2, 3, 0, 2, 3)}),
 ]
 
 
