@@ -112,6 +112,7 @@ class PipelinedSteps:
     def _queue_greedy_step(self, token, reader, sampler=None) -> None:
         """Queue one step (``token`` None: its id is already in ``input_ids``), its argmax (or the id
         ``sampler`` chooses: :meth:`_queue_sample_tail`) into ``input_ids`` and the read-back of that id."""
+        self._check_open()  # a generator made before the program was released writes nothing after it
         if self.position >= self.max_len:
             raise MgxError(f"the KV cache is full ({self.max_len} positions)")
         p, ctx, q = self.params, self.ctx, self.queue

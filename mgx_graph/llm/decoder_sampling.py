@@ -34,6 +34,8 @@ class SampledSteps:
 
         def logits_rows(self) -> np.ndarray: ...
 
+        def _check_open(self) -> None: ...
+
     def sample_op_parts(self, do_sample: bool) -> tuple:
         """:attr:`host_op_parts` of a sampled (or, ``do_sample`` False, penalized greedy) generation with
         the choice of the id: on ``ref`` the logits read back for the host rule; on a device target the
@@ -92,6 +94,7 @@ class SampledSteps:
         device target (one read-back of B ids, no logits read) or on the host (ref).  The device keeps
         its own seen mask, taken from ``sampler`` at the first call of a generation and updated with each
         id; ``sampler.step`` advances."""
+        self._check_open()
         with self.ctx.on_queue(self.queue):
             dev = self._sample_kernel(sampler)
             if dev is None:

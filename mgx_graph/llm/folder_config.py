@@ -227,7 +227,11 @@ class Fields:
                              f"(relative, without '..'), got {_given(v)}")
         full = Path(folder) / norm
         resolve_in(full, folder, f"{self.path}: field '{self.prefix}{key}': {_given(v)}")
-        if not full.is_file():
+        try:
+            is_file = full.is_file()
+        except OSError as e:  # a name too long for the file system, ...
+            raise ParameterError(f"{self.path}: field '{self.prefix}{key}': {_given(v)}: {e.strerror or e}") from None
+        if not is_file:
             raise ParameterError(f"{self.path}: field '{self.prefix}{key}': {_given(v)} is not a file in {folder}")
         return full
 

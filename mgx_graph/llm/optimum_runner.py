@@ -153,6 +153,13 @@ class OptimumRunner(GenaiRunner):
                                      f"{names[:8]}{' ...' if len(names) > 8 else ''}")
             self.logits_index = names.index("logits")
             self.present_index = [names.index(n) for n in want[1:]]
+            shapes, grown = prog.get_output_shapes(), [B, i["num_kv_heads"], M + S, i["head_size"]]
+            for n, k in zip(want[1:], self.present_index):
+                if list(shapes[k].lens) != grown:  # the window slides by dropping the first S slots of each
+                    prog.release()
+                    raise ParameterError(f"{self.folder / ONNX}: output {n!r} is {list(shapes[k].lens)} for {S} new "
+                                         f"token(s) over a past of {M}; an optimum decoder's present is its past "
+                                         f"with the new tokens appended: {grown}")
             self.programs[S] = prog
         return self.programs[S]
 

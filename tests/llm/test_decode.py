@@ -171,24 +171,32 @@ def test_a_released_step_is_an_error_before_any_write(tiny, target, hip_graph, m
     memory (on a device, a host copy into one was a crash of the process)."""
     from mgx_graph.errors import MgxError
 
+    from mgx_graph.llm.sampling import SamplingConfig, TokenSampler
+
     prog = mgx_graph.compile(str(tiny.onnx_path), target=target, hip_graph=hip_graph)
     dec, other = Decoder(prog), Decoder(prog)
     dec.step(3)
+    made_before = other.greedy_tokens(5, 3)  # a generator made before the release, started after it
     prog.release()
     assert prog.released
     touched = []
     for name in ("copy_from_host", "to_host", "synchronize"):
         monkeypatch.setattr(prog.context, name, lambda *a, name=name, **k: touched.append(name))
     host = target == "ref"  # the step's arrays are numpy there: unchanged means no write (fill) reached them
-    before = {n: np.array(a, copy=True) for n, a in dec.params.items()} if host else {}
+    both = {f"{k}:{n}": a for k, d in enumerate((dec, other)) for n, a in d.params.items()}
+    before = {n: np.array(a, copy=True) for n, a in both.items()} if host else {}
     calls = [lambda d: d.step(5), lambda d: d.feed(np.array([5])), lambda d: d.prefill_tokens([1, 2]),
              lambda d: d.greedy_next(), lambda d: d.logits_rows(), lambda d: d.cache(), lambda d: d.reset(),
-             lambda d: list(d.greedy_tokens(5, 3))]
+             lambda d: list(d.greedy_tokens(5, 3)),
+             lambda d: d.sample_next(TokenSampler(SamplingConfig(do_sample=True, seed=0), 1, d.vocab_size))]
     for d in (dec, other):
         for k, call in enumerate(calls):
             with pytest.raises(MgxError, match="released"):
                 call(d)
             assert not touched, (k, touched)
+    with pytest.raises(MgxError, match="released"):
+        next(made_before)
+    assert not touched, touched
     for n, a in before.items():
-        np.testing.assert_array_equal(dec.params[n], a, err_msg=n)
+        np.testing.assert_array_equal(both[n], a, err_msg=n)
     dec.release()  # twice is fine

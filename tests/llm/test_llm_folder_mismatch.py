@@ -82,3 +82,24 @@ def test_an_optimum_decoder_without_present_outputs_is_named(tmp_path):
     (folder / "config.json").write_text(json.dumps(OPTIMUM))
     with pytest.raises(ParameterError, match="model.onnx: an optimum decoder must output 'present.0.key'"):
         open_decoder(str(folder), target="ref", max_length=8)
+
+
+def test_an_optimum_present_that_does_not_grow_is_named(tmp_path):
+    """present = past (Identity) instead of past with the new tokens appended: refused when compiled, naming the
+    output and the dims it needs (it had been a numpy broadcast error at the first run)."""
+    folder = tmp_path / "optimum"
+    folder.mkdir()
+    _runnable_graph(folder / "model.onnx", {"input_ids": (TensorProto.INT64, ["B", "S"]),
+                                            "attention_mask": (TensorProto.INT64, ["B", "T"]),
+                                            "position_ids": (TensorProto.INT64, ["B", "S"]), **PAST},
+                    ["logits", *PRESENT])  # each present is its past plus zero: the past's dims
+    (folder / "config.json").write_text(json.dumps(OPTIMUM))
+    with pytest.raises(ParameterError, match=r"output 'present.0.key' is \[1, 2, 8, 4\] for 1 new token\(s\) over a "
+                                             r"past of 8; .*: \[1, 2, 9, 4\]"):
+        open_decoder(str(folder), target="ref", max_length=8).run(1, np.array([[3]]), np.array([1]))
+
+
+def test_a_file_name_too_long_for_the_file_system_is_named(tmp_path):
+    folder = genai_folder(tmp_path, _with("model.decoder.filename", "a" * 5000))
+    with pytest.raises(ParameterError, match="field 'model.decoder.filename': 'aaaa.*File name too long"):
+        GenaiLayout.read(folder)
