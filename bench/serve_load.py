@@ -466,7 +466,8 @@ def main(argv=None) -> int:
     work, folder, cfg, prompt = prepare(args)
     doc = {"benchmark": "serve_load", "machine": machine_info(), "commit": commit(), "options": vars(args),
            "workload": {"name": work.name, **work.describe(), "folder": str(folder),
-                        "precision": pm.genai_precision(args.target), "prompt": prompt, "max_length": args.max_length},
+                        "precision": pm.genai_precision(args.target), "prompt": prompt, "max_length": args.max_length,
+                        "prompt_tokens": len(prompt)},  # the prompt sent (describe() has the workload's default)
            "cells": [], "summary": {}}
     status = 0
     try:

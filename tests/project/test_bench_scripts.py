@@ -381,6 +381,7 @@ def test_serve_load_cells_and_tokens_against_onnxruntime_genai(load_folder, tmp_
     doc = json.loads(out.read_text())
     assert {"machine", "commit", "options", "workload", "server", "cells", "summary", "peer"} <= set(doc)
     assert doc["workload"]["folder"] == str(load_folder) and len(doc["workload"]["prompt"]) == 16
+    assert doc["workload"]["prompt_tokens"] == 16  # the prompt sent, not the workload's default
     assert doc["server"]["exit_status"] == 0 and doc["server"]["rows"] == 2 and doc["options"]["max_tokens"] == 4
     want, n = _og_greedy_text(load_folder, doc["workload"]["prompt"], 4)
     assert [c["clients"] for c in doc["cells"]] == [1, 2]
