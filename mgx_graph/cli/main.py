@@ -305,8 +305,12 @@ def cmd_run(args) -> int:
     outs = s.run(prog)
     names = s.output_names or [f"output_{k}" for k in range(len(outs))]
     lines, saved = [f"Running [ {s.label()} ]: {s.path}", f"inputs: {s.plan.describe()}"], []
-    for name, o in zip(names, outs):
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    stems: set[str] = set()
+    for k, (name, o) in enumerate(zip(names, outs)):
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name) or "output"
+        while safe.lower() in stems:  # two names that write the same file: the later one gets its index
+            safe = f"{safe}_{k}"
+        stems.add(safe.lower())
         path = os.path.join(args.output_dir, f"{safe}.npy")
         np.save(path, o)
         saved.append({"output": name, "dtype": str(o.dtype), "shape": list(o.shape), "path": path})

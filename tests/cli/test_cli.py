@@ -506,3 +506,28 @@ def test_perf_of_a_decode_step_binds_its_cache_in_place_as_generate_does(model_c
     assert got == want < plain.stats()["launches_per_run"], (got, want)
     rc, out, err = cli(capsys, "verify", str(info.onnx_path), "--target", target)
     assert rc == 0 and "FAILED" not in out, out + err
+
+
+def test_run_writes_outputs_whose_file_names_collide_to_separate_files(tmp_path, capsys):
+    """Output names that differ but make the same file name ("a/b", "a_b", "A_B") are each saved, with the
+    values onnxruntime gives for that output (the later ones take their index in the file name)."""
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Relu", ["x"], ["a/b"]), helper.make_node("Neg", ["x"], ["a_b"]),
+             helper.make_node("Abs", ["x"], ["A_B"])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("a/b", "a_b", "A_B")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    value = np.array([[-1.5, 2, -3], [4, -5, 6]], np.float32)
+    np.save(tmp_path / "x.npy", value)
+    rc, out, err = cli(capsys, "run", path, "--target", "ref", "--input", f"x={tmp_path / 'x.npy'}",
+                       "--output-dir", tmp_path / "o", "--json")
+    assert rc == 0, err
+    saved = json.loads(out)["outputs"]
+    want = dict(zip(("a/b", "a_b", "A_B"), ort.InferenceSession(m.SerializeToString()).run(None, {"x": value})))
+    assert len({s["path"] for s in saved}) == 3
+    for s in saved:
+        np.testing.assert_array_equal(np.load(s["path"]), want[s["output"]], err_msg=s["output"])
