@@ -1,8 +1,8 @@
 """The OpenAI API's request bodies (pydantic models: unknown or out-of-range fields are refused) and its
 error body ``{"error": {"message", "type", "param", "code"}}``.
 
-Supported fields: ``model``, ``messages`` (chat) / ``prompt`` (completions: a string, a list of strings or
-a list of token ids), ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0: greedy; default 1,
+Supported fields: ``model``, ``messages`` (chat) / ``prompt`` (completions: a string, a list of strings, a
+list of token ids or a list of such lists), ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0: greedy; default 1,
 sampled, as the OpenAI API), ``top_p``, ``stop``, ``seed``, ``stream``, ``stream_options.include_usage``,
 ``n`` (1 only), ``user`` (ignored); and two fields of vLLM's API: ``top_k`` and ``repetition_penalty``.
 Int and bool fields are strict (``true`` or ``"3"`` is no int, ``1`` no bool) and float fields finite.
@@ -154,7 +154,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int]]
+    prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = Field(False, strict=True)
     suffix: Optional[str] = None
     best_of: Optional[int] = None
@@ -162,7 +162,7 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
-        if isinstance(v, list) and not v:
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("the prompt must not be empty")
         return v
 
@@ -184,7 +184,7 @@ class CompletionRequest(_Sampling):
         return _no_op(v, 1, "best_of")
 
     def prompts(self) -> list:
-        """One entry per choice: a str, or a list of token ids."""
+        """One entry per choice: a str, or a list of token ids (a list of them: one choice each)."""
         if isinstance(self.prompt, str) or all(isinstance(t, int) for t in self.prompt):
             return [self.prompt]
         return list(self.prompt)

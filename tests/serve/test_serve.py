@@ -147,6 +147,9 @@ def test_completion_of_several_prompts_and_token_ids(client, tok, og_text):
         assert c.text == og_text(tok(p)["input_ids"], 3)[0]
     by_ids = client.completions.create(model=NAME, prompt=tok(prompts[1])["input_ids"], max_tokens=3, temperature=0)
     assert by_ids.choices[0].text == r.choices[1].text
+    several = client.completions.create(model=NAME, prompt=[tok(p)["input_ids"] for p in prompts], max_tokens=3,
+                                        temperature=0)  # a list of token-id lists, as the OpenAI API takes
+    assert [c.text for c in several.choices] == [c.text for c in r.choices]
 
 
 def test_timeout_is_504(server):
@@ -200,7 +203,8 @@ def test_16_concurrent_streams_equal_each_sent_alone(server, client, tok, og_tex
     ("completions", {"model": NAME, "prompt": "hi", "logprobs": 3}, "logprobs"),
     ("completions", {"prompt": "hi"}, "model"),
     ("completions", {"model": NAME, "prompt": ""}, "prompt"),
-    ("completions", {"model": NAME, "prompt": [[1, 2]]}, "prompt"),
+    ("completions", {"model": NAME, "prompt": [[1, 2], []]}, "prompt"),
+    ("completions", {"model": NAME, "prompt": [[1, 2], "hi"]}, "prompt"),
     ("completions", {"model": NAME, "prompt": "hi", "max_tokens": True}, "max_tokens"),
     ("completions", {"model": NAME, "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
     ("completions", {"model": NAME, "prompt": "hi", "stream": 1}, "stream"),
