@@ -120,6 +120,18 @@ def model_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("models"))
 
 
+@pytest.fixture(scope="session")
+def run_shared(tmp_path_factory):
+    """A folder of this test run shared by its pytest-xdist workers (beside their own base temps), for
+    what one test file computes and others reuse within the run (tests/shared_oracle.py); never kept
+    across runs, unlike ``model_cache`` with $MGX_GRAPH_CACHE."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "shared"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
+    return str(tmp_path_factory.mktemp("shared"))
+
+
 @pytest.fixture(scope="module")
 def silero(model_cache):
     """``silero(name)``: the path of a silero-vad model (models/pypi.py), the test skipped when it cannot be had."""
