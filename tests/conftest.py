@@ -18,8 +18,12 @@ TARGETS = ["ref"] + (["gpu"] if HAVE_GPU else [])
 
 
 # Files that take minutes on a CPU (each builds a real model), longest first: under pytest-xdist they start
-# first, so that no worker is still in one of them after the others ran out of files.
-LONGEST_FILES = ("test_smollm2_optimum_full.py", "test_llm_runner.py", "test_smollm2.py", "test_cli_export_archs_more.py",
+# first, so that no worker is still in one of them after the others ran out of files.  The two full SmolLM2
+# exports come first: xdist gives the first file to the first worker, the second to the second, then a third
+# to a worker left with two tests or fewer (test_smollm2_optimum_full.py has two), so both builds start at
+# once on two workers, and test_smollm2.py's build is in the cache before the other files that need it
+# (test_gemv_decode.py, test_merge_dots.py) start: they would wait for its lock, their worker idle.
+LONGEST_FILES = ("test_smollm2_optimum_full.py", "test_smollm2.py", "test_llm_runner.py", "test_cli_export_archs_more.py",
                  "test_cli_export_archs.py", "test_greedy_host.py")
 
 
@@ -114,6 +118,18 @@ def model_cache(tmp_path_factory):
         shared.mkdir(exist_ok=True)
         return str(shared)
     return str(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def run_shared(tmp_path_factory):
+    """A folder of this test run shared by its pytest-xdist workers (beside their own base temps), for
+    what one test file computes and others reuse within the run (tests/shared_oracle.py); never kept
+    across runs, unlike ``model_cache`` with $MGX_GRAPH_CACHE."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "shared"
+        shared.mkdir(exist_ok=True)
+        return str(shared)
+    return str(tmp_path_factory.mktemp("shared"))
 
 
 @pytest.fixture(scope="module")

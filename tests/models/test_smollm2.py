@@ -28,11 +28,15 @@ def smollm2(model_cache):
 
 
 @pytest.fixture(scope="module")
-def oracle(smollm2):
-    from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
+def oracle(smollm2, run_shared):
+    """The chat prompt's ids and transformers' greedy tokens (computed once per run: the real-SmolLM2
+    tests of test_gemv_decode.py and test_merge_dots.py compare with the same tokens)."""
+    from mgx_graph.models.oracle import chat_prompt_ids
+
+    from shared_oracle import hf_greedy_tokens_once
 
     ids = chat_prompt_ids(smollm2, PROMPT)
-    return ids, hf_greedy_tokens(smollm2, ids, N_NEW)
+    return ids, hf_greedy_tokens_once(smollm2, ids, N_NEW, run_shared)
 
 
 def _generate(info, ids, **kw):

@@ -65,19 +65,21 @@ def test_decode_steps_with_transposed_weights_match_onnxruntime(tiny, target, mo
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_tokens_with_transposed_weights_equal_transformers(model_cache, monkeypatch):
+def test_smollm2_greedy_tokens_with_transposed_weights_equal_transformers(model_cache, run_shared, monkeypatch):
     """The real SmolLM2-135M (ref, float32) with every layer projection stored transposed by
     ``gemv_layout`` (merged QKV, O, merged gate/up, down): greedy tokens equal transformers' generate."""
     from mgx_graph.llm.generation import generate
     from mgx_graph.models import build
-    from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
+    from mgx_graph.models.oracle import chat_prompt_ids
+
+    from shared_oracle import hf_greedy_tokens_once
 
     try:
         info = build("smollm2", cache_dir=model_cache, progress=False)
     except ImportError as e:
         pytest.skip(f"model export needs the [export] extra: {e}")
     ids = chat_prompt_ids(info, "What is the capital of France?")
-    want = hf_greedy_tokens(info, ids, 16)
+    want = hf_greedy_tokens_once(info, ids, 16, run_shared)
     _with_layout(monkeypatch)
     monkeypatch.setenv("MIGRAPHX_DISABLE_PASSES", "fuse_gemv")  # every dot stays in the main module
     prog = mgx_graph.compile(str(info.onnx_path), target="ref")

@@ -386,12 +386,14 @@ def test_decode_step_tokens_match_transformers(llama, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, monkeypatch):
+def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, run_shared, monkeypatch):
     """The real SmolLM2-135M decode step in fp16 on ref, graphs on: 3 kernels fewer per layer (Q K V
     one GEMM, gate up one) and transformers' greedy tokens (float32) for a chat prompt."""
     from mgx_graph.llm.generation import Decoder, generate
     from mgx_graph.models import build
-    from mgx_graph.models.oracle import chat_prompt_ids, hf_greedy_tokens
+    from mgx_graph.models.oracle import chat_prompt_ids
+
+    from shared_oracle import hf_greedy_tokens_once
 
     try:
         info = build("smollm2", cache_dir=model_cache, progress=False)
@@ -403,5 +405,5 @@ def test_smollm2_fp16_step_on_ref_gives_transformers_tokens(model_cache, monkeyp
     plain = without_merge(monkeypatch, lambda: mgx_graph.compile(path, target="ref", fp16=True, hip_graph=True))
     assert _kernels(plain) - _kernels(prog) == 3 * layers
     ids = chat_prompt_ids(info, "What is the capital of France?")
-    want = hf_greedy_tokens(info, ids, 16)
+    want = hf_greedy_tokens_once(info, ids, 16, run_shared)
     assert generate(Decoder(prog), ids, 16, info.config["eos_token_ids"]).tokens == want
