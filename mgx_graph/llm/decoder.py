@@ -191,8 +191,8 @@ class Decoder(PipelinedSteps, SampledSteps):
         """Write the slot into ``cache_position``, run the program on ``q`` (the call timed into
         :attr:`last_host_s`) and keep its logits; inside ``on_queue(q)``.  The slot is not written
         again when the greedy tail of the step before, in the same open chain, queued it into the same
-        array already (:meth:`_queue_greedy_step`)."""
-        self._check_open()
+        array already (:meth:`_queue_greedy_step`).  Its callers (:meth:`feed`, :meth:`_queue_greedy_step`)
+        check the program is open before they write the step's inputs."""
         slot, done = self.params["cache_position"], self._slot_written
         self._slot_written = None  # used once: by the step queued right after the tail
         if done is None or done[0] is not slot or done[1] != self.position:
